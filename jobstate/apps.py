@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class JobStateConfig(AppConfig):
+    name = "jobstate"
+    label = "jobstate"
+    verbose_name = _("Job state")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Registers the system checks and the settings-reset receiver; nothing else.
+        from jobstate import checks, conf  # noqa: F401

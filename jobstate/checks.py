@@ -1,0 +1,54 @@
+"""System checks: say so when a configured database cannot give jobstate's guarantees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Tags, Warning, register
+from django.db import connections
+
+
+@register(Tags.compatibility)
+def check_database_guarantees(**kwargs: Any) -> list[CheckMessage]:
+    """PostgreSQL gives every guarantee. SQLite gives them only with IMMEDIATE
+    transactions (each writer takes the database lock at BEGIN, so a claim cannot
+    interleave); other backends lack partial unique indexes or SKIP LOCKED."""
+    messages: list[CheckMessage] = []
+    databases = kwargs.get("databases") or settings.DATABASES.keys()
+    for alias in databases:
+        connection = connections[alias]
+        vendor = connection.vendor
+        if vendor == "postgresql":
+            continue
+        if vendor == "sqlite":
+            mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
+            if mode != "IMMEDIATE":
+                messages.append(
+                    Warning(
+                        f"Database {alias!r} is SQLite without transaction_mode "
+                        "'IMMEDIATE': concurrent claims may fail with 'database is "
+                        "locked' instead of waiting.",
+                        hint="Set DATABASES[...]['OPTIONS'] = {'transaction_mode': 'IMMEDIATE'}.",
+                        id="jobstate.W001",
+                    )
+                )
+            continue
+        if not connection.features.supports_partial_indexes:
+            messages.append(
+                Warning(
+                    f"Database {alias!r} ({vendor}) has no partial unique indexes: the "
+                    "one-RUNNING-run-per-overlap-key guarantee (S1) is not enforced.",
+                    hint="Use PostgreSQL for jobstate's tables.",
+                    id="jobstate.W002",
+                )
+            )
+        if not connection.features.has_select_for_update_skip_locked:
+            messages.append(
+                Warning(
+                    f"Database {alias!r} ({vendor}) has no SELECT ... FOR UPDATE SKIP "
+                    "LOCKED: concurrent claims serialise on row locks.",
+                    id="jobstate.W003",
+                )
+            )
+    return messages

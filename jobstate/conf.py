@@ -1,0 +1,90 @@
+"""The ``JOBSTATE`` settings namespace.
+
+Every default is declared here, once. The rest of the package reads settings through
+``jobstate.conf.jobstate_settings`` and never calls ``getattr(settings, ...)`` itself.
+Values are read lazily and the cache is dropped on ``setting_changed`` so tests can use
+``override_settings`` / the pytest ``settings`` fixture.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Dotted paths of the store classes returned by get_run_store() / get_state_store().
+    "RUN_STORE": "jobstate.stores.database.DatabaseJobRunStore",
+    # Operations-job runner (JobRunner) defaults.
+    "HEARTBEAT_INTERVAL": timedelta(seconds=30),
+    "STALE_RUN_AFTER": timedelta(minutes=5),
+    "DEFAULT_JOB_TIMEOUT": timedelta(minutes=10),
+    "REAP_SCOPE": "overlap-key",  # "overlap-key" | "all" | "off"
+    "REAP_LIMIT": 1000,  # rows one reap call may move; None = no cap
+    "ERROR_TEXT_LIMIT": 4000,
+    "SERVICE_REVISION": None,
+    # Modules imported at start-up so their @operations_job decorators register.
+    "OPERATIONS_JOB_MODULES": [],
+    # Largest JSON value (input, summary, payload) a store accepts, in bytes of UTF-8.
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+}
+
+_DURATIONS = {"HEARTBEAT_INTERVAL", "STALE_RUN_AFTER", "DEFAULT_JOB_TIMEOUT"}
+
+
+class JobStateSettings:
+    """Typed, lazy view over ``settings.JOBSTATE`` merged with :data:`DEFAULTS`."""
+
+    RUN_STORE: str
+    HEARTBEAT_INTERVAL: timedelta
+    STALE_RUN_AFTER: timedelta
+    DEFAULT_JOB_TIMEOUT: timedelta
+    REAP_SCOPE: str
+    REAP_LIMIT: int | None
+    ERROR_TEXT_LIMIT: int
+    SERVICE_REVISION: str | None
+    OPERATIONS_JOB_MODULES: list[str]
+    MAX_PAYLOAD_BYTES: int
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    def _user_settings(self) -> dict[str, Any]:
+        user = getattr(settings, "JOBSTATE", {}) or {}
+        if not isinstance(user, dict):
+            raise ImproperlyConfigured("settings.JOBSTATE must be a dict.")
+        unknown = set(user) - set(DEFAULTS)
+        if unknown:
+            raise ImproperlyConfigured(
+                f"Unknown JOBSTATE setting(s): {', '.join(sorted(unknown))}. "
+                f"Known settings: {', '.join(sorted(DEFAULTS))}."
+            )
+        return user
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in DEFAULTS:
+            raise AttributeError(name)
+        if name not in self._cache:
+            value = self._user_settings().get(name, DEFAULTS[name])
+            if name in _DURATIONS and not (isinstance(value, timedelta) and value > timedelta(0)):
+                raise ImproperlyConfigured(
+                    f"JOBSTATE[{name!r}] must be a positive datetime.timedelta, got {value!r}."
+                )
+            self._cache[name] = value
+        return self._cache[name]
+
+    def reload(self) -> None:
+        self._cache.clear()
+
+
+jobstate_settings = JobStateSettings()
+
+
+@receiver(setting_changed)
+def _reload_jobstate_settings(*, setting: str, **kwargs: Any) -> None:
+    if setting == "JOBSTATE":
+        jobstate_settings.reload()
