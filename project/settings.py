@@ -71,8 +71,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"transaction_mode": "IMMEDIATE", "timeout": 30}
     )
-    # A file, not the in-memory default, so tests with several threads share one database.
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / ".test-db.sqlite3")}
+    # A file, not the in-memory default, so tests with several threads share one database;
+    # named after the main file so two checkouts or runs with different URLs never collide.
+    _sqlite_name = Path(DATABASES["default"]["NAME"])
+    DATABASES["default"]["TEST"] = {
+        "NAME": str(_sqlite_name.with_name(f".test-{_sqlite_name.stem}.sqlite3"))
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
