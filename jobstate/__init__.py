@@ -8,12 +8,27 @@ in ``AppConfig`` code. Models live in :mod:`jobstate.models`, stores in
 from importlib.metadata import PackageNotFoundError, version
 
 from jobstate.exceptions import (
+    DuplicateRequestId,
+    IdempotencyConflict,
+    ImmutableField,
     InvalidJobState,
+    InvalidPatch,
     InvalidPayload,
     JobStateError,
+    LockHeld,
     StoreError,
+    ThreadQuotaExceeded,
+    UnknownOperationsJob,
 )
-from jobstate.stores.base import JobRunStatus, JobRunStore, Trigger
+from jobstate.stores.base import (
+    CompletionOutcome,
+    JobRunStatus,
+    JobRunStore,
+    JobStatus,
+    StateStore,
+    Trigger,
+    runtime_lock,
+)
 
 try:
     __version__ = version("django-jobstate")
@@ -21,12 +36,23 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
+    "CompletionOutcome",
+    "DuplicateRequestId",
+    "IdempotencyConflict",
+    "ImmutableField",
     "InvalidJobState",
+    "InvalidPatch",
     "InvalidPayload",
     "JobRunStatus",
     "JobRunStore",
     "JobStateError",
+    "JobStatus",
+    "LockHeld",
+    "StateStore",
     "StoreError",
+    "ThreadQuotaExceeded",
     "Trigger",
+    "UnknownOperationsJob",
     "__version__",
+    "runtime_lock",
 ]

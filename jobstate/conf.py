@@ -19,6 +19,7 @@ from django.dispatch import receiver
 DEFAULTS: dict[str, Any] = {
     # Dotted paths of the store classes returned by get_run_store() / get_state_store().
     "RUN_STORE": "jobstate.stores.database.DatabaseJobRunStore",
+    "STATE_STORE": "jobstate.stores.database.DatabaseStateStore",
     # Operations-job runner (JobRunner) defaults.
     "HEARTBEAT_INTERVAL": timedelta(seconds=30),
     "STALE_RUN_AFTER": timedelta(minutes=5),
@@ -31,9 +32,30 @@ DEFAULTS: dict[str, Any] = {
     "OPERATIONS_JOB_MODULES": [],
     # Largest JSON value (input, summary, payload) a store accepts, in bytes of UTF-8.
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    # Job queue (StateStore) defaults.
+    "WORKER_LEASE": timedelta(minutes=20),  # claim_next_inhub_job
+    "EXECUTOR_LEASE": timedelta(minutes=4),  # claim_next_job, extend_executor_leases
+    "EXECUTOR_DEAD_AFTER": timedelta(minutes=3),  # requeue_stale_dispatched, no lease
+    "EXECUTOR_HARD_CAP": timedelta(hours=2),  # requeue_stale_dispatched, any lease
+    "QUEUED_TTL": timedelta(minutes=30),  # expire_stale_queued
+    "THREAD_INFLIGHT_QUOTA": None,  # max queued+running+dispatched jobs per thread; None = off
+    "LIST_LIMIT": 500,  # rows one list_* call returns at most
+    "AUDIT_PRUNE_BATCH_SIZE": 1000,  # rows one prune transaction deletes
 }
 
-_DURATIONS = {"HEARTBEAT_INTERVAL", "STALE_RUN_AFTER", "DEFAULT_JOB_TIMEOUT"}
+_DURATIONS = {
+    "HEARTBEAT_INTERVAL",
+    "STALE_RUN_AFTER",
+    "DEFAULT_JOB_TIMEOUT",
+    "WORKER_LEASE",
+    "EXECUTOR_LEASE",
+    "EXECUTOR_DEAD_AFTER",
+    "EXECUTOR_HARD_CAP",
+    "QUEUED_TTL",
+}
+# Positive ints; those in _OPTIONAL may also be None.
+_POSITIVE_INTS = {"THREAD_INFLIGHT_QUOTA", "LIST_LIMIT", "AUDIT_PRUNE_BATCH_SIZE"}
+_OPTIONAL = {"THREAD_INFLIGHT_QUOTA"}
 
 
 class JobStateSettings:
@@ -49,6 +71,15 @@ class JobStateSettings:
     SERVICE_REVISION: str | None
     OPERATIONS_JOB_MODULES: list[str]
     MAX_PAYLOAD_BYTES: int
+    STATE_STORE: str
+    WORKER_LEASE: timedelta
+    EXECUTOR_LEASE: timedelta
+    EXECUTOR_DEAD_AFTER: timedelta
+    EXECUTOR_HARD_CAP: timedelta
+    QUEUED_TTL: timedelta
+    THREAD_INFLIGHT_QUOTA: int | None
+    LIST_LIMIT: int
+    AUDIT_PRUNE_BATCH_SIZE: int
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
@@ -74,6 +105,13 @@ class JobStateSettings:
                 raise ImproperlyConfigured(
                     f"JOBSTATE[{name!r}] must be a positive datetime.timedelta, got {value!r}."
                 )
+            if (
+                name in _POSITIVE_INTS
+                and not (value is None and name in _OPTIONAL)
+                and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+            ):
+                allowed = "a positive int or None" if name in _OPTIONAL else "a positive int"
+                raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be {allowed}, got {value!r}.")
             self._cache[name] = value
         return self._cache[name]
 

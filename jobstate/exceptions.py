@@ -37,3 +37,81 @@ class OperationsJobInputError(JobStateError, ValueError):
 
 class ImproperlyConfiguredStore(JobStateError):
     """The ``JOBSTATE`` settings name a store that cannot be loaded."""
+
+
+class InvalidOperationsJob(JobStateError, ValueError):
+    """An operations job definition is malformed (body, overlap policy, timeout or input
+    schema). Raised when the job is registered, so a bad definition fails at start-up."""
+
+
+class InvalidJobKey(InvalidOperationsJob):
+    """An operations job key is not shaped ``domain.action``: lower-case letters, digits
+    and hyphens on both sides of one dot, at most 100 characters."""
+
+
+class DuplicateJobKey(InvalidOperationsJob):
+    """Two different operations jobs claim the same key."""
+
+
+class InvalidRunnerConfiguration(JobStateError, ValueError):
+    """A ``JobRunner`` option (or the ``JOBSTATE`` setting it defaults to) is out of range,
+    for example a liveness budget shorter than two heartbeat intervals."""
+
+
+class TransactionNotAllowed(JobStateError, RuntimeError):
+    """The call must run outside a database transaction: its work is seen by other
+    connections (heartbeats, other processes) only once committed."""
+
+
+class DuplicateRequestId(JobStateError):
+    """``create_job`` was given a ``request_id`` that an existing job already has.
+    Nothing was written; ``request_id`` names the key."""
+
+    def __init__(self, message: str, *, request_id: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+class IdempotencyConflict(JobStateError):
+    """``enqueue`` was given a ``request_id`` that an existing job has, with a different
+    payload. Nothing was written; ``fields`` names the fields that differ."""
+
+    def __init__(self, message: str, *, request_id: str, fields: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.fields = fields
+
+
+class ThreadQuotaExceeded(JobStateError):
+    """``enqueue`` refused a new job because its thread already has
+    ``JOBSTATE['THREAD_INFLIGHT_QUOTA']`` queued, running or dispatched jobs. Nothing
+    was written; retry once some of them finish."""
+
+    def __init__(self, message: str, *, thread_id: int, inflight: int, quota: int) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.inflight = inflight
+        self.quota = quota
+
+
+class InvalidPatch(JobStateError, ValueError):
+    """The fields of a job patch (or of a new job) name an unknown or disallowed field,
+    clear a required field with ``None``, or hold a value of the wrong type. Nothing was
+    written; ``field`` names the offending field."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ImmutableField(InvalidPatch):
+    """A patch names a field that identifies the job (``id``, ``request_id``,
+    ``created_at``) or that the store maintains itself (``updated_at``)."""
+
+
+class LockHeld(JobStateError):
+    """``runtime_lock`` could not take ``lock_key`` because another owner holds it."""
+
+    def __init__(self, message: str, *, lock_key: str) -> None:
+        super().__init__(message)
+        self.lock_key = lock_key

@@ -30,7 +30,10 @@ def ensure_json(value: Any, *, field: str) -> Any:
     if "\\u0000" in encoded or "\x00" in encoded:
         raise InvalidPayload(f"{field} contains a NUL character, which cannot be stored.")
     limit = jobstate_settings.MAX_PAYLOAD_BYTES
-    size = len(encoded.encode("utf-8"))
+    try:
+        size = len(encoded.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # a lone surrogate: no database can store it
+        raise InvalidPayload(f"{field} contains text that is not valid Unicode: {exc}") from exc
     if size > limit:
         raise InvalidPayload(
             f"{field} is {size} bytes of JSON; the limit is {limit} "

@@ -12,9 +12,9 @@ from jobstate.conf import jobstate_settings
 from jobstate.exceptions import ImproperlyConfiguredStore
 
 if TYPE_CHECKING:
-    from jobstate.stores.base import JobRunStore
+    from jobstate.stores.base import JobRunStore, StateStore
 
-__all__ = ["get_run_store"]
+__all__ = ["get_run_store", "get_state_store"]
 
 
 @cache
@@ -37,4 +37,17 @@ def get_run_store(using: str = "default") -> JobRunStore:
         )
     # Store classes take the database alias as their one keyword argument.
     factory: Callable[..., JobRunStore] = cls
+    return factory(using=using)
+
+
+def get_state_store(using: str = "default") -> StateStore:
+    """Return an instance of the ``JOBSTATE['STATE_STORE']`` class for database ``using``."""
+    from jobstate.stores.base import StateStore
+
+    cls = _load(jobstate_settings.STATE_STORE)
+    if not issubclass(cls, StateStore):
+        raise ImproperlyConfiguredStore(
+            f"JOBSTATE['STATE_STORE'] = {jobstate_settings.STATE_STORE!r} is not a StateStore."
+        )
+    factory: Callable[..., StateStore] = cls
     return factory(using=using)

@@ -6,12 +6,11 @@ place says why and has a portable path for the other backends.
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import F
+from django.db.models import F, Field
 from django.db.models.functions import Greatest, Now
 
 from jobstate.exceptions import InvalidJobState
@@ -24,21 +23,29 @@ from jobstate.stores.base import (
     Trigger,
     validate_claim_arguments,
     validate_duration,
+    validate_duration_ms,
+    validate_error_text,
     validate_instant,
+    validate_reap_limit,
+    validate_run_id,
+    validate_skip_reason,
     validate_terminal_status,
 )
 from jobstate.stores.integrity import violates
 
-__all__ = ["DatabaseJobRunStore"]
+__all__ = ["DatabaseJobRunStore", "DatabaseStateStore"]
 
 
-def _run_uuid(run_id: str | uuid.UUID) -> uuid.UUID:
-    if isinstance(run_id, uuid.UUID):
-        return run_id
-    try:
-        return uuid.UUID(str(run_id))
-    except ValueError as exc:
-        raise InvalidJobState(f"{run_id!r} is not a run id (a UUID).") from exc
+def _check_lengths(**values: str | None) -> None:
+    # PostgreSQL rejects an over-long value with a DataError while SQLite stores it whole,
+    # so the limits are checked here to give every backend the same answer.
+    for name, value in values.items():
+        if value is not None and not isinstance(value, str):
+            raise InvalidJobState(f"{name} must be a string, got {type(value).__name__}.")
+        field = JobRun._meta.get_field(name)
+        limit = field.max_length if isinstance(field, Field) else None
+        if value is not None and limit is not None and len(value) > limit:
+            raise InvalidJobState(f"{name} is {len(value)} characters long; the limit is {limit}.")
 
 
 class DatabaseJobRunStore(JobRunStore):
@@ -64,6 +71,13 @@ class DatabaseJobRunStore(JobRunStore):
     ) -> str | None:
         validate_claim_arguments(job_key=job_key, overlap_key=overlap_key, trigger=trigger)
         validate_instant(started_at, field="started_at")
+        _check_lengths(
+            job_key=job_key,
+            overlap_key=overlap_key,
+            trigger_source=trigger.source,
+            triggered_by=trigger.triggered_by,
+            service_revision=service_revision,
+        )
         ensure_json(input, field="input")
         try:
             # The savepoint keeps a host's surrounding transaction usable after a lost race.
@@ -90,11 +104,11 @@ class DatabaseJobRunStore(JobRunStore):
         return str(run.id)
 
     def heartbeat(self, *, run_id: str, progress: dict[str, Any] | None = None) -> bool:
+        running = self._running(run_id)
         changes: dict[str, Any] = {"heartbeat_at": Greatest(F("heartbeat_at"), Now())}
         if progress is not None:
             changes["summary"] = ensure_json(progress, field="progress")
-        moved = self._running(run_id).update(**changes)
-        return moved > 0
+        return running.update(**changes) > 0
 
     def complete(
         self,
@@ -106,10 +120,11 @@ class DatabaseJobRunStore(JobRunStore):
         summary: dict[str, Any] | None = None,
         error: str | None = None,
     ) -> bool:
+        running = self._running(run_id)
         terminal = validate_terminal_status(status)
         validate_instant(finished_at, field="finished_at")
-        if isinstance(duration_ms, bool) or not isinstance(duration_ms, int) or duration_ms < 0:
-            raise InvalidJobState(f"duration_ms must be a non-negative int, got {duration_ms!r}.")
+        validate_duration_ms(duration_ms)
+        validate_error_text(error)
         changes: dict[str, Any] = {
             "status": terminal,
             "finished_at": finished_at,
@@ -119,7 +134,7 @@ class DatabaseJobRunStore(JobRunStore):
             changes["summary"] = ensure_json(summary, field="summary")
         if error is not None:
             changes["error"] = error
-        return self._running(run_id).update(**changes) > 0
+        return running.update(**changes) > 0
 
     def record_skipped(
         self,
@@ -133,6 +148,13 @@ class DatabaseJobRunStore(JobRunStore):
     ) -> str:
         validate_claim_arguments(job_key=job_key, overlap_key=None, trigger=trigger)
         validate_instant(at, field="at")
+        validate_skip_reason(reason)
+        _check_lengths(
+            job_key=job_key,
+            trigger_source=trigger.source,
+            triggered_by=trigger.triggered_by,
+            service_revision=service_revision,
+        )
         ensure_json(input, field="input")
         run = JobRun.objects.using(self.using).create(
             job_key=job_key,
@@ -158,26 +180,42 @@ class DatabaseJobRunStore(JobRunStore):
         limit: int | None = None,
     ) -> int:
         validate_duration(stale_after, field="stale_after")
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise InvalidJobState(f"limit must be a positive int or None, got {limit!r}.")
-        if connections[self.using].vendor == "postgresql":
+        validate_reap_limit(limit)
+        vendor = connections[self.using].vendor
+        if vendor == "postgresql":
             return self._reap_postgresql(stale_after, job_key, overlap_key, limit)
-        # SQLite (IMMEDIATE transactions) serialises writers, so the ORM's
-        # UPDATE ... WHERE id IN (SELECT ... LIMIT n) is already one atomic statement.
         candidates = JobRun.objects.using(self.using).stale(stale_after)
         if job_key is not None:
             candidates = candidates.filter(job_key=job_key)
         if overlap_key is not None:
             candidates = candidates.filter(overlap_key=overlap_key)
-        ids = candidates.order_by("heartbeat_at").values("id")
-        if limit is not None:
-            ids = ids[:limit]
-        return (
-            JobRun.objects.using(self.using)
-            .filter(id__in=ids, status=JobRunStatus.RUNNING)
-            .update(status=JobRunStatus.TIMED_OUT, finished_at=Now(), error=REAPED_RUN_ERROR)
+        candidates = candidates.order_by("heartbeat_at")
+        if vendor == "sqlite":
+            # SQLite has one writer at a time, so the ORM's
+            # UPDATE ... WHERE id IN (SELECT ... LIMIT n) is already one atomic statement.
+            ids = candidates.values("id")
+            if limit is not None:
+                ids = ids[:limit]
+            return self._time_out(JobRun.objects.using(self.using).filter(id__in=ids))
+        return self._reap_locking(candidates, limit)
+
+    def _reap_locking(self, candidates: JobRunQuerySet, limit: int | None) -> int:
+        # Backends without LIMIT inside IN (subquery) (MySQL, MariaDB): lock the candidates
+        # with SKIP LOCKED, then move them in the same transaction. A concurrent reaper
+        # passes over the locked rows, and the update re-checks the status, so each row
+        # is counted by exactly one reaper (S4).
+        with transaction.atomic(using=self.using):
+            locked = candidates.select_for_update(skip_locked=True)
+            if limit is not None:
+                locked = locked[:limit]
+            ids = list(locked.values_list("id", flat=True))
+            if not ids:
+                return 0
+            return self._time_out(JobRun.objects.using(self.using).filter(id__in=ids))
+
+    def _time_out(self, rows: JobRunQuerySet) -> int:
+        return rows.filter(status=JobRunStatus.RUNNING).update(
+            status=JobRunStatus.TIMED_OUT, finished_at=Now(), error=REAPED_RUN_ERROR
         )
 
     def _reap_postgresql(
@@ -187,15 +225,15 @@ class DatabaseJobRunStore(JobRunStore):
         overlap_key: str | None,
         limit: int | None,
     ) -> int:
-        # Raw SQL because the ORM cannot put FOR UPDATE SKIP LOCKED inside the subquery of
-        # an UPDATE. SKIP LOCKED lets a second reaper pass over rows the first one holds
-        # instead of waiting and counting them again (S4); the outer status check keeps the
-        # count exact even if a row settled in between.
+        # Raw SQL because the ORM cannot lock with FOR UPDATE SKIP LOCKED inside an UPDATE.
+        # SKIP LOCKED lets a second reaper pass over rows the first one holds instead of
+        # waiting and counting them again (S4); the outer status check keeps the count exact
+        # even if a row settled in between. The candidates are a MATERIALIZED CTE, not an
+        # IN (subquery): the planner may rescan such a subquery once per outer row, and each
+        # rescan skips the rows already moved and locks the next ones, overrunning LIMIT.
         table = connections[self.using].ops.quote_name(JobRun._meta.db_table)
         sql = f"""
-            UPDATE {table}
-               SET status = %s, finished_at = statement_timestamp(), error = %s
-             WHERE status = %s AND id IN (
+            WITH picked AS MATERIALIZED (
                 SELECT id FROM {table}
                  WHERE status = %s
                    AND heartbeat_at <= statement_timestamp() - %s
@@ -204,11 +242,12 @@ class DatabaseJobRunStore(JobRunStore):
                  ORDER BY heartbeat_at
                  LIMIT %s
                    FOR UPDATE SKIP LOCKED)
+            UPDATE {table} AS run
+               SET status = %s, finished_at = statement_timestamp(), error = %s
+              FROM picked
+             WHERE run.id = picked.id AND run.status = %s
         """
         params: list[Any] = [
-            JobRunStatus.TIMED_OUT.value,
-            REAPED_RUN_ERROR,
-            JobRunStatus.RUNNING.value,
             JobRunStatus.RUNNING.value,
             stale_after,
             job_key,
@@ -216,6 +255,9 @@ class DatabaseJobRunStore(JobRunStore):
             overlap_key,
             overlap_key,
             limit,
+            JobRunStatus.TIMED_OUT.value,
+            REAPED_RUN_ERROR,
+            JobRunStatus.RUNNING.value,
         ]
         with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
             cursor.execute(sql, params)
@@ -223,5 +265,9 @@ class DatabaseJobRunStore(JobRunStore):
 
     def _running(self, run_id: str) -> JobRunQuerySet:
         return JobRun.objects.using(self.using).filter(
-            id=_run_uuid(run_id), status=JobRunStatus.RUNNING
+            id=validate_run_id(run_id), status=JobRunStatus.RUNNING
         )
+
+
+# The state store has its own module (it is large); this is its public address.
+from jobstate.stores.database_state import DatabaseStateStore  # noqa: E402

@@ -1,0 +1,32 @@
+"""Clocks: the one thing the runner and the in-memory stores ask of time.
+
+A clock is any object with a ``now()`` method returning an aware ``datetime``. The runner
+takes one so tests can drive recorded instants; liveness instants never come from it
+(they come from the store's own clock).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Clock", "SystemClock"]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Anything that can tell the current instant."""
+
+    def now(self) -> datetime:
+        """Return the current instant as an aware ``datetime``."""
+        ...
+
+
+class SystemClock:
+    """The wall clock, in UTC."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def __repr__(self) -> str:
+        return "SystemClock()"

@@ -1,0 +1,142 @@
+"""``manage.py run_operations_job KEY [--input JSON]``: run one operations job now.
+
+Exit status: 0 when the run SUCCEEDED or was SKIPPED (another run held the key), 1 when
+it FAILED or TIMED_OUT or the run store failed, 2 for an unknown job or rejected input.
+Quiet on success (cron-friendly) unless ``--verbosity 2`` or ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
+
+from jobstate.exceptions import (
+    JobStateError,
+    OperationsJobInputError,
+    StoreError,
+    UnknownOperationsJob,
+)
+from jobstate.runner import JobExecutionResult, JobRunner, registry
+from jobstate.stores import get_run_store
+from jobstate.stores.base import Trigger
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_input(text: str | None) -> Any:
+    """The ``--input`` value as JSON (``None`` when absent). Strict: ``NaN`` and
+    ``Infinity`` are rejected like any other invalid JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise CommandError(
+            f"--input is not valid JSON ({exc}). Pass one JSON value, for example "
+            """--input '{"seconds": 2}'.""",
+            returncode=EXIT_USAGE,
+        ) from exc
+
+
+class Command(BaseCommand):
+    help = (
+        "Run one registered operations job now and record the run. Exit status: 0 when it "
+        "succeeded or was skipped (another run held its key), 1 when it failed or timed "
+        "out, 2 for an unknown job or rejected input."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "key", nargs="?", metavar="KEY", help="The key of the job to run (see --list)."
+        )
+        parser.add_argument(
+            "--input", metavar="JSON", help="The job's input as one JSON value (an object)."
+        )
+        parser.add_argument(
+            "--triggered-by", metavar="WHO", help="Who started the run (stored on the row)."
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="Print the result (or the job list) as JSON."
+        )
+        parser.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            help="The database holding the run records (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--list", action="store_true", help="List the registered jobs and exit."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["list"]:
+            self._list(as_json=options["json"])
+            return
+        key = options["key"]
+        if not key:
+            raise CommandError(
+                "Name the job to run: run_operations_job KEY (see --list).", returncode=EXIT_USAGE
+            )
+        job_input = parse_input(options["input"])
+        trigger = Trigger("CLI", triggered_by=options["triggered_by"])
+        try:
+            runner = JobRunner(store=get_run_store(using=options["database"]))
+            result = runner.execute(key, job_input, trigger)
+        except UnknownOperationsJob as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        except OperationsJobInputError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        except StoreError as exc:
+            cause = exc.__cause__
+            detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+            raise CommandError(f"{exc}{detail}", returncode=EXIT_FAILED) from exc
+        except JobStateError as exc:
+            raise CommandError(str(exc), returncode=EXIT_FAILED) from exc
+        self._report(result, as_json=options["json"], verbosity=options["verbosity"])
+
+    def _list(self, *, as_json: bool) -> None:
+        jobs = list(registry)
+        if as_json:
+            entries = [
+                {
+                    "key": job.key,
+                    "overlap": job.overlap,
+                    "timeout_seconds": job.timeout.total_seconds() if job.timeout else None,
+                    "takes_input": job.input_schema is not None,
+                    "description": job.description,
+                }
+                for job in jobs
+            ]
+            self.stdout.write(json.dumps(entries, indent=2))
+            return
+        width = max((len(job.key) for job in jobs), default=0)
+        for job in jobs:
+            self.stdout.write(f"{job.key:<{width}}  {job.overlap:<6}  {job.description}".rstrip())
+
+    def _report(self, result: JobExecutionResult, *, as_json: bool, verbosity: int) -> None:
+        if as_json:
+            self.stdout.write(json.dumps(result.as_dict(), indent=2))
+        line = (
+            f"{result.job_key} {result.status.value} in {result.duration_ms} ms "
+            f"(run {result.run_id}, {result.recorded})"
+        )
+        if result.recorded != "settled":
+            self.stderr.write(
+                f"{line}: the outcome was not recorded as above; see the run's row for the "
+                "stored outcome."
+            )
+        if not result.ok:
+            first_line = (result.error or "").splitlines()[0:1]
+            raise CommandError(
+                f"{line}: {first_line[0] if first_line else result.status.value}",
+                returncode=EXIT_FAILED,
+            )
+        if verbosity >= 2 and not as_json:
+            self.stdout.write(line)

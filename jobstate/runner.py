@@ -1,0 +1,722 @@
+"""Operations jobs and the runner that executes them.
+
+An *operations job* is a named piece of maintenance work (closing a business day,
+building a report) that a scheduler, an operator or a Celery task starts on demand.
+Declare one with :func:`operations_job`::
+
+    @operations_job("billing.close-day", overlap="forbid", timeout=timedelta(minutes=20))
+    def close_day(ctx: RunContext, input: None) -> dict[str, object]:
+        ...
+        return {"closed": 42}
+
+and run it with ``JobRunner().execute("billing.close-day")`` (or ``manage.py
+run_operations_job billing.close-day``). The runner keeps the durable record of every
+run in the run store (:class:`jobstate.stores.base.JobRunStore`):
+
+- **forbid** jobs hold one overlap key (the job key), so at most one run executes at a
+  time across every process sharing the database; a run that finds the key held is
+  recorded as SKIPPED and never executes its body.
+- **allow** jobs get a fresh overlap key per run, so runs may overlap.
+- A heartbeat thread advances the run's liveness watermark (on the store's clock) while
+  the body runs. A run whose process died stops beating and is reaped to TIMED_OUT by
+  the next run of the same key or by ``manage.py reap_stale``.
+- The body has a deadline. Python cannot stop a thread, so on the deadline the runner
+  sets ``ctx.cancelled``, records TIMED_OUT and returns; a body that finishes later is
+  logged and never written.
+
+Every run ends in exactly one :class:`JobExecutionResult`; ``execute`` raises only for
+an unknown job, rejected input, a call inside a transaction, or a failing store.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, cast, get_args
+
+from django.db import connections
+
+from jobstate.clock import Clock, SystemClock
+from jobstate.conf import jobstate_settings
+from jobstate.exceptions import (
+    InvalidJobState,
+    InvalidPayload,
+    InvalidRunnerConfiguration,
+    JobStateError,
+    OperationsJobInputError,
+    StoreError,
+    TransactionNotAllowed,
+)
+from jobstate.jsonvalues import ensure_json
+from jobstate.operations import OperationsJob, Registry, operations_job, registry
+from jobstate.stores import get_run_store
+from jobstate.stores.base import (
+    JobRunStatus,
+    JobRunStore,
+    Trigger,
+    validate_duration,
+    validate_instant,
+    validate_reap_limit,
+)
+
+__all__ = [
+    "CLI_TRIGGER",
+    "FROM_SETTINGS",
+    "JobExecutionResult",
+    "JobRunner",
+    "OperationsJob",
+    "Registry",
+    "RunContext",
+    "RunReason",
+    "operations_job",
+    "registry",
+]
+
+logger = logging.getLogger("jobstate.runner")
+
+ReapScope = Literal["overlap-key", "all", "off"]
+Recorded = Literal["settled", "superseded", "unrecorded"]
+
+#: The trigger ``execute`` records when the caller names none.
+CLI_TRIGGER = Trigger("CLI")
+
+# How long the caller waits, after a deadline or lost claim, for a body that may have
+# finished at that very moment to report, so it is recorded with its own result.
+_ABORT_GRACE_SECONDS = 0.1
+_ERROR_TRUNCATION_MARK = "\n... (truncated)"
+
+
+class RunReason(enum.StrEnum):
+    """Why a run ended the way it did (``JobExecutionResult.reason``)."""
+
+    OVERLAP = "overlap"
+    """SKIPPED: another run held the overlap key."""
+    ERROR = "error"
+    """FAILED: the body raised."""
+    REPORTED_NOT_OK = "reported-not-ok"
+    """FAILED: the body returned a summary with ``"ok": False``."""
+    INVALID_SUMMARY = "invalid-summary"
+    """FAILED: the body returned a summary that is not strict JSON."""
+    TIMEOUT = "timeout"
+    """TIMED_OUT: the deadline passed before the body finished."""
+    CLAIM_LOST = "claim-lost"
+    """FAILED: a heartbeat found the run no longer RUNNING (reaped or settled elsewhere)."""
+    HEARTBEAT_UNVERIFIABLE = "heartbeat-unverifiable"
+    """FAILED: no heartbeat could be written for the whole liveness budget."""
+    INTERRUPTED = "interrupted"
+    """FAILED: the process running ``execute`` was interrupted (Ctrl-C)."""
+
+
+class _FromSettings(enum.Enum):
+    FROM_SETTINGS = enum.auto()
+
+
+#: Default of every :class:`JobRunner` option that falls back to a ``JOBSTATE`` setting.
+FROM_SETTINGS = _FromSettings.FROM_SETTINGS
+
+
+@dataclass(frozen=True)
+class JobExecutionResult:
+    """The outcome of one :meth:`JobRunner.execute`.
+
+    ``status`` is the runner's verdict; ``recorded`` says what happened to it:
+    ``"settled"`` (written), ``"superseded"`` (the row had already been settled, usually
+    by a reaper, and keeps that outcome) or ``"unrecorded"`` (the write failed; the row
+    stays RUNNING until a reap). ``error`` is the truncated error text stored on the row.
+    """
+
+    run_id: str
+    job_key: str
+    status: JobRunStatus
+    duration_ms: int
+    recorded: Recorded
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    reason: RunReason | None = None
+
+    @property
+    def ok(self) -> bool:
+        """SUCCEEDED and SKIPPED count as success (CLI exit 0)."""
+        return self.status in (JobRunStatus.SUCCEEDED, JobRunStatus.SKIPPED)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (status and reason as plain strings)."""
+        data = asdict(self)
+        data["status"] = str(self.status.value)
+        data["reason"] = None if self.reason is None else str(self.reason.value)
+        return data
+
+
+class RunContext:
+    """What a job body receives besides its input.
+
+    - ``run_id``, ``job_key``, ``trigger``; ``deadline_at`` (runner clock).
+    - ``cancelled``: a :class:`threading.Event` set when the run is given up (deadline,
+      lost claim, unverifiable heartbeat, interrupt). A long body should check it (or
+      wait on it instead of sleeping) and stop; the runner cannot stop it otherwise.
+    - ``heartbeat(progress=None)``: see :meth:`heartbeat`.
+    - ``logger``: a logger that tags records with ``job_key`` and ``run_id``.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        job_key: str,
+        trigger: Trigger,
+        deadline_at: datetime,
+        execution: _Execution,
+    ) -> None:
+        self.run_id = run_id
+        self.job_key = job_key
+        self.trigger = trigger
+        self.deadline_at = deadline_at
+        self.cancelled: threading.Event = execution.cancelled
+        self.logger = logging.LoggerAdapter(
+            logging.getLogger(f"jobstate.jobs.{job_key}"),
+            {"job_key": job_key, "run_id": run_id},
+        )
+        self._execution = execution
+
+    def heartbeat(self, progress: dict[str, Any] | None = None) -> bool:
+        """Advance the run's liveness watermark now and store ``progress`` (strict
+        JSON, else :class:`InvalidPayload`) as its summary.
+
+        Returns ``False`` when the run is over: already recorded, or the store answered
+        that the row is no longer RUNNING (the run is then aborted as FAILED and
+        ``cancelled`` is set). A store error is logged and answers ``True``: one
+        transient failure is not a lost claim.
+        """
+        if progress is not None:
+            ensure_json(progress, field="progress")
+        return self._execution.beat(progress)
+
+    def __repr__(self) -> str:
+        return f"<RunContext {self.job_key} {self.run_id}>"
+
+
+class _Execution:
+    """State shared by the caller's thread, the body's thread and the heartbeat thread
+    of one run. ``lock`` orders the three decisions that race: the body settling, an
+    abort, and the runner settling the run (after which nothing else is written)."""
+
+    def __init__(self, *, store: JobRunStore, run_id: str, job_key: str, budget: float) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.job_key = job_key
+        self.budget = budget
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.cancelled = threading.Event()
+        self.stop_heartbeats = threading.Event()
+        self.body_done = threading.Event()
+        self.settled = False
+        self.abort_reason: RunReason | None = None
+        self.aborted_at: float | None = None
+        self.body_settled_at: float | None = None
+        self.body_value: object = None
+        self.body_error: BaseException | None = None
+        self.last_ok_beat = time.monotonic()
+
+    @property
+    def log_extra(self) -> dict[str, str]:
+        return {"job_key": self.job_key, "run_id": self.run_id}
+
+    def abort(self, reason: RunReason) -> None:
+        with self.lock:
+            if self.settled or self.abort_reason is not None:
+                return
+            self.abort_reason = reason
+            self.aborted_at = time.monotonic()
+        self.cancelled.set()
+        self.wake.set()
+
+    def body_finished(self, *, value: object = None, error: BaseException | None = None) -> None:
+        with self.lock:
+            self.body_settled_at = time.monotonic()
+            self.body_value = value
+            self.body_error = error
+            late = self.settled
+        self.body_done.set()
+        self.wake.set()
+        if late:
+            logger.warning(
+                "job body settled after the run was recorded: %s (run %s); its result is "
+                "not written",
+                self.job_key,
+                self.run_id,
+                extra=self.log_extra,
+            )
+
+    def beat(self, progress: dict[str, Any] | None) -> bool:
+        with self.lock:
+            if self.settled:
+                return False
+        try:
+            accepted = self.store.heartbeat(run_id=self.run_id, progress=progress)
+        # The store is pluggable and a failed beat is tolerated whatever its cause, until
+        # the liveness budget runs out.
+        except Exception:
+            logger.warning(
+                "job heartbeat write failed: %s (run %s)",
+                self.job_key,
+                self.run_id,
+                exc_info=True,
+                extra=self.log_extra,
+            )
+            if time.monotonic() - self.last_ok_beat >= self.budget:
+                logger.warning(
+                    "job heartbeat unverifiable for the full liveness budget: aborting %s (run %s)",
+                    self.job_key,
+                    self.run_id,
+                    extra=self.log_extra,
+                )
+                self.abort(RunReason.HEARTBEAT_UNVERIFIABLE)
+                return False
+            return True
+        if accepted:
+            self.last_ok_beat = time.monotonic()
+            return True
+        with self.lock:
+            settled = self.settled
+        if not settled:
+            logger.warning(
+                "job heartbeat rejected: claim lost: %s (run %s)",
+                self.job_key,
+                self.run_id,
+                extra=self.log_extra,
+            )
+            self.abort(RunReason.CLAIM_LOST)
+        return False
+
+
+class JobRunner:
+    """Executes registered operations jobs and records each run in a run store.
+
+    Every option not given falls back to its ``JOBSTATE`` setting: ``HEARTBEAT_INTERVAL``,
+    ``STALE_RUN_AFTER``, ``DEFAULT_JOB_TIMEOUT``, ``REAP_SCOPE``, ``REAP_LIMIT``,
+    ``ERROR_TEXT_LIMIT`` and ``SERVICE_REVISION``. ``store`` defaults to
+    :func:`jobstate.stores.get_run_store`, ``clock`` (anything with ``now()`` returning an
+    aware datetime; it stamps the recorded instants) to the system clock in UTC.
+
+    ``stale_run_after`` must be at least twice ``heartbeat_interval``, so one late beat
+    never makes a live run look dead. Invalid options raise
+    :class:`InvalidRunnerConfiguration`.
+
+    Waiting (heartbeat interval, deadline) is measured on this process's monotonic clock;
+    the liveness watermark itself comes from the store's clock.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: JobRunStore | None = None,
+        registry: Registry = registry,
+        clock: Clock | None = None,
+        heartbeat_interval: timedelta | _FromSettings = FROM_SETTINGS,
+        stale_run_after: timedelta | _FromSettings = FROM_SETTINGS,
+        default_timeout: timedelta | _FromSettings = FROM_SETTINGS,
+        reap_scope: ReapScope | _FromSettings = FROM_SETTINGS,
+        reap_limit: int | _FromSettings | None = FROM_SETTINGS,
+        error_text_limit: int | _FromSettings = FROM_SETTINGS,
+        service_revision: str | _FromSettings | None = FROM_SETTINGS,
+    ) -> None:
+        s = jobstate_settings
+        self.heartbeat_interval = _positive_duration(
+            s.HEARTBEAT_INTERVAL if heartbeat_interval is FROM_SETTINGS else heartbeat_interval,
+            "heartbeat_interval",
+        )
+        self.stale_run_after = _positive_duration(
+            s.STALE_RUN_AFTER if stale_run_after is FROM_SETTINGS else stale_run_after,
+            "stale_run_after",
+        )
+        self.default_timeout = _positive_duration(
+            s.DEFAULT_JOB_TIMEOUT if default_timeout is FROM_SETTINGS else default_timeout,
+            "default_timeout",
+        )
+        if self.stale_run_after < 2 * self.heartbeat_interval:
+            raise InvalidRunnerConfiguration(
+                f"stale_run_after ({self.stale_run_after}) must be at least twice "
+                f"heartbeat_interval ({self.heartbeat_interval}), or a live run whose "
+                "heartbeat is a little late would be reaped."
+            )
+        scope = s.REAP_SCOPE if reap_scope is FROM_SETTINGS else reap_scope
+        if scope not in get_args(ReapScope):
+            raise InvalidRunnerConfiguration(
+                f"reap_scope must be 'overlap-key', 'all' or 'off', got {scope!r}."
+            )
+        self.reap_scope = cast(ReapScope, scope)
+        limit = s.REAP_LIMIT if reap_limit is FROM_SETTINGS else reap_limit
+        try:
+            self.reap_limit: int | None = validate_reap_limit(limit)
+        except InvalidJobState as exc:
+            raise InvalidRunnerConfiguration(f"reap_limit: {exc}") from exc
+        text_limit = s.ERROR_TEXT_LIMIT if error_text_limit is FROM_SETTINGS else error_text_limit
+        if isinstance(text_limit, bool) or not isinstance(text_limit, int) or text_limit < 1:
+            raise InvalidRunnerConfiguration(
+                f"error_text_limit must be a positive int, got {text_limit!r}."
+            )
+        self.error_text_limit: int = text_limit
+        revision = s.SERVICE_REVISION if service_revision is FROM_SETTINGS else service_revision
+        if revision is not None and not isinstance(revision, str):
+            raise InvalidRunnerConfiguration(
+                f"service_revision must be a string or None, got {revision!r}."
+            )
+        self.service_revision: str | None = revision
+        if not isinstance(registry, Registry):
+            raise InvalidRunnerConfiguration(f"registry must be a Registry, got {registry!r}.")
+        self.registry = registry
+        self.clock: Clock = SystemClock() if clock is None else clock
+        try:
+            validate_instant(self.clock.now(), field="clock.now()")
+        except (AttributeError, TypeError, InvalidJobState) as exc:
+            raise InvalidRunnerConfiguration(
+                f"clock must have a now() method returning an aware datetime: {exc}"
+            ) from exc
+        self.store: JobRunStore = get_run_store() if store is None else store
+
+    # -- public API ------------------------------------------------------------------------
+
+    def execute(
+        self, job_key: str, input: Any = None, trigger: Trigger = CLI_TRIGGER
+    ) -> JobExecutionResult:
+        """Run job ``job_key`` once and record the run.
+
+        Steps: look the job up (:class:`UnknownOperationsJob`); validate ``input``
+        (:class:`OperationsJobInputError`); reap stale runs in the configured scope (a
+        failure is logged and ignored); claim the overlap key (:class:`StoreError` if the
+        store fails); on a held key record a SKIPPED run and return; otherwise run the
+        body with heartbeats until it settles or its deadline passes, and record the
+        outcome exactly once. Nothing is written when it raises before the claim.
+
+        Must be called outside a database transaction on the store's database
+        (:class:`TransactionNotAllowed`): heartbeats use their own connection and could
+        not see an uncommitted run. The body runs in its own thread, with its own
+        database connection, and never inside the caller's transaction.
+        """
+        job = self.registry.get(job_key)
+        if not isinstance(trigger, Trigger):
+            raise TypeError(f"trigger must be a jobstate Trigger, got {type(trigger).__name__}.")
+        try:
+            ensure_json(input, field="input")
+        except InvalidPayload as exc:
+            raise OperationsJobInputError(f"{job.key}: {exc}") from exc
+        value = job.parse_input(input)
+        self._refuse_transaction()
+        # An allow-run gets a fresh key, so allow-runs never block one another.
+        overlap_key = job.key if job.overlap == "forbid" else f"{job.key}#{uuid.uuid4()}"
+        self._reap_before_claim(job, overlap_key)
+        started_at = self.clock.now()
+        try:
+            run_id = self.store.claim(
+                job_key=job.key,
+                overlap_key=overlap_key,
+                trigger=trigger,
+                input=input,
+                started_at=started_at,
+                service_revision=self.service_revision,
+            )
+        except JobStateError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"Claiming a run of {job.key!r} failed: {exc}") from exc
+        if run_id is None:
+            return self._record_skipped(job, overlap_key, trigger, input, started_at)
+        return self._run(job, run_id, trigger, value, started_at)
+
+    def reap_stale_runs(self, limit: int | None = None) -> int:
+        """Move every RUNNING run (any job, any key) whose heartbeat is older than
+        ``stale_run_after`` to TIMED_OUT; at most ``limit`` rows (default: the runner's
+        ``reap_limit``). Returns the rows this call moved; concurrent calls never count
+        the same row twice. A store failure raises :class:`StoreError`."""
+        cap = self.reap_limit if limit is None else validate_reap_limit(limit)
+        try:
+            return self.store.reap_stale(stale_after=self.stale_run_after, limit=cap)
+        except JobStateError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"Reaping stale runs failed: {exc}") from exc
+
+    # -- pipeline steps --------------------------------------------------------------------
+
+    def _refuse_transaction(self) -> None:
+        alias = getattr(self.store, "using", None)
+        if isinstance(alias, str) and connections[alias].in_atomic_block:
+            raise TransactionNotAllowed(
+                f"JobRunner.execute() was called inside a transaction on database {alias!r}. "
+                "Call it in autocommit mode (outside transaction.atomic and "
+                "ATOMIC_REQUESTS views): the heartbeat thread's connection cannot see an "
+                "uncommitted run and would abort it."
+            )
+
+    def _reap_before_claim(self, job: OperationsJob, overlap_key: str) -> None:
+        if self.reap_scope == "off":
+            return
+        scope: dict[str, str] = {}
+        if self.reap_scope == "overlap-key":
+            # An allow-run's key is brand new, so only the job key can find its dead runs.
+            scope = (
+                {"overlap_key": overlap_key} if job.overlap == "forbid" else {"job_key": job.key}
+            )
+        try:
+            reaped = self.store.reap_stale(
+                stale_after=self.stale_run_after, limit=self.reap_limit, **scope
+            )
+        # Reaping is housekeeping: whatever makes it fail, the claim decides the run.
+        except Exception:
+            logger.warning(
+                "stale job run reap failed before %s", job.key, exc_info=True, extra=scope
+            )
+            return
+        if reaped:
+            logger.warning(
+                "stale RUNNING job runs reaped: %d before %s", reaped, job.key, extra=scope
+            )
+
+    def _record_skipped(
+        self,
+        job: OperationsJob,
+        overlap_key: str,
+        trigger: Trigger,
+        input: Any,
+        at: datetime,
+    ) -> JobExecutionResult:
+        logger.warning(
+            "job skipped: %s (overlap key already held)",
+            job.key,
+            extra={
+                "job_key": job.key,
+                "overlap_key": overlap_key,
+                "trigger_source": trigger.source,
+                "triggered_by": trigger.triggered_by,
+            },
+        )
+        try:
+            run_id = self.store.record_skipped(
+                job_key=job.key,
+                trigger=trigger,
+                input=input,
+                at=at,
+                reason=RunReason.OVERLAP.value,
+                service_revision=self.service_revision,
+            )
+        except JobStateError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"Recording a skipped run of {job.key!r} failed: {exc}") from exc
+        return JobExecutionResult(
+            run_id=str(run_id),
+            job_key=job.key,
+            status=JobRunStatus.SKIPPED,
+            duration_ms=0,
+            recorded="settled",
+            reason=RunReason.OVERLAP,
+        )
+
+    def _run(
+        self, job: OperationsJob, run_id: str, trigger: Trigger, value: Any, started_at: datetime
+    ) -> JobExecutionResult:
+        timeout = job.timeout or self.default_timeout
+        execution = _Execution(
+            store=self.store,
+            run_id=str(run_id),
+            job_key=job.key,
+            budget=self.stale_run_after.total_seconds(),
+        )
+        ctx = RunContext(
+            run_id=str(run_id),
+            job_key=job.key,
+            trigger=trigger,
+            deadline_at=started_at + timeout,
+            execution=execution,
+        )
+        beater = threading.Thread(
+            target=self._beat_until_settled,
+            args=(execution,),
+            name=f"jobstate-heartbeat-{job.key}",
+            daemon=True,
+        )
+        # A daemon thread: a body that ignores its deadline must not keep the process alive.
+        worker = threading.Thread(
+            target=_run_body,
+            args=(execution, job, ctx, value),
+            name=f"jobstate-run-{job.key}",
+            daemon=True,
+        )
+        beater.start()
+        worker.start()
+        try:
+            if not execution.wake.wait(min(timeout.total_seconds(), threading.TIMEOUT_MAX)):
+                execution.abort(RunReason.TIMEOUT)
+            if execution.abort_reason is not None:
+                execution.body_done.wait(_ABORT_GRACE_SECONDS)
+        except KeyboardInterrupt:
+            # Record the interrupted run so its key is free at once instead of after a reap.
+            execution.abort(RunReason.INTERRUPTED)
+            self._finalise(job, execution, beater, started_at, timeout)
+            raise
+        return self._finalise(job, execution, beater, started_at, timeout)
+
+    def _beat_until_settled(self, execution: _Execution) -> None:
+        interval = self.heartbeat_interval.total_seconds()
+        try:
+            while not execution.stop_heartbeats.wait(interval):
+                if not execution.beat(None):
+                    return
+        finally:
+            connections.close_all()
+
+    def _finalise(
+        self,
+        job: OperationsJob,
+        execution: _Execution,
+        beater: threading.Thread,
+        started_at: datetime,
+        timeout: timedelta,
+    ) -> JobExecutionResult:
+        with execution.lock:
+            execution.settled = True
+            reason = execution.abort_reason
+            aborted_at = execution.aborted_at
+            settled_at = execution.body_settled_at
+            value, error = execution.body_value, execution.body_error
+        execution.stop_heartbeats.set()
+        beater.join(self.heartbeat_interval.total_seconds())
+
+        finished_at = self.clock.now()
+        elapsed = finished_at - started_at
+        if elapsed < timedelta(0):
+            logger.warning(
+                "runner clock moved backwards during %s (run %s): duration recorded as 0",
+                job.key,
+                execution.run_id,
+                extra=execution.log_extra,
+            )
+        duration_ms = max(0, round(elapsed / timedelta(milliseconds=1)))
+
+        # The body's own result counts when it settled before any abort: a body that
+        # finished at the deadline's very moment is recorded as it finished.
+        own_result = settled_at is not None and (aborted_at is None or settled_at <= aborted_at)
+        summary: dict[str, Any] | None = None
+        error_text: str | None = None
+        outcome_reason: RunReason | None = None
+        if not own_result:
+            assert reason is not None  # the wait ends only on a settled body or an abort
+            outcome_reason = reason
+            status = JobRunStatus.TIMED_OUT if reason is RunReason.TIMEOUT else JobRunStatus.FAILED
+            error_text = self._abort_text(reason, timeout)
+        elif error is not None:
+            status, outcome_reason = JobRunStatus.FAILED, RunReason.ERROR
+            error_text = _exception_text(error)
+        elif isinstance(value, dict):
+            try:
+                summary = ensure_json(value, field="summary")
+            except InvalidPayload as exc:
+                status, outcome_reason = JobRunStatus.FAILED, RunReason.INVALID_SUMMARY
+                error_text = f"job returned a summary that cannot be stored: {exc}"
+            else:
+                if summary is not None and summary.get("ok") is False:
+                    status, outcome_reason = JobRunStatus.FAILED, RunReason.REPORTED_NOT_OK
+                    error_text = "job reported ok: False"
+                else:
+                    status = JobRunStatus.SUCCEEDED
+        else:
+            status = JobRunStatus.SUCCEEDED
+        error_text = None if error_text is None else self._truncate(error_text)
+
+        recorded: Recorded
+        try:
+            written = self.store.complete(
+                run_id=execution.run_id,
+                status=status,
+                finished_at=finished_at,
+                duration_ms=duration_ms,
+                summary=summary,
+                error=error_text,
+            )
+        # Whatever the store raised, the run is over; the row stays RUNNING until a reap.
+        except Exception:
+            logger.error(
+                "job run finalize failed: the row stays RUNNING until the next reap: %s (run %s)",
+                job.key,
+                execution.run_id,
+                exc_info=True,
+                extra=execution.log_extra,
+            )
+            recorded = "unrecorded"
+        else:
+            recorded = "settled" if written else "superseded"
+            if not written:
+                logger.warning(
+                    "job run was already settled by a reaper: this body may be a second "
+                    "run: %s (run %s)",
+                    job.key,
+                    execution.run_id,
+                    extra=execution.log_extra,
+                )
+        return JobExecutionResult(
+            run_id=execution.run_id,
+            job_key=job.key,
+            status=status,
+            duration_ms=duration_ms,
+            recorded=recorded,
+            summary=summary,
+            error=error_text,
+            reason=outcome_reason,
+        )
+
+    def _abort_text(self, reason: RunReason, timeout: timedelta) -> str:
+        if reason is RunReason.TIMEOUT:
+            return f"job timed out: still running after its timeout of {timeout}"
+        if reason is RunReason.CLAIM_LOST:
+            return (
+                "job run lost its claim: the row is no longer RUNNING (reaped or settled elsewhere)"
+            )
+        if reason is RunReason.HEARTBEAT_UNVERIFIABLE:
+            return (
+                "job heartbeat unverifiable: no heartbeat could be written for "
+                f"{self.stale_run_after}, the liveness budget"
+            )
+        return "job run was interrupted (KeyboardInterrupt)"
+
+    def _truncate(self, text: str) -> str:
+        # PostgreSQL text cannot hold NUL; keep the character visible instead of failing.
+        text = text.replace("\x00", "\\x00")
+        limit = self.error_text_limit
+        if len(text) <= limit:
+            return text
+        if limit <= len(_ERROR_TRUNCATION_MARK):
+            return text[:limit]
+        return text[: limit - len(_ERROR_TRUNCATION_MARK)] + _ERROR_TRUNCATION_MARK
+
+
+def _run_body(execution: _Execution, job: OperationsJob, ctx: RunContext, value: Any) -> None:
+    try:
+        try:
+            result = job.func(ctx, value)
+        # Nothing above a worker thread could handle the exception; it becomes the outcome.
+        except BaseException as exc:
+            execution.body_finished(error=exc)
+        else:
+            execution.body_finished(value=result)
+    finally:
+        connections.close_all()
+
+
+def _exception_text(exc: BaseException) -> str:
+    # The message first, so truncation keeps what an operator reads first.
+    head = f"{type(exc).__qualname__}: {exc}"
+    return head + "\n" + "".join(traceback.format_exception(exc)).rstrip()
+
+
+def _positive_duration(value: object, name: str) -> timedelta:
+    try:
+        return validate_duration(cast(timedelta, value), field=name, allow_zero=False)
+    except InvalidJobState as exc:
+        raise InvalidRunnerConfiguration(str(exc)) from exc

@@ -1,0 +1,553 @@
+"""The job queue, audit ledger and runtime locks on the Django ORM (``DatabaseStateStore``).
+
+Every transition is one conditional write (``UPDATE ... WHERE status = ...``, ``WHERE
+claim_token = ...``) or a short transaction around one, so concurrent web processes,
+workers, executors and sweeps never overwrite each other's transitions.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Case, Exists, Q, When
+from django.db.models.functions import Now
+
+from jobstate.conf import jobstate_settings
+from jobstate.exceptions import (
+    DuplicateRequestId,
+    InvalidJobState,
+    ThreadQuotaExceeded,
+)
+from jobstate.models import (
+    JOB_UNIQUE_REQUEST_ID,
+    RUNTIME_LOCK_PKEY,
+    AuditEntry,
+    Job,
+    JobQuerySet,
+    RuntimeLock,
+    thread_blockers,
+)
+from jobstate.stores.base import (
+    ENQUEUE_FIELDS,
+    ENQUEUE_PAYLOAD_FIELDS,
+    EXPIRED_QUEUED_ERROR,
+    JOB_CLAIM_FIELDS,
+    JOB_PATCH_FIELDS,
+    CompletionOutcome,
+    CompletionResult,
+    JobId,
+    JobStatus,
+    StateStore,
+    check_same_request,
+    clean_job_fields,
+    complete_audit_fields,
+    parse_limit,
+    parse_statuses,
+    parse_targets,
+    parse_thread_id,
+    parse_uuid,
+    require_text,
+    required_request_id,
+    resolve_lease,
+    validate_duration,
+    validate_instant,
+    validate_release_status,
+)
+from jobstate.stores.integrity import violates
+
+__all__ = ["DatabaseStateStore"]
+
+_CREATE_FIELDS = JOB_PATCH_FIELDS | {"request_id"}
+_ENQUEUE_FIELDS = ENQUEUE_FIELDS | {"request_id"}
+_REPORT_FIELDS = JOB_PATCH_FIELDS - {"status", *JOB_CLAIM_FIELDS}
+_CLEARED_CLAIM = dict.fromkeys(JOB_CLAIM_FIELDS)
+
+
+class DatabaseStateStore(StateStore):
+    """:class:`~jobstate.stores.base.StateStore` on the ``Job``, ``AuditEntry`` and
+    ``RuntimeLock`` tables of database ``using``.
+
+    - Request-id idempotency rests on the unique constraint
+      ``jobstate_job_unique_request_id``; only its violation becomes
+      ``DuplicateRequestId`` or an idempotent replay.
+    - Claims pick a candidate with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL
+      (concurrent claimers pass over each other's rows instead of queueing behind
+      them) and move it with ``UPDATE ... WHERE status = 'queued'``. The per-thread gate
+      is re-checked under a transaction-scoped advisory lock on the thread, because a
+      gate read from a snapshot can miss a sibling job claimed a moment earlier. On
+      SQLite, ``IMMEDIATE`` transactions serialise writers, so the candidate read and
+      the update already see the same state. Claims rely on READ COMMITTED isolation
+      (Django's default on PostgreSQL).
+    - Lease and liveness instants come from the database clock (``Now()``).
+    """
+
+    def __init__(self, using: str = "default") -> None:
+        self.using = using
+
+    # --- jobs ------------------------------------------------------------------------
+
+    def find_by_request_id(self, request_id: str) -> Job | None:
+        require_text(request_id, field="request_id")
+        return self._jobs().filter(request_id=request_id).first()
+
+    def get_job(self, job_id: JobId) -> Job | None:
+        return self._jobs().filter(id=parse_uuid(job_id, field="job_id")).first()
+
+    def create_job(self, **fields: Any) -> Job:
+        cleaned = clean_job_fields(fields, allowed=_CREATE_FIELDS, action="create_job")
+        request_id = required_request_id(cleaned, action="create_job")
+        try:
+            # The savepoint keeps a host's surrounding transaction usable after a duplicate.
+            with transaction.atomic(using=self.using):
+                job = self._jobs().create(**cleaned)
+        except IntegrityError as exc:
+            if self._is_duplicate_request(exc):
+                raise DuplicateRequestId(
+                    f"a job with request_id {request_id!r} already exists.",
+                    request_id=request_id,
+                ) from exc
+            raise
+        return self._jobs().get(id=job.id)
+
+    def enqueue(self, **fields: Any) -> tuple[Job, bool]:
+        cleaned = clean_job_fields(fields, allowed=_ENQUEUE_FIELDS, action="enqueue")
+        request_id = required_request_id(cleaned, action="enqueue")
+        existing = self.find_by_request_id(request_id)
+        if existing is not None:
+            return _replay(existing, cleaned), False
+        quota = jobstate_settings.THREAD_INFLIGHT_QUOTA
+        thread_id = cleaned.get("thread_id")
+        try:
+            with transaction.atomic(using=self.using):
+                if quota is not None and thread_id is not None:
+                    # Serialises enqueues of one thread (and its claims) so the count
+                    # below cannot miss a sibling inserted concurrently: exact on
+                    # PostgreSQL; SQLite's IMMEDIATE transactions already serialise.
+                    self._lock_thread(thread_id)
+                    existing = self.find_by_request_id(request_id)
+                    if existing is None:
+                        inflight = self._jobs().filter(thread_id=thread_id).inflight().count()
+                        if inflight >= quota:
+                            raise ThreadQuotaExceeded(
+                                f"thread {thread_id} already has {inflight} jobs in flight; "
+                                f"the quota is {quota} (JOBSTATE['THREAD_INFLIGHT_QUOTA']).",
+                                thread_id=thread_id,
+                                inflight=inflight,
+                                quota=quota,
+                            )
+                if existing is None:
+                    job = self._jobs().create(**cleaned)
+        except IntegrityError as exc:
+            if not self._is_duplicate_request(exc):
+                raise
+            # A concurrent enqueue of the same request won the insert.
+            existing = self.find_by_request_id(request_id)
+            if existing is None:
+                raise
+        if existing is not None:
+            return _replay(existing, cleaned), False
+        return self._jobs().get(id=job.id), True
+
+    def update_job(self, job_id: JobId, **patch: Any) -> Job | None:
+        return self._update(job_id, None, patch, action="update_job")
+
+    def update_job_if_status(
+        self, job_id: JobId, expected_statuses: Iterable[str], **patch: Any
+    ) -> Job | None:
+        expected = parse_statuses(expected_statuses)
+        return self._update(job_id, expected, patch, action="update_job_if_status")
+
+    # --- claims ----------------------------------------------------------------------
+
+    def claim_next_job(
+        self, targets: Sequence[str], executor_id: str, lease: timedelta | None = None
+    ) -> Job | None:
+        return self._claim(
+            targets,
+            require_text(executor_id, field="executor_id"),
+            resolve_lease(lease, jobstate_settings.EXECUTOR_LEASE),
+            JobStatus.DISPATCHED,
+        )
+
+    def claim_next_inhub_job(
+        self, targets: Sequence[str], worker_id: str, lease: timedelta | None = None
+    ) -> Job | None:
+        return self._claim(
+            targets,
+            require_text(worker_id, field="worker_id"),
+            resolve_lease(lease, jobstate_settings.WORKER_LEASE),
+            JobStatus.RUNNING,
+        )
+
+    def complete_claimed_job(
+        self, job_id: JobId, claim_token: uuid.UUID | str, status: str, **patch: Any
+    ) -> CompletionResult:
+        pk = parse_uuid(job_id, field="job_id")
+        token = parse_uuid(claim_token, field="claim_token")
+        new_status = validate_release_status(status)
+        cleaned = clean_job_fields(patch, allowed=_REPORT_FIELDS, action="complete_claimed_job")
+        changes = {**cleaned, **_CLEARED_CLAIM, "status": new_status, "updated_at": Now()}
+        with transaction.atomic(using=self.using):
+            moved = self._jobs().filter(id=pk, claim_token=token).claimed().update(**changes)
+            job = self._jobs().filter(id=pk).first()
+        if moved:
+            return CompletionResult(CompletionOutcome.COMPLETED, job)
+        if job is None:
+            return CompletionResult(CompletionOutcome.NOT_FOUND, None)
+        return CompletionResult(CompletionOutcome.STALE_CLAIM, job)
+
+    def extend_claim_lease(
+        self, job_id: JobId, claim_token: uuid.UUID | str, lease: timedelta | None = None
+    ) -> bool:
+        pk = parse_uuid(job_id, field="job_id")
+        token = parse_uuid(claim_token, field="claim_token")
+        if lease is None:
+            lease_until: Any = Case(
+                When(status=JobStatus.RUNNING, then=Now() + jobstate_settings.WORKER_LEASE),
+                default=Now() + jobstate_settings.EXECUTOR_LEASE,
+            )
+        else:
+            lease_until = Now() + validate_duration(lease, field="lease", allow_zero=False)
+        moved = (
+            self._jobs()
+            .filter(id=pk, claim_token=token)
+            .claimed()
+            .update(lease_until=lease_until, updated_at=Now())
+        )
+        return moved > 0
+
+    # --- leases and maintenance ------------------------------------------------------
+
+    def extend_executor_leases(self, executor_id: str, lease: timedelta | None = None) -> int:
+        require_text(executor_id, field="executor_id")
+        duration = resolve_lease(lease, jobstate_settings.EXECUTOR_LEASE)
+        return (
+            self._jobs()
+            .filter(status=JobStatus.DISPATCHED, executor_id=executor_id)
+            .update(lease_until=Now() + duration, updated_at=Now())
+        )
+
+    def requeue_stale_dispatched(
+        self,
+        dead_after: timedelta | None = None,
+        hard_cap: timedelta | None = None,
+        *,
+        targets: Sequence[str] | None = None,
+    ) -> int:
+        dead = validate_duration(
+            jobstate_settings.EXECUTOR_DEAD_AFTER if dead_after is None else dead_after,
+            field="dead_after",
+        )
+        cap = validate_duration(
+            jobstate_settings.EXECUTOR_HARD_CAP if hard_cap is None else hard_cap,
+            field="hard_cap",
+        )
+        scope = parse_targets(targets)
+        if scope == []:
+            return 0
+        # One UPDATE: a row completed or renewed while the statement waited for its lock
+        # is re-checked against the WHERE clause and left alone.
+        return (
+            self._jobs()
+            .stale_dispatched(dead, cap)
+            .for_targets(scope)
+            .update(status=JobStatus.QUEUED, updated_at=Now(), **_CLEARED_CLAIM)
+        )
+
+    def list_expired_leases(
+        self,
+        statuses: Iterable[str],
+        fallback_older_than: timedelta,
+        *,
+        targets: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        wanted = parse_statuses(statuses)
+        validate_duration(fallback_older_than, field="fallback_older_than")
+        scope = parse_targets(targets)
+        count = parse_limit(limit, default=jobstate_settings.LIST_LIMIT)
+        if not wanted or scope == []:
+            return []
+        rows = (
+            self._jobs()
+            .with_status(wanted)
+            .expired_leases(fallback_older_than)
+            .for_targets(scope)
+            .order_by("created_at", "id")
+        )
+        return list(rows[:count])
+
+    def list_jobs_by_status(
+        self,
+        statuses: Iterable[str],
+        older_than: timedelta | None = None,
+        *,
+        targets: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        wanted = parse_statuses(statuses)
+        if older_than is not None:
+            validate_duration(older_than, field="older_than")
+        scope = parse_targets(targets)
+        count = parse_limit(limit, default=jobstate_settings.LIST_LIMIT)
+        if not wanted or scope == []:
+            return []
+        rows = self._jobs().with_status(wanted).for_targets(scope)
+        if older_than is not None:
+            rows = rows.not_written_for(older_than)
+        return list(rows.order_by("created_at", "id")[:count])
+
+    def expire_stale_queued(
+        self, ttl: timedelta | None = None, *, targets: Sequence[str] | None = None
+    ) -> int:
+        duration = validate_duration(
+            jobstate_settings.QUEUED_TTL if ttl is None else ttl, field="ttl"
+        )
+        scope = parse_targets(targets)
+        if scope == []:
+            return 0
+        # A claim holds its candidate's row lock; this UPDATE waits for it and then skips
+        # the row, which is no longer queued.
+        return (
+            self._jobs()
+            .stale_queued(duration)
+            .for_targets(scope)
+            .update(status=JobStatus.ERROR, error=EXPIRED_QUEUED_ERROR, updated_at=Now())
+        )
+
+    def count_inflight_by_thread(self, thread_id: int) -> int:
+        return self._jobs().filter(thread_id=parse_thread_id(thread_id)).inflight().count()
+
+    # --- audit ledger ----------------------------------------------------------------
+
+    def append_audit(
+        self,
+        *,
+        job: Job | JobId | None = None,
+        request_id: str = "",
+        event: str,
+        stage: str | None = None,
+        severity: str | None = None,
+        title: str = "",
+        summary: str = "",
+        detail: dict[str, Any] | None = None,
+        at: datetime | None = None,
+    ) -> AuditEntry:
+        fields = complete_audit_fields(
+            event=event,
+            stage=stage,
+            severity=severity,
+            title=title,
+            summary=summary,
+            detail=detail,
+        )
+        job_id, request_id = _audit_subject(job, request_id)
+        entry = AuditEntry(
+            job_id=job_id,
+            request_id=request_id,
+            event=event,
+            stage=fields.stage,
+            severity=fields.severity,
+            title=fields.title,
+            summary=fields.summary,
+            detail=fields.detail,
+        )
+        if at is not None:
+            entry.ts = validate_instant(at, field="at")
+        entry.save(using=self.using, force_insert=True)
+        if at is None and not connections[self.using].features.can_return_columns_from_insert:
+            # Without INSERT ... RETURNING the database-stamped ts is not known yet.
+            entry.refresh_from_db(using=self.using, fields=["ts"])
+        return entry
+
+    def list_audit(
+        self,
+        *,
+        job: Job | JobId | None = None,
+        request_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[AuditEntry]:
+        count = parse_limit(limit, default=jobstate_settings.LIST_LIMIT)
+        if job is None and request_id is None:
+            raise InvalidJobState("list_audit needs a job or a request_id to narrow to.")
+        rows = AuditEntry.objects.using(self.using).all()
+        if job is not None:
+            rows = rows.filter(
+                job_id=job.id if isinstance(job, Job) else parse_uuid(job, field="job")
+            )
+        if request_id is not None:
+            rows = rows.filter(request_id=require_text(request_id, field="request_id"))
+        return list(rows.order_by("ts", "id")[:count])
+
+    def prune_audit_older_than(self, cutoff: datetime, *, batch_size: int | None = None) -> int:
+        validate_instant(cutoff, field="cutoff")
+        batch = parse_limit(batch_size, default=jobstate_settings.AUDIT_PRUNE_BATCH_SIZE)
+        entries = AuditEntry.objects.using(self.using)
+        total = 0
+        while True:
+            # DELETE ... WHERE id IN (SELECT id ... LIMIT n), each batch its own short
+            # transaction, so a large backlog never holds locks on the whole table.
+            with transaction.atomic(using=self.using):
+                ids = entries.older_than(cutoff).order_by().values("id")[:batch]
+                deleted, _ = entries.filter(id__in=ids).delete()
+            total += deleted
+            if deleted < batch:
+                return total
+
+    # --- runtime locks ---------------------------------------------------------------
+
+    def acquire_runtime_lock(self, lock_key: str, owner: str, ttl: timedelta) -> bool:
+        require_text(lock_key, field="lock_key")
+        require_text(owner, field="owner")
+        validate_duration(ttl, field="ttl", allow_zero=False)
+        locks = RuntimeLock.objects.using(self.using)
+        # Three rounds at most: the row can vanish (a release) between a failed insert and
+        # the update; after that the key is contended and "held" is the honest answer.
+        for _ in range(3):
+            try:
+                with transaction.atomic(using=self.using):
+                    locks.create(lock_key=lock_key, owner=owner, expires_at=Now() + ttl)
+                return True
+            except IntegrityError as exc:
+                if not violates(
+                    exc,
+                    constraint=RUNTIME_LOCK_PKEY,
+                    table=RuntimeLock._meta.db_table,
+                    columns=["lock_key"],
+                ):
+                    raise
+            taken = (
+                locks.filter(lock_key=lock_key)
+                .filter(Q(owner=owner) | Q(expires_at__lte=Now()))
+                .update(owner=owner, expires_at=Now() + ttl, updated_at=Now())
+            )
+            if taken:
+                return True
+            if locks.filter(lock_key=lock_key).exists():
+                return False
+        return False
+
+    def release_runtime_lock(self, lock_key: str, owner: str) -> None:
+        require_text(lock_key, field="lock_key")
+        require_text(owner, field="owner")
+        RuntimeLock.objects.using(self.using).filter(lock_key=lock_key, owner=owner).delete()
+
+    # --- internals -------------------------------------------------------------------
+
+    def _jobs(self) -> JobQuerySet:
+        return Job.objects.using(self.using)
+
+    def _is_postgresql(self) -> bool:
+        return connections[self.using].vendor == "postgresql"
+
+    def _is_duplicate_request(self, exc: IntegrityError) -> bool:
+        return violates(
+            exc,
+            constraint=JOB_UNIQUE_REQUEST_ID,
+            table=Job._meta.db_table,
+            columns=["request_id"],
+        )
+
+    def _lock_thread(self, thread_id: int) -> None:
+        """Take a transaction-scoped lock on one thread (PostgreSQL only).
+
+        Raw SQL because advisory locks have no ORM form. The key is hashed from a
+        namespaced string so it does not collide with a host's own integer keys; a hash
+        collision between two threads only makes them wait for each other briefly.
+        """
+        if not self._is_postgresql():
+            return
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                [f"jobstate.job.thread:{thread_id}"],
+            )
+
+    def _update(
+        self,
+        job_id: JobId,
+        expected: list[JobStatus] | None,
+        patch: dict[str, Any],
+        *,
+        action: str,
+    ) -> Job | None:
+        pk = parse_uuid(job_id, field="job_id")
+        cleaned = clean_job_fields(patch, allowed=JOB_PATCH_FIELDS, action=action)
+        if expected is not None and not expected:
+            return None
+        with transaction.atomic(using=self.using):
+            rows = self._jobs().filter(id=pk)
+            if expected is not None:
+                rows = rows.with_status(expected)
+            if rows.update(**cleaned, updated_at=Now()) != 1:
+                return None
+            # Re-read inside the transaction: the row lock taken by the UPDATE means this
+            # is exactly what was written.
+            return self._jobs().get(id=pk)
+
+    def _claim(
+        self, targets: Sequence[str], owner: str, lease: timedelta, status: JobStatus
+    ) -> Job | None:
+        scope = parse_targets(targets)
+        if not scope:
+            return None
+        changes: dict[str, Any] = {
+            "status": status,
+            "executor_id": owner,
+            "claimed_at": Now(),
+            "dispatched_at": Now() if status == JobStatus.DISPATCHED else None,
+            "lease_until": Now() + lease,
+            "claim_token": uuid.uuid4(),
+            "run_after": None,
+            "updated_at": Now(),
+        }
+        postgresql = self._is_postgresql()
+        passed_ids: list[uuid.UUID] = []
+        passed_threads: list[int] = []
+        with transaction.atomic(using=self.using):
+            # Each round either claims, finds nothing, or rules out one more job or
+            # thread, so the loop ends.
+            while True:
+                candidates = self._jobs().claimable(scope)
+                if passed_ids:
+                    candidates = candidates.exclude(id__in=passed_ids)
+                if passed_threads:
+                    candidates = candidates.exclude(thread_id__in=passed_threads)
+                if postgresql:
+                    candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+                picked = candidates.values_list("id", "thread_id").first()
+                if picked is None:
+                    return None
+                job_id, thread_id = picked
+                row = self._jobs().filter(id=job_id, status=JobStatus.QUEUED)
+                if postgresql and thread_id is not None:
+                    self._lock_thread(thread_id)
+                    # A fresh statement after the lock sees every sibling claim that
+                    # committed before it, which the candidate's snapshot may not have.
+                    row = row.filter(~Exists(thread_blockers()))
+                if row.update(**changes) == 1:
+                    return self._jobs().get(id=job_id)
+                if thread_id is None:
+                    passed_ids.append(job_id)
+                else:
+                    passed_threads.append(thread_id)
+
+
+def _replay(existing: Job, given: dict[str, Any]) -> Job:
+    stored = {name: getattr(existing, name) for name in ENQUEUE_PAYLOAD_FIELDS}
+    check_same_request(existing.request_id, stored, given)
+    return existing
+
+
+def _audit_subject(job: Job | JobId | None, request_id: str) -> tuple[uuid.UUID | None, str]:
+    if not isinstance(request_id, str) or len(request_id) > 200 or "\x00" in request_id:
+        raise InvalidJobState("request_id must be a string of at most 200 characters.")
+    if job is None:
+        return None, request_id
+    if isinstance(job, Job):
+        return job.id, request_id or job.request_id
+    return parse_uuid(job, field="job"), request_id
