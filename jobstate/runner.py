@@ -60,6 +60,8 @@ from jobstate.stores.base import (
     JobRunStatus,
     JobRunStore,
     Trigger,
+)
+from jobstate.stores.validation import (
     validate_duration,
     validate_instant,
     validate_reap_limit,

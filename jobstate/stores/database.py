@@ -21,6 +21,9 @@ from jobstate.stores.base import (
     JobRunStatus,
     JobRunStore,
     Trigger,
+)
+from jobstate.stores.integrity import violates
+from jobstate.stores.validation import (
     validate_claim_arguments,
     validate_duration,
     validate_duration_ms,
@@ -31,7 +34,6 @@ from jobstate.stores.base import (
     validate_skip_reason,
     validate_terminal_status,
 )
-from jobstate.stores.integrity import violates
 
 __all__ = ["DatabaseJobRunStore", "DatabaseStateStore"]
 

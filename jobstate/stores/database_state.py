@@ -16,6 +16,9 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, Exists, Q, When
 from django.db.models.functions import Now
 
+from jobstate.audit import (
+    complete_audit_fields,
+)
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import (
     DuplicateRequestId,
@@ -32,19 +35,21 @@ from jobstate.models import (
     thread_blockers,
 )
 from jobstate.stores.base import (
-    ENQUEUE_FIELDS,
-    ENQUEUE_PAYLOAD_FIELDS,
     EXPIRED_QUEUED_ERROR,
-    JOB_CLAIM_FIELDS,
-    JOB_PATCH_FIELDS,
     CompletionOutcome,
     CompletionResult,
     JobId,
     JobStatus,
     StateStore,
+)
+from jobstate.stores.integrity import violates
+from jobstate.stores.validation import (
+    ENQUEUE_FIELDS,
+    ENQUEUE_PAYLOAD_FIELDS,
+    JOB_CLAIM_FIELDS,
+    JOB_PATCH_FIELDS,
     check_same_request,
     clean_job_fields,
-    complete_audit_fields,
     parse_limit,
     parse_statuses,
     parse_targets,
@@ -57,7 +62,6 @@ from jobstate.stores.base import (
     validate_instant,
     validate_release_status,
 )
-from jobstate.stores.integrity import violates
 
 __all__ = ["DatabaseStateStore"]
 

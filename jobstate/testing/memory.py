@@ -24,6 +24,8 @@ from jobstate.stores.base import (
     JobRunStatus,
     JobRunStore,
     Trigger,
+)
+from jobstate.stores.validation import (
     validate_claim_arguments,
     validate_duration,
     validate_duration_ms,

@@ -18,6 +18,9 @@ from typing import Any
 
 from django.utils import timezone
 
+from jobstate.audit import (
+    complete_audit_fields,
+)
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import (
     DuplicateRequestId,
@@ -27,20 +30,21 @@ from jobstate.exceptions import (
 from jobstate.models import AuditEntry, Job, time_ordered_uuid
 from jobstate.stores.base import (
     CLAIMED_JOB_STATUSES,
-    ENQUEUE_FIELDS,
     EXPIRED_QUEUED_ERROR,
     INFLIGHT_JOB_STATUSES,
-    JOB_CLAIM_FIELDS,
-    JOB_DEFAULTS,
-    JOB_PATCH_FIELDS,
     CompletionOutcome,
     CompletionResult,
     JobId,
     JobStatus,
     StateStore,
+)
+from jobstate.stores.validation import (
+    ENQUEUE_FIELDS,
+    JOB_CLAIM_FIELDS,
+    JOB_DEFAULTS,
+    JOB_PATCH_FIELDS,
     check_same_request,
     clean_job_fields,
-    complete_audit_fields,
     parse_limit,
     parse_statuses,
     parse_targets,

@@ -53,11 +53,13 @@ from jobstate.exceptions import (
 )
 from jobstate.stores.base import (
     EXPIRED_QUEUED_ERROR,
-    JOB_CLAIM_FIELDS,
     CompletionOutcome,
     JobStatus,
     StateStore,
     runtime_lock,
+)
+from jobstate.stores.validation import (
+    JOB_CLAIM_FIELDS,
 )
 
 __all__ = [
