@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
-
-if TYPE_CHECKING:
-    pass
 
 from jobstate.exceptions import InvalidJobState
 from jobstate.jsonvalues import ensure_json

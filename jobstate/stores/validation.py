@@ -7,12 +7,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from django.db import models
-
-if TYPE_CHECKING:
-    pass
 
 from jobstate.exceptions import IdempotencyConflict, ImmutableField, InvalidJobState, InvalidPatch
 from jobstate.jsonvalues import ensure_json
