@@ -22,7 +22,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 if TYPE_CHECKING:
-    from jobstate.models import AuditEntry, Job
+    from jobstate.models import AuditEntry, Job, Notification
 
 
 #: A job id as callers hand it in: a UUID or its string form.
@@ -421,6 +421,96 @@ class StateStore(ABC):
     def release_runtime_lock(self, lock_key: str, owner: str) -> None:
         """Release ``lock_key`` if ``owner`` holds it; otherwise do nothing."""
 
+    # --- optional extensions: outbox, approvals, replay, readiness, metrics -----------
+    # A store may leave these out (they raise NotImplementedError); the database store
+    # implements them all.
+
+    def requeue_job(
+        self,
+        job_id: JobId,
+        *,
+        from_statuses: Sequence[str],
+        by: str,
+        via: str,
+        event: str = "rerun",
+    ) -> Job | None:
+        """The refire transition shared by reruns, approvals and recovery: while the job
+        is still in one of ``from_statuses``, put it back to ``queued`` with attempts
+        reset, ``run_after``/``error`` and every claim field cleared, and write an audit
+        entry ``event`` naming ``by`` and ``via`` in the same transaction. ``None`` (and
+        nothing written) when the job is gone or no longer in those statuses."""
+        raise NotImplementedError("this store does not support requeue_job()")
+
+    def complete_job_with_notifications(
+        self,
+        original: Job,
+        patch: dict[str, Any],
+        notifications: Iterable[NotificationRequest] = (),
+    ) -> Job | None:
+        """Fenced terminal transition plus outbox rows in one transaction: applies
+        ``patch`` (its ``status`` must be terminal) only while the job is still in
+        ``original.status`` with ``original.claim_token``, clears the claim fields, writes
+        a ``finished`` audit entry and one ``Notification`` per request. Nothing is sent
+        inside the transaction. A stale ``original`` writes nothing and returns ``None``."""
+        raise NotImplementedError("this store does not support complete_job_with_notifications()")
+
+    @property
+    def notification_outbox(self) -> NotificationOutbox:
+        """The outbox repository relays use (claim due rows, mark delivered or failed)."""
+        raise NotImplementedError("this store has no notification outbox")
+
+    def requeue_approved_job_once(
+        self, *, job_id: JobId, decision_id: str, approver: str, comment: str = ""
+    ) -> ApprovalRequeueOutcome:
+        """Requeue a terminal job for an approval exactly once per ``decision_id``: the
+        refire transition and a permanent :class:`~jobstate.models.ApprovalDecision`
+        marker in one transaction, with an audit entry naming the approver."""
+        raise NotImplementedError("this store does not support requeue_approved_job_once()")
+
+    def requeue_delivery_job_once(
+        self, *, notification_id: JobId, dlq_key: str, requested_by: str
+    ) -> DeliveryRequeueOutcome:
+        """Send a dead notification (the original row, never a copy) back to pending
+        together with a permanent :class:`~jobstate.models.DeliveryReplay` marker for
+        ``dlq_key``, in one transaction; a key replays at most once."""
+        raise NotImplementedError("this store does not support requeue_delivery_job_once()")
+
+    def operational_metrics_snapshot(self, now: datetime | None = None) -> JobOperationalMetrics:
+        """The six operational figures at ``now`` (default: the store's clock)."""
+        raise NotImplementedError("this store does not support operational_metrics_snapshot()")
+
+    def schema_readiness(self) -> Readiness:
+        """Whether the store's schema is usable. Never raises: any error means not ready."""
+        raise NotImplementedError("this store does not support schema_readiness()")
+
+
+class NotificationOutbox(ABC):
+    """The outbox repository a relay uses. Rows move pending -> delivering (claimed with a
+    lease) -> delivered, or back to pending with a backoff, or to dead after the last
+    attempt. A relay that dies leaves its rows delivering until the lease ends; then they
+    are due again (at-least-once delivery)."""
+
+    @abstractmethod
+    def claim_due(self, *, relay_id: str, limit: int, lease: timedelta) -> list[Notification]:
+        """Claim up to ``limit`` due pending rows (and delivering rows whose lease ended)
+        under ``SKIP LOCKED``: no two relays ever hold the same row at once."""
+
+    @abstractmethod
+    def mark_delivered(self, *, notification_id: JobId, relay_id: str) -> bool:
+        """Settle a row this relay holds as delivered; ``False`` if it no longer holds it."""
+
+    @abstractmethod
+    def mark_failed(
+        self, *, notification_id: JobId, relay_id: str, error: str
+    ) -> NotificationState | None:
+        """Record a failed attempt of a row this relay holds: back to pending with an
+        exponential backoff and jitter, or dead after the last attempt. Returns the new
+        state, or ``None`` if the relay no longer holds the row."""
+
+    @abstractmethod
+    def dead_letters(self, *, limit: int = 100) -> list[Notification]:
+        """The newest dead rows, at most ``limit``."""
+
 
 @contextmanager
 def runtime_lock(store: StateStore, lock_key: str, owner: str, ttl: timedelta) -> Iterator[None]:
@@ -442,3 +532,88 @@ def runtime_lock(store: StateStore, lock_key: str, owner: str, ttl: timedelta) -
 
 #: Statuses a claim holder may report through ``complete_claimed_job``.
 RELEASE_JOB_STATUSES = TERMINAL_JOB_STATUSES | {JobStatus.QUEUED}
+
+
+# --- outbox, approvals, replay, readiness, metrics: the optional extension contract -----
+
+
+class NotificationState(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    """Waiting for a relay; due once ``next_attempt_at`` has passed."""
+    DELIVERING = "delivering", _("Delivering")
+    """Claimed by a relay until ``lease_until``; due again if the relay dies."""
+    DELIVERED = "delivered", _("Delivered")
+    """The channel accepted it. Terminal."""
+    DEAD = "dead", _("Dead letter")
+    """Gave up after the last attempt; only a replay brings it back."""
+
+
+@dataclass(frozen=True)
+class NotificationRequest:
+    """A notification to write into the outbox together with a job's terminal transition.
+
+    ``channel`` names a registered relay channel (``"webhook"``, ``"email"``,
+    ``"callable"`` or a host's own); ``destination`` is what that channel sends to (a URL,
+    an address, a dotted path). ``idempotency_key`` is unique across the outbox and is
+    handed to the receiver so it can drop a repeated delivery; when omitted the store
+    derives one from the job, the channel and the destination.
+    """
+
+    channel: str
+    destination: str
+    payload: dict[str, Any]
+    idempotency_key: str | None = None
+
+
+class ApprovalRequeueOutcome(enum.StrEnum):
+    """What ``requeue_approved_job_once`` did."""
+
+    REQUEUED = "requeued"
+    """The terminal job went back to the queue and the decision marker was written."""
+    ALREADY_REQUEUED = "already_requeued"
+    """This decision already requeued this job; nothing changed (idempotent answer)."""
+    DECISION_CONFLICT = "decision_conflict"
+    """The ``decision_id`` was already used for another job; nothing changed."""
+    JOB_IN_FLIGHT = "job_in_flight"
+    """The job is queued, running or dispatched and will consume the approval itself."""
+    NOT_FOUND = "not_found"
+    """No job has that id."""
+
+
+class DeliveryRequeueOutcome(enum.StrEnum):
+    """What ``requeue_delivery_job_once`` did."""
+
+    REQUEUED = "requeued"
+    """The dead notification went back to pending and the replay marker was written."""
+    ALREADY_REQUEUED = "already_requeued"
+    """That dead-letter key was already replayed; nothing changed."""
+    NOT_DEAD = "not_dead"
+    """The notification is not a dead letter; nothing changed."""
+    NOT_FOUND = "not_found"
+    """No notification has that id."""
+
+
+@dataclass(frozen=True)
+class JobOperationalMetrics:
+    """The seed's six operational figures (definitions in the README)."""
+
+    by_status: dict[str, int]
+    terminal_last_15m: dict[str, int]
+    oldest_queued_age_seconds: float
+    delayed_queued_jobs: int
+    expired_leases: int
+    blocked_threads: int
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether this process may serve: the database answers, every jobstate migration is
+    applied and the tables exist. ``database`` is ``"ok"`` or ``"failed"``;
+    ``migrations`` is ``"ok"``, ``"pending"`` or ``"failed"``; ``pending`` counts the
+    unapplied jobstate migrations; ``detail`` says what failed."""
+
+    ready: bool
+    database: str
+    migrations: str
+    pending: int
+    detail: str = ""
