@@ -41,6 +41,29 @@ DEFAULTS: dict[str, Any] = {
     "THREAD_INFLIGHT_QUOTA": None,  # max queued+running+dispatched jobs per thread; None = off
     "LIST_LIMIT": 500,  # rows one list_* call returns at most
     "AUDIT_PRUNE_BATCH_SIZE": 1000,  # rows one prune transaction deletes
+    # Notification outbox and relay.
+    "OUTBOX_MAX_ATTEMPTS": 8,  # a row is dead-lettered after this many failed attempts
+    "OUTBOX_BACKOFF_BASE": timedelta(seconds=10),  # first retry delay, doubled per attempt
+    "OUTBOX_BACKOFF_MAX": timedelta(hours=1),  # longest retry delay
+    "OUTBOX_LEASE": timedelta(minutes=2),  # how long a relay holds a claimed row
+    "OUTBOX_BATCH_SIZE": 50,  # rows one relay pass claims
+    "WEBHOOK_SECRET": None,  # HMAC-SHA256 signing key of the webhook channel
+    "WEBHOOK_TIMEOUT": timedelta(seconds=10),
+    "CHANNELS": {
+        "webhook": "jobstate.channels.WebhookChannel",
+        "email": "jobstate.channels.EmailChannel",
+        "callable": "jobstate.channels.CallableChannel",
+    },
+    # Readiness and metrics endpoints: None = open, else the bearer token they require.
+    "OBSERVABILITY_TOKEN": None,
+    # Maintenance sweeps and retention.
+    "SWEEP_BATCH_SIZE": 1000,  # rows one sweep statement moves or deletes
+    "SWEEP_TIME_BUDGET": timedelta(seconds=30),  # one sweep call stops starting batches after this
+    "WORKER_ATTEMPT_LIMIT": 3,  # expired in-process leases requeue until this many attempts
+    "AUDIT_RETENTION": timedelta(days=30),
+    "FINISHED_JOB_RETENTION": timedelta(days=14),
+    "FINISHED_RUN_RETENTION": timedelta(days=30),
+    "DELIVERED_NOTIFICATION_RETENTION": timedelta(days=7),
 }
 
 _DURATIONS = {
@@ -52,9 +75,26 @@ _DURATIONS = {
     "EXECUTOR_DEAD_AFTER",
     "EXECUTOR_HARD_CAP",
     "QUEUED_TTL",
+    "OUTBOX_BACKOFF_BASE",
+    "OUTBOX_BACKOFF_MAX",
+    "OUTBOX_LEASE",
+    "WEBHOOK_TIMEOUT",
+    "SWEEP_TIME_BUDGET",
+    "AUDIT_RETENTION",
+    "FINISHED_JOB_RETENTION",
+    "FINISHED_RUN_RETENTION",
+    "DELIVERED_NOTIFICATION_RETENTION",
 }
 # Positive ints; those in _OPTIONAL may also be None.
-_POSITIVE_INTS = {"THREAD_INFLIGHT_QUOTA", "LIST_LIMIT", "AUDIT_PRUNE_BATCH_SIZE"}
+_POSITIVE_INTS = {
+    "THREAD_INFLIGHT_QUOTA",
+    "LIST_LIMIT",
+    "AUDIT_PRUNE_BATCH_SIZE",
+    "OUTBOX_MAX_ATTEMPTS",
+    "OUTBOX_BATCH_SIZE",
+    "SWEEP_BATCH_SIZE",
+    "WORKER_ATTEMPT_LIMIT",
+}
 _OPTIONAL = {"THREAD_INFLIGHT_QUOTA"}
 
 
@@ -80,6 +120,22 @@ class JobStateSettings:
     THREAD_INFLIGHT_QUOTA: int | None
     LIST_LIMIT: int
     AUDIT_PRUNE_BATCH_SIZE: int
+    OUTBOX_MAX_ATTEMPTS: int
+    OUTBOX_BACKOFF_BASE: timedelta
+    OUTBOX_BACKOFF_MAX: timedelta
+    OUTBOX_LEASE: timedelta
+    OUTBOX_BATCH_SIZE: int
+    WEBHOOK_SECRET: str | None
+    WEBHOOK_TIMEOUT: timedelta
+    CHANNELS: dict[str, str]
+    OBSERVABILITY_TOKEN: str | None
+    SWEEP_BATCH_SIZE: int
+    SWEEP_TIME_BUDGET: timedelta
+    WORKER_ATTEMPT_LIMIT: int
+    AUDIT_RETENTION: timedelta
+    FINISHED_JOB_RETENTION: timedelta
+    FINISHED_RUN_RETENTION: timedelta
+    DELIVERED_NOTIFICATION_RETENTION: timedelta
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
