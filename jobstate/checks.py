@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Tags, Warning, register
-from django.db import connections
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError, connections
 
 
 @register(Tags.compatibility)
@@ -49,6 +49,37 @@ def check_database_guarantees(**kwargs: Any) -> list[CheckMessage]:
                     f"Database {alias!r} ({vendor}) has no SELECT ... FOR UPDATE SKIP "
                     "LOCKED: concurrent claims serialise on row locks.",
                     id="jobstate.W003",
+                )
+            )
+    return messages
+
+
+@register(Tags.database, deploy=True)
+def check_migrations_applied(**kwargs: Any) -> list[CheckMessage]:
+    """Deploy check (``check --deploy --database <alias>``): every jobstate migration is
+    applied on each database named. Database-tagged checks run only when databases are
+    given, so a plain ``check`` never needs a connection."""
+    from jobstate.stores.database_observability import pending_jobstate_migrations
+
+    messages: list[CheckMessage] = []
+    for alias in kwargs.get("databases") or ():
+        try:
+            pending = pending_jobstate_migrations(connections[alias])
+        except DatabaseError as exc:
+            messages.append(
+                Error(
+                    f"Cannot read the migration state of database {alias!r}: {exc}",
+                    id="jobstate.E011",
+                )
+            )
+            continue
+        if pending:
+            messages.append(
+                Error(
+                    f"Database {alias!r} lacks {len(pending)} jobstate migration(s): "
+                    f"{', '.join(pending)}. Transitions would fail on the old schema.",
+                    hint=f"Run: python manage.py migrate jobstate --database {alias}",
+                    id="jobstate.E010",
                 )
             )
     return messages

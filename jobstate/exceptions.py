@@ -115,3 +115,23 @@ class LockHeld(JobStateError):
     def __init__(self, message: str, *, lock_key: str) -> None:
         super().__init__(message)
         self.lock_key = lock_key
+
+
+class InvalidNotification(JobStateError, ValueError):
+    """A notification request is malformed: not a ``NotificationRequest``, an unknown
+    channel (not in ``JOBSTATE['CHANNELS']``), an empty or over-long destination or key,
+    or a payload that is not a strict JSON object. Nothing was written."""
+
+
+class DuplicateNotification(JobStateError):
+    """A notification's ``idempotency_key`` is already in the outbox (or repeated within
+    one call). The whole transition was rolled back; ``idempotency_key`` names the key."""
+
+    def __init__(self, message: str, *, idempotency_key: str) -> None:
+        super().__init__(message)
+        self.idempotency_key = idempotency_key
+
+
+class DeliveryFailed(JobStateError):
+    """A relay channel could not deliver a notification. The relay records the message
+    as the attempt's error and retries later, so it must never contain a secret."""

@@ -493,15 +493,25 @@ class NotificationOutbox(ABC):
     @abstractmethod
     def claim_due(self, *, relay_id: str, limit: int, lease: timedelta) -> list[Notification]:
         """Claim up to ``limit`` due pending rows (and delivering rows whose lease ended)
-        under ``SKIP LOCKED``: no two relays ever hold the same row at once."""
+        under ``SKIP LOCKED``: no two relays ever hold the same row at once. Each claim
+        counts one attempt, and the row is held until clock + ``lease``."""
 
     @abstractmethod
-    def mark_delivered(self, *, notification_id: JobId, relay_id: str) -> bool:
-        """Settle a row this relay holds as delivered; ``False`` if it no longer holds it."""
+    def mark_delivered(
+        self, *, notification_id: JobId, relay_id: str, started_at: datetime | None = None
+    ) -> bool:
+        """Settle a row this relay holds as delivered; ``False`` if it no longer holds it.
+        ``started_at`` (when the send began, recorded verbatim in the attempt history)
+        defaults to the store's clock."""
 
     @abstractmethod
     def mark_failed(
-        self, *, notification_id: JobId, relay_id: str, error: str
+        self,
+        *,
+        notification_id: JobId,
+        relay_id: str,
+        error: str,
+        started_at: datetime | None = None,
     ) -> NotificationState | None:
         """Record a failed attempt of a row this relay holds: back to pending with an
         exponential backoff and jitter, or dead after the last attempt. Returns the new

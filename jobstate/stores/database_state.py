@@ -7,6 +7,7 @@ workers, executors and sweeps never overwrite each other's transitions.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -42,6 +43,9 @@ from jobstate.stores.base import (
     JobStatus,
     StateStore,
 )
+from jobstate.stores.database_continuations import DatabaseContinuationMixin
+from jobstate.stores.database_observability import DatabaseObservabilityMixin
+from jobstate.stores.database_outbox import DatabaseOutboxMixin
 from jobstate.stores.integrity import violates
 from jobstate.stores.validation import (
     ENQUEUE_FIELDS,
@@ -71,7 +75,9 @@ _REPORT_FIELDS = JOB_PATCH_FIELDS - {"status", *JOB_CLAIM_FIELDS}
 _CLEARED_CLAIM = dict.fromkeys(JOB_CLAIM_FIELDS)
 
 
-class DatabaseStateStore(StateStore):
+class DatabaseStateStore(
+    DatabaseOutboxMixin, DatabaseContinuationMixin, DatabaseObservabilityMixin, StateStore
+):
     """:class:`~jobstate.stores.base.StateStore` on the ``Job``, ``AuditEntry`` and
     ``RuntimeLock`` tables of database ``using``.
 
@@ -457,19 +463,24 @@ class DatabaseStateStore(StateStore):
         )
 
     def _lock_thread(self, thread_id: int) -> None:
-        """Take a transaction-scoped lock on one thread (PostgreSQL only).
+        """Take a transaction-scoped lock on one thread, waiting for it (PostgreSQL only).
 
         Raw SQL because advisory locks have no ORM form. The key is hashed from a
         namespaced string so it does not collide with a host's own integer keys; a hash
         collision between two threads only makes them wait for each other briefly.
         """
-        if not self._is_postgresql():
-            return
+        if self._is_postgresql():
+            with connections[self.using].cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_thread_lock_key(thread_id)])
+
+    def _try_lock_thread(self, thread_id: int) -> bool:
+        """Like :meth:`_lock_thread` but never waits: ``False`` when another transaction
+        holds the thread. A claim uses this because it already holds a candidate's row
+        lock; waiting here while another claimer waits for that row would deadlock."""
         with connections[self.using].cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                [f"jobstate.job.thread:{thread_id}"],
-            )
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_thread_lock_key(thread_id)])
+            row = cursor.fetchone()
+        return bool(row and row[0])
 
     def _update(
         self,
@@ -529,7 +540,11 @@ class DatabaseStateStore(StateStore):
                 job_id, thread_id = picked
                 row = self._jobs().filter(id=job_id, status=JobStatus.QUEUED)
                 if postgresql and thread_id is not None:
-                    self._lock_thread(thread_id)
+                    if not self._try_lock_thread(thread_id):
+                        # Another transaction is claiming from (or enqueueing into) this
+                        # thread right now; whatever it claims blocks the thread anyway.
+                        passed_threads.append(thread_id)
+                        continue
                     # A fresh statement after the lock sees every sibling claim that
                     # committed before it, which the candidate's snapshot may not have.
                     row = row.filter(~Exists(thread_blockers()))
@@ -539,6 +554,12 @@ class DatabaseStateStore(StateStore):
                     passed_ids.append(job_id)
                 else:
                     passed_threads.append(thread_id)
+
+
+def _thread_lock_key(thread_id: int) -> int:
+    """The advisory-lock key of a thread: a 64-bit hash of a namespaced name."""
+    digest = hashlib.blake2b(f"jobstate.job.thread:{thread_id}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big", signed=True)
 
 
 def _replay(existing: Job, given: dict[str, Any]) -> Job:

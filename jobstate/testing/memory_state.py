@@ -32,12 +32,23 @@ from jobstate.stores.base import (
     CLAIMED_JOB_STATUSES,
     EXPIRED_QUEUED_ERROR,
     INFLIGHT_JOB_STATUSES,
+    TERMINAL_JOB_STATUSES,
+    ApprovalRequeueOutcome,
     CompletionOutcome,
     CompletionResult,
     JobId,
+    JobOperationalMetrics,
     JobStatus,
     StateStore,
 )
+from jobstate.stores.database_continuations import (
+    NO_DELIVERY_KEY,
+    approval_audit_entry,
+    approval_via,
+    validate_approval_arguments,
+    validate_requeue_arguments,
+)
+from jobstate.stores.database_observability import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
 from jobstate.stores.validation import (
     ENQUEUE_FIELDS,
     JOB_CLAIM_FIELDS,
@@ -86,6 +97,7 @@ class MemoryStateStore(StateStore):
         self._audit: list[Row] = []
         self._audit_seq = 0
         self._locks: dict[str, tuple[str, datetime]] = {}
+        self._decisions: dict[str, uuid.UUID] = {}
 
     # --- jobs ------------------------------------------------------------------------
 
@@ -434,6 +446,109 @@ class MemoryStateStore(StateStore):
             held = self._locks.get(lock_key)
             if held is not None and held[0] == owner:
                 del self._locks[lock_key]
+
+    # --- continuations and metrics -------------------------------------------------
+
+    def requeue_job(
+        self,
+        job_id: JobId,
+        *,
+        from_statuses: Sequence[str],
+        by: str,
+        via: str,
+        event: str = "rerun",
+    ) -> Job | None:
+        pk = parse_uuid(job_id, field="job_id")
+        statuses = validate_requeue_arguments(from_statuses, by, via, event)
+        with self._mutex:
+            row = self._jobs.get(pk)
+            if row is None or row["status"] not in statuses:
+                return None
+            prev_status = JobStatus(row["status"]).value
+            row.update(dict.fromkeys(JOB_CLAIM_FIELDS))
+            row.update(
+                status=JobStatus.QUEUED,
+                attempts=0,
+                run_after=None,
+                error=None,
+                metadata={k: v for k, v in row["metadata"].items() if k != NO_DELIVERY_KEY},
+                updated_at=self._clock(),
+            )
+            self.append_audit(
+                job=pk,
+                request_id=row["request_id"],
+                event=event,
+                detail={"by": by, "via": via, "prev_status": prev_status},
+            )
+            return _job(row)
+
+    def requeue_approved_job_once(
+        self, *, job_id: JobId, decision_id: str, approver: str, comment: str = ""
+    ) -> ApprovalRequeueOutcome:
+        pk = parse_uuid(job_id, field="job_id")
+        validate_approval_arguments(decision_id, approver, comment)
+        with self._mutex:
+            row = self._jobs.get(pk)
+            if row is None:
+                return ApprovalRequeueOutcome.NOT_FOUND
+            decided = self._decisions.get(decision_id)
+            if decided is not None:
+                if decided == pk:
+                    return ApprovalRequeueOutcome.ALREADY_REQUEUED
+                return ApprovalRequeueOutcome.DECISION_CONFLICT
+            if row["status"] not in TERMINAL_JOB_STATUSES:
+                return ApprovalRequeueOutcome.JOB_IN_FLIGHT
+            self._decisions[decision_id] = pk
+            self.append_audit(
+                job=pk,
+                request_id=row["request_id"],
+                **approval_audit_entry(decision_id, approver, comment),
+            )
+            self.requeue_job(
+                pk, from_statuses=[row["status"]], by=approver, via=approval_via(decision_id)
+            )
+            return ApprovalRequeueOutcome.REQUEUED
+
+    def operational_metrics_snapshot(self, now: datetime | None = None) -> JobOperationalMetrics:
+        at = self._clock() if now is None else validate_instant(now, field="now")
+        cutoff = at - METRICS_TERMINAL_WINDOW
+        with self._mutex:
+            rows = [copy.copy(row) for row in self._jobs.values()]
+        by_status = dict.fromkeys(JobStatus.values, 0)
+        terminal = dict.fromkeys(sorted(s.value for s in TERMINAL_JOB_STATUSES), 0)
+        oldest: datetime | None = None
+        delayed = expired = 0
+        queued_threads: set[int] = set()
+        claimed_threads: set[int] = set()
+        for row in rows:
+            status = JobStatus(row["status"]).value
+            by_status[status] += 1
+            if status in terminal and row["updated_at"] >= cutoff:
+                terminal[status] += 1
+            if status == JobStatus.QUEUED:
+                if (row["source"] or "") != MONITOR_SOURCE and (
+                    oldest is None or row["created_at"] < oldest
+                ):
+                    oldest = row["created_at"]
+                if row["run_after"] is not None and row["run_after"] > at:
+                    delayed += 1
+                if row["thread_id"] is not None:
+                    queued_threads.add(row["thread_id"])
+            if status in CLAIMED_JOB_STATUSES:
+                if row["lease_until"] is not None and row["lease_until"] < at:
+                    expired += 1
+                if row["thread_id"] is not None:
+                    claimed_threads.add(row["thread_id"])
+        return JobOperationalMetrics(
+            by_status=by_status,
+            terminal_last_15m=terminal,
+            oldest_queued_age_seconds=(
+                max(0.0, (at - oldest).total_seconds()) if oldest is not None else 0.0
+            ),
+            delayed_queued_jobs=delayed,
+            expired_leases=expired,
+            blocked_threads=len(queued_threads & claimed_threads),
+        )
 
     # --- internals (callers hold the mutex) -------------------------------------------
 
