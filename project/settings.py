@@ -6,9 +6,12 @@ the embedded SQLite demo (the default), the PostgreSQL test run and a deployment
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/jobstate python manage.py migrate
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
+
+from jobstate.beat import JOBSTATE_BEAT_SCHEDULE
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -90,6 +93,23 @@ USE_TZ = True
 STATIC_URL = "static/"
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL")
+# jobstate's maintenance merged with the demo's own entry: an operations job through the
+# runner, so a second start while one runs is recorded as SKIPPED on any worker.
+CELERY_BEAT_SCHEDULE = {
+    **JOBSTATE_BEAT_SCHEDULE,
+    "demo-nightly-close": {
+        "task": "jobstate.run_operations_job",
+        "schedule": timedelta(days=1),
+        "args": ["demo.nightly-close"],
+        "kwargs": {"input": {"seconds": 2}, "triggered_by": "celery beat"},
+    },
+}
+# CELERY_BEAT_EVERY=<seconds> runs every entry that often instead, to watch beat at work.
+if _beat_every := env.float("CELERY_BEAT_EVERY", default=0):
+    CELERY_BEAT_SCHEDULE = {
+        name: {**entry, "schedule": timedelta(seconds=_beat_every), "options": {}}
+        for name, entry in CELERY_BEAT_SCHEDULE.items()
+    }
 
 JOBSTATE: dict[str, object] = {
     "OPERATIONS_JOB_MODULES": [],

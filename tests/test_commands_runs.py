@@ -197,18 +197,18 @@ def test_reap_stale_dry_run_counts_and_writes_nothing() -> None:
     out, _ = run("reap_stale", "--dry-run")
     assert out.strip() == "Would reap 3 stale job runs (dry run: nothing was written)."
     out, _ = run("reap_stale", "--dry-run", "--json", "--limit", "2")
-    assert json.loads(out) == {"runs": 2, "dry_run": True}
+    assert json.loads(out).items() >= {"runs": 2, "dry_run": True}.items()
     assert JobRun.objects.running().count() == 3
 
 
 def test_reap_stale_limit_and_budget() -> None:
     stale_runs(3, age=timedelta(minutes=10))
     out, _ = run("reap_stale", "--json", "--stale-after", "3600")
-    assert json.loads(out) == {"runs": 0, "dry_run": False}
+    assert json.loads(out).items() >= {"runs": 0, "dry_run": False}.items()
     out, _ = run("reap_stale", "--json", "--limit", "2")
-    assert json.loads(out) == {"runs": 2, "dry_run": False}
+    assert json.loads(out).items() >= {"runs": 2, "dry_run": False}.items()
     out, _ = run("reap_stale", "--json")
-    assert json.loads(out) == {"runs": 1, "dry_run": False}
+    assert json.loads(out).items() >= {"runs": 1, "dry_run": False}.items()
 
 
 def test_reap_stale_refuses_a_budget_shorter_than_two_heartbeats() -> None:

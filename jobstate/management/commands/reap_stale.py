@@ -1,121 +1,170 @@
-"""``manage.py reap_stale``: settle work whose process is gone.
+"""``manage.py reap_stale``: settle work whose owner is gone (every reaping sweep).
 
-Moves every RUNNING operations-job run whose heartbeat is older than the liveness budget
-(``JOBSTATE["STALE_RUN_AFTER"]``) to TIMED_OUT, across all jobs and overlap keys, which
-frees their keys. Safe to run from cron every minute on several machines at once: each
-stale row is moved by exactly one reaper and counted once. Prints nothing when nothing
-was reaped.
+Runs :func:`jobstate.maintenance.run_reaping_sweeps`: stale operations-job runs ->
+TIMED_OUT, queued jobs past their time to live -> error, dispatched jobs of silent
+executors -> queued, running jobs whose worker lease expired -> queued (or error on the
+last attempt), expired runtime locks deleted. Safe to run from cron every minute on
+several machines at once: each row is moved by exactly one of them and counted once.
+Prints nothing when nothing was done.
+
+Exit status: 0 done (also when nothing was stale, or a sweep stopped at its time budget
+and left the rest for the next run), 1 the database or store failed, 2 invalid options
+or settings.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
-from jobstate.exceptions import JobStateError
-from jobstate.models import JobRun
-from jobstate.runner import FROM_SETTINGS, JobRunner
-from jobstate.stores import get_run_store
+from jobstate.exceptions import ImproperlyConfiguredStore, JobStateError
+from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
+
+from ._common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    ProgressLine,
+    known_database,
+    positive_int,
+    positive_seconds,
+)
+
+#: How each sweep's count reads: (one, many, done verb, dry-run verb, what moved).
+_WORDING: dict[str, tuple[str, str, str, str, str]] = {
+    "runs": ("stale job run", "stale job runs", "Reaped", "Would reap", "RUNNING -> TIMED_OUT"),
+    "queued": (
+        "job that waited too long in the queue",
+        "jobs that waited too long in the queue",
+        "Expired",
+        "Would expire",
+        "queued -> error",
+    ),
+    "dispatched": (
+        "job whose executor stopped renewing its lease",
+        "jobs whose executor stopped renewing their lease",
+        "Requeued",
+        "Would requeue",
+        "dispatched -> queued",
+    ),
+    "leases": (
+        "job whose worker lease expired",
+        "jobs whose worker lease expired",
+        "Recovered",
+        "Would recover",
+        "running -> queued, or error on the last attempt",
+    ),
+    "locks": (
+        "expired runtime lock",
+        "expired runtime locks",
+        "Released",
+        "Would release",
+        "deleted",
+    ),
+}
 
 
-def reap_stale(
-    *,
-    database: str = DEFAULT_DB_ALIAS,
-    stale_after: timedelta | None = None,
-    limit: int | None = None,
-    dry_run: bool = False,
-) -> dict[str, int]:
-    """Reap everything stale and return how many rows of each kind this call moved
-    (``{"runs": n}``). ``stale_after`` and ``limit`` default to ``STALE_RUN_AFTER`` and
-    ``REAP_LIMIT``; ``stale_after`` must be at least twice ``HEARTBEAT_INTERVAL``.
-
-    With ``dry_run`` nothing is written and the counts are the rows that would move
-    now, read from jobstate's own ``JobRun`` table.
-    """
-    runner = JobRunner(
-        store=get_run_store(using=database),
-        stale_run_after=FROM_SETTINGS if stale_after is None else stale_after,
+def describe(result: SweepResult) -> str:
+    """One line saying what a sweep did (or would do, in a dry run)."""
+    one, many, done, would, moved = _WORDING.get(
+        result.sweep, (f"{result.sweep} row", f"{result.sweep} rows", "Swept", "Would sweep", "")
     )
-    if dry_run:
-        cap = runner.reap_limit if limit is None else limit
-        stale = JobRun.objects.using(database).stale(runner.stale_run_after).count()
-        return {"runs": stale if cap is None else min(stale, cap)}
-    return {"runs": runner.reap_stale_runs(limit=limit)}
+    noun = one if result.count == 1 else many
+    if result.dry_run:
+        return f"{would} {result.count} {noun} (dry run: nothing was written)."
+    if result.detail:
+        moved = ", ".join(f"{count} {outcome}" for outcome, count in result.detail.items())
+    return f"{done} {result.count} {noun}" + (f" ({moved})." if moved else ".")
 
 
-def _positive_seconds(text: str) -> timedelta:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return timedelta(seconds=seconds)
+def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
+    """What a maintenance command prints: one line per sweep that did something (every
+    sweep at verbosity 2 or more), and a note when a sweep stopped early."""
+    lines = [describe(r) for r in report.results if r.count or verbosity >= 2]
+    if not report.complete:
+        lines.append("Some sweeps stopped at their time budget or --limit; the next run continues.")
+    return lines
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def command_error(exc: Exception) -> CommandError:
+    """The ``CommandError`` (and exit status) for an error a sweep raised."""
+    if isinstance(exc, ValueError | ImproperlyConfigured | ImproperlyConfiguredStore):
+        return CommandError(str(exc), returncode=EXIT_USAGE)
+    if isinstance(exc, DatabaseError):
+        return CommandError(f"the database failed: {exc}", returncode=EXIT_FAILED)
+    return CommandError(str(exc), returncode=EXIT_FAILED)
 
 
 class Command(BaseCommand):
     help = (
-        "Move RUNNING job runs whose heartbeat went stale to TIMED_OUT (all jobs), freeing "
-        "their overlap keys. Safe to run from cron every minute on several machines; "
-        "prints nothing when nothing was reaped."
+        "Settle work whose owner is gone: stale job runs -> TIMED_OUT, queued jobs past "
+        "QUEUED_TTL -> error, dispatched jobs of silent executors -> queued, expired "
+        "worker leases -> queued (error on the last attempt), expired runtime locks "
+        "deleted. Safe from cron every minute on several machines; prints nothing when "
+        "nothing was stale. Exit status: 0 done, 1 database or store failure, 2 invalid "
+        "options or settings."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--stale-after",
-            type=_positive_seconds,
+            type=positive_seconds,
             metavar="SECONDS",
-            help="Liveness budget in seconds (default: JOBSTATE['STALE_RUN_AFTER']).",
+            help="Liveness budget of job runs in seconds (default: JOBSTATE['STALE_RUN_AFTER']).",
         )
         parser.add_argument(
             "--limit",
-            type=_positive_int,
+            type=positive_int,
             metavar="N",
-            help="Move at most N rows (default: JOBSTATE['REAP_LIMIT']).",
+            help="Move at most N rows per sweep in this run (default: no cap beyond the "
+            "time budget).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            metavar="N",
+            help="Rows per statement (default: JOBSTATE['SWEEP_BATCH_SIZE']).",
+        )
+        parser.add_argument(
+            "--time-budget",
+            type=positive_seconds,
+            metavar="SECONDS",
+            help="Start no new batch of a sweep after this long "
+            "(default: JOBSTATE['SWEEP_TIME_BUDGET']).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be reaped; write nothing."
         )
-        parser.add_argument("--json", action="store_true", help="Print the counts as JSON.")
+        parser.add_argument(
+            "--json", action="store_true", help="Print every count as one JSON object."
+        )
         parser.add_argument(
             "--database",
             default=DEFAULT_DB_ALIAS,
-            help="The database holding the run records (default: %(default)s).",
+            help="The database holding jobstate's tables (default: %(default)s).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        progress = ProgressLine(self.stderr, action="Reaping")
         try:
-            counts = reap_stale(
-                database=options["database"],
+            report = run_reaping_sweeps(
+                using=known_database(options["database"]),
                 stale_after=options["stale_after"],
                 limit=options["limit"],
+                batch_size=options["batch_size"],
+                time_budget=options["time_budget"],
                 dry_run=options["dry_run"],
+                on_batch=progress,
             )
-        except JobStateError as exc:
-            raise CommandError(str(exc)) from exc
+        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
+            raise command_error(exc) from exc
+        finally:
+            progress.clear()
         if options["json"]:
-            self.stdout.write(json.dumps({**counts, "dry_run": options["dry_run"]}))
+            self.stdout.write(json.dumps(report.as_dict()))
             return
-        runs = counts["runs"]
-        if runs == 0 and options["verbosity"] < 2:
-            return
-        noun = "stale job run" if runs == 1 else "stale job runs"
-        if options["dry_run"]:
-            self.stdout.write(f"Would reap {runs} {noun} (dry run: nothing was written).")
-        else:
-            self.stdout.write(f"Reaped {runs} {noun} (RUNNING -> TIMED_OUT).")
+        for line in report_lines(report, verbosity=options["verbosity"]):
+            self.stdout.write(line)

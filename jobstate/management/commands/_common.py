@@ -1,0 +1,92 @@
+"""Option types, exit codes and the terminal progress line shared by the maintenance
+commands. (A leading underscore keeps Django from listing this module as a command.)"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+
+from django.core.management.base import CommandError, OutputWrapper
+from django.db import connections
+
+#: Exit status of a maintenance command when the store or database failed.
+EXIT_FAILED = 1
+#: Exit status for invalid options or settings (argparse uses it too).
+EXIT_USAGE = 2
+
+
+def positive_seconds(text: str) -> timedelta:
+    """``--stale-after`` / ``--time-budget``: a positive, finite number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return timedelta(seconds=seconds)
+
+
+def positive_days(text: str) -> timedelta:
+    """``--older-than``: a positive, finite number of days (fractions allowed)."""
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not days > 0 or days > 100_000:
+        raise argparse.ArgumentTypeError(f"must be a number of days above 0, got {text}")
+    return timedelta(days=days)
+
+
+def positive_int(text: str) -> int:
+    """``--limit`` / ``--batch-size``: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def known_database(alias: str) -> str:
+    """``--database``: an alias from ``settings.DATABASES``, else exit status 2."""
+    if alias not in connections:
+        raise CommandError(
+            f"--database {alias!r} is not in settings.DATABASES (known: {', '.join(connections)}).",
+            returncode=EXIT_USAGE,
+        )
+    return alias
+
+
+def _plain(text: str) -> str:
+    # Commands style stderr as errors on a terminal; progress is not an error.
+    return text
+
+
+class ProgressLine:
+    """A one-line progress display that rewrites itself on a terminal.
+
+    Shown only when ``stream`` is a terminal, so cron mail, logs and pipes (and the
+    JSON on stdout) never see it; :meth:`clear` wipes it before the final output.
+    """
+
+    def __init__(self, stream: OutputWrapper, *, action: str) -> None:
+        self.stream = stream
+        self.action = action
+        self.enabled = stream.isatty()
+        self.shown = False
+
+    def __call__(self, sweep: str, count: int) -> None:
+        if not self.enabled:
+            return
+        self.stream.write(
+            f"\r\033[K{self.action} {sweep}: {count} rows so far", style_func=_plain, ending=""
+        )
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K", style_func=_plain, ending="")
+            self.stream.flush()
+            self.shown = False

@@ -1,0 +1,113 @@
+"""``manage.py prune_jobstate``: delete history past its retention (every retention sweep).
+
+Runs :func:`jobstate.maintenance.run_retention_sweeps`: audit entries older than
+``AUDIT_RETENTION``, finished jobs older than ``FINISHED_JOB_RETENTION`` and finished
+job runs older than ``FINISHED_RUN_RETENTION`` (``--older-than DAYS`` replaces all of
+them). Deletes in batches, each its own short transaction, so it can run next to live
+traffic and on several machines at once. Prints nothing when nothing was old enough;
+shows a progress line while it works when stderr is a terminal.
+
+Exit status: 0 done (also when a sweep stopped at its time budget and left the rest for
+the next run), 1 the database or store failed, 2 invalid options or settings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from jobstate.exceptions import JobStateError
+from jobstate.maintenance import SweepResult, run_retention_sweeps
+
+from ._common import (
+    ProgressLine,
+    known_database,
+    positive_days,
+    positive_int,
+    positive_seconds,
+)
+from .reap_stale import command_error
+
+_NOUNS: dict[str, tuple[str, str]] = {
+    "audit": ("audit entry", "audit entries"),
+    "jobs": ("finished job", "finished jobs"),
+    "runs": ("finished job run", "finished job runs"),
+}
+
+
+def describe(result: SweepResult) -> str:
+    one, many = _NOUNS.get(result.sweep, (f"{result.sweep} row", f"{result.sweep} rows"))
+    noun = one if result.count == 1 else many
+    if result.dry_run:
+        return f"Would delete {result.count} {noun} (dry run: nothing was written)."
+    return f"Deleted {result.count} {noun}."
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete audit entries, finished jobs and finished job runs past their retention "
+        "(JOBSTATE['AUDIT_RETENTION'], ['FINISHED_JOB_RETENTION'], "
+        "['FINISHED_RUN_RETENTION']), in batches. Quiet when nothing was old enough. "
+        "Exit status: 0 done, 1 database or store failure, 2 invalid options or settings."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than",
+            type=positive_days,
+            metavar="DAYS",
+            help="Delete what is older than DAYS days (fractions allowed), instead of each "
+            "kind's retention setting.",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            metavar="N",
+            help="Rows per DELETE (default: JOBSTATE['SWEEP_BATCH_SIZE']).",
+        )
+        parser.add_argument(
+            "--time-budget",
+            type=positive_seconds,
+            metavar="SECONDS",
+            help="Start no new batch of a sweep after this long "
+            "(default: JOBSTATE['SWEEP_TIME_BUDGET']).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would be deleted; write nothing."
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="Print every count as one JSON object."
+        )
+        parser.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            help="The database holding jobstate's tables (default: %(default)s).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        progress = ProgressLine(self.stderr, action="Pruning")
+        try:
+            report = run_retention_sweeps(
+                options["older_than"],
+                options["batch_size"],
+                options["dry_run"],
+                using=known_database(options["database"]),
+                time_budget=options["time_budget"],
+                on_batch=progress,
+            )
+        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
+            raise command_error(exc) from exc
+        finally:
+            progress.clear()
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_dict()))
+            return
+        for result in report.results:
+            if result.count or options["verbosity"] >= 2:
+                self.stdout.write(describe(result))
+        if not report.complete:
+            self.stdout.write("Some sweeps stopped at their time budget; the next run continues.")

@@ -1,0 +1,344 @@
+"""The batch statements behind the maintenance sweeps (``DatabaseSweepStore``).
+
+Each ``*_batch`` method moves or deletes at most ``limit`` rows in one short transaction
+and returns what it changed. The candidates are picked with ``SELECT ... FOR UPDATE SKIP
+LOCKED`` where the backend has it (PostgreSQL, MySQL 8, MariaDB 10.6), so sweepers on
+several machines pass over each other's rows instead of queueing behind them or counting
+them twice; the write repeats the candidate condition, so a row that changed between the
+pick and the write is left alone and not counted. On SQLite the ``IMMEDIATE``
+transaction holds the database's write lock from the pick to the commit, which gives the
+same answer. The sweep loops (batch size, time budget, results) live in
+:mod:`jobstate.maintenance`.
+
+Age cut-offs are computed by the database (``Now() - duration``), like every other
+liveness instant, so machines with skewed clocks agree on what is stale.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from django.db import models, transaction
+from django.db.models.functions import Now
+
+from jobstate.audit import AuditSeverity, complete_audit_fields
+from jobstate.models import AuditEntry, Job, JobQuerySet, JobRun, RuntimeLock
+from jobstate.stores.base import (
+    EXPIRED_QUEUED_ERROR,
+    TERMINAL_RUN_STATUSES,
+    JobStatus,
+)
+from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.validation import JOB_CLAIM_FIELDS, validate_duration
+
+__all__ = [
+    "LEASE_EXPIRED_ERROR",
+    "SWEEP_ACTOR",
+    "DatabaseSweepStore",
+    "LeaseRecovery",
+]
+
+#: Who the sweeps' audit entries name as the actor (``detail["by"]``).
+SWEEP_ACTOR = "jobstate.maintenance"
+
+#: The error a job gets when its in-process lease expired on its last allowed attempt.
+LEASE_EXPIRED_ERROR = (
+    "lease expired: the worker running this job stopped renewing its lease on every "
+    "allowed attempt (JOBSTATE['WORKER_ATTEMPT_LIMIT']), so it was not requeued again"
+)
+
+_CLEARED_CLAIM: dict[str, Any] = dict.fromkeys(JOB_CLAIM_FIELDS)
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+@dataclass(frozen=True)
+class LeaseRecovery:
+    """What one batch of expired in-process leases became."""
+
+    requeued: int = 0
+    """Back to ``queued`` (attempts below the limit), with a ``recovered`` audit entry."""
+    failed: int = 0
+    """Moved to ``error`` (the attempt limit was reached), with a ``recovered`` audit
+    entry of severity error."""
+
+    @property
+    def total(self) -> int:
+        return self.requeued + self.failed
+
+
+class DatabaseSweepStore:
+    """Batch transitions and deletions on jobstate's tables in database ``using``.
+
+    ``state`` is the state store whose refire transition (``requeue_job``) and
+    conditional update the lease recovery uses; it must write to the same database
+    (default: ``DatabaseStateStore(using)``), because the recovery runs it inside its
+    own transaction, under the row lock it took on the job.
+    """
+
+    def __init__(self, using: str = "default", *, state: DatabaseStateStore | None = None) -> None:
+        self.using = using
+        self.state = DatabaseStateStore(using=using) if state is None else state
+
+    # --- candidates (also what a dry run counts) --------------------------------------
+
+    def stale_dispatched(self, *, dead_after: timedelta, hard_cap: timedelta) -> JobQuerySet:
+        """Dispatched jobs whose executor stopped renewing (see
+        :meth:`~jobstate.stores.base.StateStore.requeue_stale_dispatched`)."""
+        dead = validate_duration(dead_after, field="dead_after")
+        cap = validate_duration(hard_cap, field="hard_cap")
+        return self._jobs().stale_dispatched(dead, cap)
+
+    def expired_worker_leases(self, *, fallback_older_than: timedelta) -> JobQuerySet:
+        """Running (in-process) jobs whose lease ended, or that have no lease and were
+        last written more than ``fallback_older_than`` ago."""
+        fallback = validate_duration(fallback_older_than, field="fallback_older_than")
+        return self._jobs().filter(status=JobStatus.RUNNING).expired_leases(fallback)
+
+    def stale_queued(self, *, ttl: timedelta) -> JobQuerySet:
+        """Queued jobs created more than ``ttl`` ago."""
+        return self._jobs().stale_queued(validate_duration(ttl, field="ttl"))
+
+    def expired_locks(self) -> models.QuerySet[RuntimeLock]:
+        """Runtime locks whose ``expires_at`` has passed on the database clock."""
+        return RuntimeLock.objects.using(self.using).expired()
+
+    def old_audit(self, *, older_than: timedelta) -> models.QuerySet[AuditEntry]:
+        """Audit entries stamped more than ``older_than`` ago."""
+        age = validate_duration(older_than, field="older_than", allow_zero=False)
+        return AuditEntry.objects.using(self.using).filter(ts__lt=Now() - age)
+
+    def old_finished_jobs(self, *, older_than: timedelta) -> JobQuerySet:
+        """Done, error and rejected jobs last written more than ``older_than`` ago."""
+        age = validate_duration(older_than, field="older_than", allow_zero=False)
+        return self._jobs().terminal().not_written_for(age)
+
+    def old_finished_runs(self, *, older_than: timedelta) -> models.QuerySet[JobRun]:
+        """Settled and skipped runs that finished more than ``older_than`` ago."""
+        age = validate_duration(older_than, field="older_than", allow_zero=False)
+        return (
+            JobRun.objects.using(self.using)
+            .filter(status__in=list(TERMINAL_RUN_STATUSES))
+            .filter(finished_at__lt=Now() - age)
+        )
+
+    # --- reaping ----------------------------------------------------------------------
+
+    def requeue_stale_dispatched_batch(
+        self, *, dead_after: timedelta, hard_cap: timedelta, limit: int
+    ) -> int:
+        """Move up to ``limit`` stale dispatched jobs back to ``queued`` with their claim
+        cleared, each with a ``recovered`` audit entry naming the executor that lost it.
+        Returns the jobs this call moved."""
+        candidates = self.stale_dispatched(dead_after=dead_after, hard_cap=hard_cap)
+        with transaction.atomic(using=self.using):
+            picked = dict(
+                self._pick(candidates, "lease_until", limit).values_list("id", "executor_id")
+            )
+            if not picked:
+                return 0
+            moved = candidates.filter(id__in=list(picked)).update(
+                status=JobStatus.QUEUED, updated_at=Now(), **_CLEARED_CLAIM
+            )
+            self._audit_moved(
+                picked,
+                now_status=JobStatus.QUEUED,
+                event="recovered",
+                severity=AuditSeverity.WARNING,
+                title="Requeued: executor lease expired",
+                detail=lambda executor: {
+                    "by": SWEEP_ACTOR,
+                    "via": "executor-lease-expired",
+                    "prev_status": JobStatus.DISPATCHED.value,
+                    "executor_id": executor,
+                },
+            )
+            return moved
+
+    def recover_expired_leases_batch(
+        self, *, fallback_older_than: timedelta, attempt_limit: int, limit: int
+    ) -> LeaseRecovery:
+        """Recover up to ``limit`` running jobs whose in-process lease expired.
+
+        A job's ``attempts`` counts the leases it lost. While ``attempts + 1`` is below
+        ``attempt_limit`` the job is refired (``requeue_job``: back to ``queued``, claim
+        cleared, a ``recovered`` audit entry) and keeps the new count; on the last
+        attempt it moves to ``error`` with :data:`LEASE_EXPIRED_ERROR` and a
+        ``recovered`` entry of severity error. The job's row stays locked from the pick
+        to the commit, so a worker renewing or finishing the job at that moment either
+        wins before the pick (the job is no longer a candidate) or waits and then finds
+        its claim gone.
+        """
+        if isinstance(attempt_limit, bool) or not isinstance(attempt_limit, int):
+            raise TypeError(f"attempt_limit must be an int, got {attempt_limit!r}.")
+        if attempt_limit < 1:
+            raise ValueError(f"attempt_limit must be at least 1, got {attempt_limit}.")
+        candidates = self.expired_worker_leases(fallback_older_than=fallback_older_than)
+        requeued = failed = 0
+        with transaction.atomic(using=self.using):
+            picked = list(
+                self._pick(candidates, "lease_until", limit).values_list(
+                    "id", "attempts", "executor_id"
+                )
+            )
+            for job_id, attempts, worker in picked:
+                tries = attempts + 1
+                if tries < attempt_limit:
+                    job = self.state.requeue_job(
+                        job_id,
+                        from_statuses=[JobStatus.RUNNING],
+                        by=SWEEP_ACTOR,
+                        via=f"worker-lease-expired:{worker or 'unknown'}"[:250],
+                        event="recovered",
+                    )
+                    if job is not None:
+                        self.state.update_job_if_status(job_id, [JobStatus.QUEUED], attempts=tries)
+                        requeued += 1
+                    continue
+                job = self.state.update_job_if_status(
+                    job_id,
+                    [JobStatus.RUNNING],
+                    status=JobStatus.ERROR,
+                    error=LEASE_EXPIRED_ERROR,
+                    attempts=tries,
+                    **_CLEARED_CLAIM,
+                )
+                if job is None:
+                    continue
+                self.state.append_audit(
+                    job=job,
+                    event="recovered",
+                    severity=AuditSeverity.ERROR,
+                    title="Failed: lease expired on the last attempt",
+                    detail={
+                        "by": SWEEP_ACTOR,
+                        "via": "worker-lease-expired",
+                        "prev_status": JobStatus.RUNNING.value,
+                        "executor_id": worker,
+                        "attempts": tries,
+                        "status": JobStatus.ERROR.value,
+                    },
+                )
+                failed += 1
+        return LeaseRecovery(requeued=requeued, failed=failed)
+
+    def expire_stale_queued_batch(self, *, ttl: timedelta, limit: int) -> int:
+        """Move up to ``limit`` queued jobs older than ``ttl`` to ``error`` with
+        :data:`~jobstate.stores.base.EXPIRED_QUEUED_ERROR`, each with an ``expired``
+        audit entry. A job claimed meanwhile is left alone. Returns the jobs moved."""
+        candidates = self.stale_queued(ttl=ttl)
+        with transaction.atomic(using=self.using):
+            picked = dict(
+                self._pick(candidates, "created_at", limit).values_list("id", "executor_id")
+            )
+            if not picked:
+                return 0
+            moved = candidates.filter(id__in=list(picked)).update(
+                status=JobStatus.ERROR, error=EXPIRED_QUEUED_ERROR, updated_at=Now()
+            )
+            self._audit_moved(
+                picked,
+                now_status=JobStatus.ERROR,
+                event="expired",
+                severity=AuditSeverity.WARNING,
+                title="Expired in the queue",
+                detail=lambda _: {
+                    "by": SWEEP_ACTOR,
+                    "via": "queued-ttl",
+                    "prev_status": JobStatus.QUEUED.value,
+                    "status": JobStatus.ERROR.value,
+                },
+            )
+            return moved
+
+    def release_expired_locks_batch(self, *, limit: int) -> int:
+        """Delete up to ``limit`` runtime locks whose ``expires_at`` has passed. A lock
+        renewed or taken over meanwhile is kept. Returns the locks deleted."""
+        return self._delete_batch(self.expired_locks(), "expires_at", limit)
+
+    # --- retention --------------------------------------------------------------------
+
+    def prune_audit_batch(self, *, older_than: timedelta, limit: int) -> int:
+        """Delete up to ``limit`` audit entries older than ``older_than``."""
+        return self._delete_batch(self.old_audit(older_than=older_than), "ts", limit)
+
+    def prune_finished_jobs_batch(self, *, older_than: timedelta, limit: int) -> int:
+        """Delete up to ``limit`` finished jobs last written more than ``older_than`` ago.
+
+        Their audit entries, approval markers and undelivered notifications are kept
+        (the notifications lose only their link to the job)."""
+        return self._delete_batch(
+            self.old_finished_jobs(older_than=older_than), "updated_at", limit
+        )
+
+    def prune_finished_runs_batch(self, *, older_than: timedelta, limit: int) -> int:
+        """Delete up to ``limit`` runs that finished more than ``older_than`` ago;
+        RUNNING runs are never deleted."""
+        return self._delete_batch(
+            self.old_finished_runs(older_than=older_than), "finished_at", limit
+        )
+
+    # --- internals --------------------------------------------------------------------
+
+    def _jobs(self) -> JobQuerySet:
+        return Job.objects.using(self.using)
+
+    def _pick(self, candidates: models.QuerySet[_M], order: str, limit: int) -> models.QuerySet[_M]:
+        """The oldest ``limit`` candidates, locked for this transaction; rows another
+        sweeper holds are passed over. Backends without row locks ignore the lock."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive int, got {limit!r}.")
+        locked = candidates.select_for_update(skip_locked=True).order_by(order, "pk")
+        return locked[:limit]
+
+    def _delete_batch(self, candidates: models.QuerySet[_M], order: str, limit: int) -> int:
+        # DELETE ... WHERE pk IN (picked) AND <condition>: one short transaction per batch,
+        # so a large backlog never holds locks on the whole table.
+        model = candidates.model
+        with transaction.atomic(using=self.using):
+            picked = list(self._pick(candidates, order, limit).values_list("pk", flat=True))
+            if not picked:
+                return 0
+            _, per_model = candidates.filter(pk__in=picked).delete()
+        return per_model.get(model._meta.label, 0)
+
+    def _audit_moved(
+        self,
+        picked: dict[uuid.UUID, Any],
+        *,
+        now_status: JobStatus,
+        event: str,
+        severity: AuditSeverity,
+        title: str,
+        detail: Callable[[Any], dict[str, Any]],
+    ) -> None:
+        """One audit entry per picked job that the update really moved (those now in
+        ``now_status``: the rows are still locked by this transaction)."""
+        moved = self._jobs().filter(id__in=list(picked), status=now_status)
+        entries = []
+        for job_id, request_id in moved.values_list("id", "request_id"):
+            fields = complete_audit_fields(
+                event=event,
+                stage=None,
+                severity=severity,
+                title=title,
+                summary="",
+                detail=detail(picked[job_id]),
+            )
+            entries.append(
+                AuditEntry(
+                    job_id=job_id,
+                    request_id=request_id,
+                    event=event,
+                    stage=fields.stage,
+                    severity=fields.severity,
+                    title=fields.title,
+                    summary=fields.summary,
+                    detail=fields.detail,
+                )
+            )
+        AuditEntry.objects.using(self.using).bulk_create(entries)

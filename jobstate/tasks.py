@@ -1,0 +1,59 @@
+"""Celery tasks: the maintenance sweeps and operations jobs, for Celery beat.
+
+Each task is a thin call of the function the management commands use, and returns a
+JSON-ready dict of what it did. Schedule them with :data:`jobstate.beat.JOBSTATE_BEAT_SCHEDULE`.
+The task names (``jobstate.reap_stale``, ``jobstate.prune``,
+``jobstate.run_operations_job``) are stable, so beat entries can name them as strings.
+
+Needs Celery (``pip install "django-jobstate[celery]"``); the host's Celery app finds
+this module with ``app.autodiscover_tasks()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from django.db import DEFAULT_DB_ALIAS
+
+from jobstate.maintenance import run_reaping_sweeps, run_retention_sweeps
+from jobstate.runner import JobRunner
+from jobstate.stores import get_run_store
+from jobstate.stores.base import Trigger
+
+__all__ = ["prune_task", "reap_stale_task", "run_operations_job_task"]
+
+
+@shared_task(name="jobstate.reap_stale")
+def reap_stale_task(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """Run every reaping sweep (``manage.py reap_stale``); returns every count."""
+    return run_reaping_sweeps(using=using).as_dict()
+
+
+@shared_task(name="jobstate.prune")
+def prune_task(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """Run every retention sweep with the retention settings (``manage.py
+    prune_jobstate``); returns every count."""
+    return run_retention_sweeps(using=using).as_dict()
+
+
+@shared_task(name="jobstate.run_operations_job")
+def run_operations_job_task(
+    job_key: str,
+    input: Any = None,
+    triggered_by: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> dict[str, Any]:
+    """Run registered operations job ``job_key`` through :class:`~jobstate.runner.JobRunner`
+    with the trigger ``CELERY`` and return its :class:`~jobstate.runner.JobExecutionResult`
+    as a dict.
+
+    The runner's overlap guard holds across workers: when beat (or anyone) starts a
+    ``forbid`` job while another worker still runs it, this run is recorded as SKIPPED
+    and the body does not execute. A failed run is recorded and returned, not raised,
+    so Celery does not retry it behind the runner's back; an unknown job or rejected
+    input raises.
+    """
+    runner = JobRunner(store=get_run_store(using=using))
+    result = runner.execute(job_key, input, Trigger("CELERY", triggered_by))
+    return result.as_dict()

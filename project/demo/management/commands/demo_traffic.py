@@ -1,0 +1,233 @@
+"""Live demo traffic: jobs flow through the queue while the admin watches.
+
+Each tick enqueues a few jobs, lets a simulated in-process worker and a simulated remote
+executor claim, renew, finish, fail, reject or crash on them (a crashed owner stops
+renewing, so its lease expires), runs an operations job now and then (and leaves a
+"crashed" run behind), and every few seconds runs the reaping sweeps that recover what
+the crashes left. Stops cleanly on SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db.models import Count
+
+from jobstate.maintenance import SweepReport, run_reaping_sweeps
+from jobstate.models import Job, JobRun
+from jobstate.runner import JobRunner
+from jobstate.stores import get_run_store, get_state_store
+from jobstate.stores.base import JobStatus, StateStore, Trigger
+
+INHUB_TARGET = "demo.inhub"
+REMOTE_TARGET = "demo.remote"
+WORKER_ID = "demo-worker-1"
+EXECUTOR_ID = "demo-executor-1"
+
+#: The liveness budget the demo reaps runs with: the shortest the runner accepts with
+#: its default 30 s heartbeat, so a crashed run is reaped within a minute or two.
+DEMO_STALE_RUN_AFTER = timedelta(minutes=1)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 86_400:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+@dataclass
+class Held:
+    """A job one of the simulated owners holds, and its plan for it."""
+
+    job_id: uuid.UUID
+    token: uuid.UUID
+    ticks_left: int
+    outcome: str  # done | error | rejected | crash | stall
+
+
+class Command(BaseCommand):
+    help = (
+        "Simulate live traffic for the demo: enqueue jobs, run an in-process worker and a "
+        "remote executor that sometimes crash, run operations jobs, and reap what the "
+        "crashes leave behind. Runs until SIGTERM or Ctrl-C (or --iterations)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--tick", type=_seconds, default=1.0, help="Seconds between ticks.")
+        parser.add_argument(
+            "--lease", type=_seconds, default=6.0, help="Lease of every claim, seconds."
+        )
+        parser.add_argument(
+            "--sweep-every",
+            type=_seconds,
+            default=3.0,
+            help="Seconds between runs of the reaping sweeps.",
+        )
+        parser.add_argument(
+            "--iterations", type=int, default=None, help="Stop after this many ticks."
+        )
+        parser.add_argument("--seed", type=int, default=None, help="Random seed (repeatable).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.rng = random.Random(options["seed"])
+        self.store: StateStore = get_state_store()
+        self.lease = timedelta(seconds=options["lease"])
+        self.worker_jobs: list[Held] = []
+        self.executor_jobs: list[Held] = []
+        self.tick_number = 0
+        # A stalled owner comes back once its lease has expired and a sweep has run.
+        self.stall_ticks = (
+            math.ceil((options["lease"] + options["sweep_every"]) / options["tick"]) + 1
+        )
+        stop = threading.Event()
+
+        def request_stop(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        previous = {
+            sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        self.stdout.write(
+            f"Demo traffic: a tick every {options['tick']} s, leases of {options['lease']} s, "
+            f"reaping every {options['sweep_every']} s. Stop with Ctrl-C."
+        )
+        next_sweep = time.monotonic()
+        try:
+            while not stop.is_set():
+                if options["iterations"] is not None and self.tick_number >= options["iterations"]:
+                    break
+                self.tick()
+                if time.monotonic() >= next_sweep:
+                    self.sweep()
+                    next_sweep = time.monotonic() + options["sweep_every"]
+                stop.wait(options["tick"])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        self.stdout.write(f"Demo traffic stopped after {self.tick_number} ticks.")
+
+    # --- one tick ---------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.tick_number += 1
+        self.enqueue()
+        self.work(self.worker_jobs, in_process=True)
+        self.work(self.executor_jobs, in_process=False)
+        self.claim()
+        if self.tick_number % 7 == 1:
+            self.operations_job()
+
+    def enqueue(self) -> None:
+        for _ in range(self.rng.choice((0, 1, 1, 2))):
+            target = self.rng.choice((INHUB_TARGET, REMOTE_TARGET))
+            thread = self.rng.choice((None, None, 1, 2, 3))
+            self.store.enqueue(
+                request_id=f"demo-{uuid.uuid4()}",
+                target=target,
+                source="demo",
+                thread_id=thread,
+                input={"document": self.rng.randrange(1, 10_000)},
+            )
+
+    def claim(self) -> None:
+        owners = (
+            (self.worker_jobs, INHUB_TARGET, True),
+            (self.executor_jobs, REMOTE_TARGET, False),
+        )
+        for held, target, in_process in owners:
+            if len(held) >= 3:
+                continue
+            if in_process:
+                job = self.store.claim_next_inhub_job([target], WORKER_ID, self.lease)
+            else:
+                job = self.store.claim_next_job([target], EXECUTOR_ID, self.lease)
+            if job is None or job.claim_token is None:
+                continue
+            outcome = self.rng.choices(
+                ("done", "error", "rejected", "crash", "stall"), weights=(56, 12, 10, 14, 8)
+            )[0]
+            ticks = self.stall_ticks if outcome == "stall" else self.rng.randint(1, 4)
+            held.append(Held(job.id, job.claim_token, ticks, outcome))
+
+    def work(self, held: list[Held], *, in_process: bool) -> None:
+        renewing = False
+        for item in list(held):
+            item.ticks_left -= 1
+            if item.outcome == "crash":
+                # The owner "died": it forgets the job and never renews the lease, so
+                # the lease expires and the reaping sweep recovers the job.
+                held.remove(item)
+                continue
+            if item.ticks_left > 0:
+                if item.outcome == "stall":
+                    # Alive but stuck: it stops renewing and reports late, after its
+                    # job was recovered; the fenced report is refused.
+                    continue
+                if in_process:
+                    self.store.extend_claim_lease(item.job_id, item.token, self.lease)
+                else:
+                    renewing = True
+                continue
+            held.remove(item)
+            patch: dict[str, Any] = {}
+            if item.outcome in ("done", "stall"):
+                patch["result"] = {"pages": self.rng.randrange(1, 40)}
+            elif item.outcome == "error":
+                patch["error"] = "demo failure: the document could not be parsed"
+            status = JobStatus.DONE if item.outcome == "stall" else item.outcome
+            result = self.store.complete_claimed_job(item.job_id, item.token, status, **patch)
+            if not result.completed:
+                self.stdout.write(
+                    f"late report ignored for job {item.job_id}: {result.outcome.value} "
+                    "(its lease expired and it was recovered)"
+                )
+        if renewing:
+            self.store.extend_executor_leases(EXECUTOR_ID, self.lease)
+
+    def operations_job(self) -> None:
+        runner = JobRunner(store=get_run_store())
+        runner.execute("demo.report-build", {"rows": 500}, Trigger("SCHEDULER", "demo"))
+        if self.rng.random() < 0.4:
+            # A run whose process "crashed": claimed, never beats, never completes.
+            get_run_store().claim(
+                job_key="demo.report-build",
+                overlap_key=f"demo.report-build#crashed-{uuid.uuid4()}",
+                trigger=Trigger("SCHEDULER", "demo"),
+                input={"rows": 1},
+                started_at=datetime.now(UTC),
+            )
+
+    # --- maintenance ------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        report = run_reaping_sweeps(stale_after=DEMO_STALE_RUN_AFTER)
+        self.stdout.write(f"{self.status_line()}{self.reaped_line(report)}")
+
+    def status_line(self) -> str:
+        jobs = dict(Job.objects.values_list("status").annotate(n=Count("id")))
+        runs = dict(JobRun.objects.values_list("status").annotate(n=Count("id")))
+        job_part = " · ".join(f"{s} {jobs.get(s, 0)}" for s in JobStatus.values)
+        run_part = " · ".join(f"{s.lower()} {n}" for s, n in sorted(runs.items()))
+        return f"jobs: {job_part} | runs: {run_part}"
+
+    @staticmethod
+    def reaped_line(report: SweepReport) -> str:
+        moved = [
+            f"{name} {count}" for name, count in report.counts.items() if count and "_" not in name
+        ]
+        return f" | reaped: {', '.join(moved)}" if moved else ""

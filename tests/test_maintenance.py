@@ -1,0 +1,534 @@
+"""Maintenance sweeps: what each one moves or deletes, that every one is bounded
+(batch size, time budget, limit), idempotent and exact under concurrent sweepers."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+
+from jobstate import maintenance
+from jobstate.exceptions import InvalidJobState, InvalidRunnerConfiguration
+from jobstate.maintenance import SweepResult
+from jobstate.models import AuditEntry, Job, JobRun, Notification, RuntimeLock
+from jobstate.stores.base import (
+    EXPIRED_QUEUED_ERROR,
+    REAPED_RUN_ERROR,
+    CompletionOutcome,
+    JobRunStatus,
+    JobStatus,
+)
+from jobstate.stores.database_retention import LEASE_EXPIRED_ERROR, SWEEP_ACTOR
+from jobstate.stores.database_state import DatabaseStateStore
+
+LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
+
+
+def _past(delta: timedelta) -> Any:
+    return Now() - delta
+
+
+# --- seeding: candidates of every sweep, and rows every sweep must leave alone ---------
+
+
+def seed_runs(count: int, *, fresh: bool = False) -> None:
+    prefix = "fresh" if fresh else "stale"
+    JobRun.objects.bulk_create(
+        JobRun(
+            job_key="tests.sweep",
+            overlap_key=f"{prefix}-{uuid.uuid4()}",
+            status=JobRunStatus.RUNNING,
+            trigger_source="CLI",
+            started_at=LONG_AGO,
+            heartbeat_at=datetime.now(UTC) - (timedelta(0) if fresh else timedelta(hours=1)),
+        )
+        for _ in range(count)
+    )
+
+
+def _jobs(count: int, prefix: str, **fields: Any) -> list[Job]:
+    return Job.objects.bulk_create(
+        Job(request_id=f"{prefix}-{uuid.uuid4()}", target="t", **fields) for _ in range(count)
+    )
+
+
+def seed_queued(count: int, *, fresh: bool = False) -> None:
+    jobs = _jobs(count, "queued")
+    if not fresh:
+        Job.objects.filter(id__in=[j.id for j in jobs]).update(created_at=_past(timedelta(hours=2)))
+
+
+def _claimed(status: JobStatus, lease: timedelta, **fields: Any) -> dict[str, Any]:
+    return {
+        "status": status,
+        "executor_id": "owner-1",
+        "claim_token": uuid.uuid4(),
+        "claimed_at": LONG_AGO,
+        "lease_until": datetime.now(UTC) + lease,
+        **fields,
+    }
+
+
+def seed_dispatched(count: int, *, fresh: bool = False) -> None:
+    lease = timedelta(hours=1) if fresh else -timedelta(minutes=1)
+    _jobs(
+        count,
+        "dispatched",
+        **_claimed(JobStatus.DISPATCHED, lease, dispatched_at=datetime.now(UTC)),
+    )
+
+
+def seed_leases(count: int, *, fresh: bool = False, attempts: int = 0) -> None:
+    lease = timedelta(hours=1) if fresh else -timedelta(minutes=1)
+    _jobs(count, "running", **_claimed(JobStatus.RUNNING, lease, attempts=attempts))
+
+
+def seed_locks(count: int, *, fresh: bool = False) -> None:
+    expires = datetime.now(UTC) + (timedelta(hours=1) if fresh else -timedelta(minutes=1))
+    RuntimeLock.objects.bulk_create(
+        RuntimeLock(lock_key=f"lock-{uuid.uuid4()}", owner="o", expires_at=expires)
+        for _ in range(count)
+    )
+
+
+def seed_audit(count: int, *, fresh: bool = False) -> None:
+    ts = datetime.now(UTC) - (timedelta(days=1) if fresh else timedelta(days=60))
+    AuditEntry.objects.bulk_create(AuditEntry(event="received", ts=ts) for _ in range(count))
+
+
+def seed_finished_jobs(count: int, *, fresh: bool = False) -> None:
+    jobs = _jobs(count, "done", status=JobStatus.DONE)
+    if not fresh:
+        Job.objects.filter(id__in=[j.id for j in jobs]).update(updated_at=_past(timedelta(days=30)))
+
+
+def seed_finished_runs(count: int, *, fresh: bool = False) -> None:
+    finished = datetime.now(UTC) - (timedelta(days=1) if fresh else timedelta(days=60))
+    JobRun.objects.bulk_create(
+        JobRun(
+            job_key="tests.sweep",
+            overlap_key=f"done-{uuid.uuid4()}",
+            status=JobRunStatus.SUCCEEDED,
+            trigger_source="CLI",
+            started_at=finished,
+            finished_at=finished,
+            duration_ms=0,
+        )
+        for _ in range(count)
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    sweep: Callable[..., SweepResult]
+    seed: Callable[..., None]
+    left: Callable[[], QuerySet[Any]]
+    """The candidates still waiting for the sweep."""
+    untouched: Callable[[], QuerySet[Any]]
+    """Where the fresh rows must still be, unchanged in state."""
+
+
+CASES = {
+    "runs": Case(
+        maintenance.reap_stale_runs,
+        seed_runs,
+        lambda: JobRun.objects.stale(timedelta(minutes=5)),
+        lambda: JobRun.objects.running().filter(overlap_key__startswith="fresh"),
+    ),
+    "queued": Case(
+        maintenance.expire_stale_queued,
+        seed_queued,
+        lambda: Job.objects.stale_queued(timedelta(minutes=30)),
+        lambda: Job.objects.queued(),
+    ),
+    "dispatched": Case(
+        maintenance.requeue_stale_dispatched,
+        seed_dispatched,
+        lambda: Job.objects.stale_dispatched(timedelta(minutes=3), timedelta(hours=2)),
+        lambda: Job.objects.filter(status=JobStatus.DISPATCHED),
+    ),
+    "leases": Case(
+        maintenance.recover_expired_leases,
+        seed_leases,
+        lambda: Job.objects.filter(status=JobStatus.RUNNING).expired_leases(timedelta(minutes=20)),
+        lambda: Job.objects.filter(status=JobStatus.RUNNING),
+    ),
+    "locks": Case(
+        maintenance.release_expired_locks,
+        seed_locks,
+        lambda: RuntimeLock.objects.expired(),
+        lambda: RuntimeLock.objects.held(),
+    ),
+    "audit": Case(
+        maintenance.prune_audit,
+        seed_audit,
+        lambda: AuditEntry.objects.filter(ts__lt=_past(timedelta(days=30))),
+        lambda: AuditEntry.objects.filter(ts__gte=_past(timedelta(days=30))),
+    ),
+    "jobs": Case(
+        maintenance.prune_finished_jobs,
+        seed_finished_jobs,
+        lambda: Job.objects.terminal().not_written_for(timedelta(days=14)),
+        lambda: Job.objects.terminal(),
+    ),
+    "finished runs": Case(
+        maintenance.prune_finished_runs,
+        seed_finished_runs,
+        lambda: JobRun.objects.finished().filter(finished_at__lt=_past(timedelta(days=30))),
+        lambda: JobRun.objects.finished(),
+    ),
+}
+
+
+# --- every sweep: bounded, idempotent, dry run ----------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", CASES)
+def test_a_sweep_moves_everything_in_batches_within_one_call_then_nothing(name: str) -> None:
+    case = CASES[name]
+    case.seed(35)
+    case.seed(2, fresh=True)
+    progress: list[int] = []
+
+    result = case.sweep(batch_size=10, on_batch=lambda sweep, n: progress.append(n))
+
+    assert (result.count, result.batches, result.complete) == (35, 4, True)
+    assert progress == [10, 20, 30, 35]
+    assert not case.left().exists()
+    assert case.untouched().count() == 2
+    again = case.sweep(batch_size=10)
+    assert (again.count, again.batches, again.complete) == (0, 1, True)
+    assert case.untouched().count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", CASES)
+def test_a_sweep_stops_starting_batches_at_its_time_budget(name: str) -> None:
+    case = CASES[name]
+    case.seed(35)
+    result = case.sweep(batch_size=10, time_budget=timedelta(microseconds=1))
+    assert (result.count, result.batches, result.complete) == (10, 1, False)
+    assert case.left().count() == 25
+    rest = case.sweep(batch_size=10)
+    assert (rest.count, rest.complete) == (25, True)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", CASES)
+def test_a_sweep_honours_its_limit_and_its_dry_run_writes_nothing(name: str) -> None:
+    case = CASES[name]
+    case.seed(12)
+    case.seed(1, fresh=True)
+    dry = case.sweep(dry_run=True)
+    assert (dry.count, dry.dry_run, dry.batches) == (12, True, 0)
+    assert case.sweep(dry_run=True, limit=5).count == 5
+    assert case.left().count() == 12
+    capped = case.sweep(batch_size=4, limit=6)
+    assert (capped.count, capped.batches, capped.complete) == (6, 2, False)
+    assert case.left().count() == 6
+
+
+@pytest.mark.django_db
+def test_the_time_budget_and_batch_size_default_to_the_settings(settings: Any) -> None:
+    settings.JOBSTATE = {**settings.JOBSTATE, "SWEEP_BATCH_SIZE": 7}
+    seed_audit(20)
+    assert maintenance.prune_audit().batches == 3
+    settings.JOBSTATE = {
+        **settings.JOBSTATE,
+        "SWEEP_BATCH_SIZE": 5,
+        "SWEEP_TIME_BUDGET": timedelta(microseconds=1),
+    }
+    seed_audit(20)
+    assert maintenance.prune_audit().count == 5
+
+
+# --- what each reaping sweep writes ---------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_stale_runs_time_out_and_free_their_keys() -> None:
+    seed_runs(3)
+    result = maintenance.reap_stale_runs()
+    assert result.count == 3
+    assert set(JobRun.objects.values_list("status", "error")) == {
+        (JobRunStatus.TIMED_OUT, REAPED_RUN_ERROR)
+    }
+
+
+@pytest.mark.django_db
+def test_stale_dispatched_jobs_return_to_the_queue_with_an_audit_entry() -> None:
+    store = DatabaseStateStore()
+    store.create_job(request_id="lost", target="exec")
+    claimed = store.claim_next_job(["exec"], "executor-7", timedelta(minutes=5))
+    assert claimed is not None and claimed.claim_token is not None
+    Job.objects.filter(id=claimed.id).update(lease_until=LONG_AGO)
+
+    assert maintenance.requeue_stale_dispatched().count == 1
+
+    job = Job.objects.get(id=claimed.id)
+    assert job.status == JobStatus.QUEUED
+    assert (job.executor_id, job.claim_token, job.lease_until, job.dispatched_at) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    [entry] = AuditEntry.objects.filter(job=job)
+    assert (entry.event, entry.severity, entry.request_id) == ("recovered", "warning", "lost")
+    assert entry.detail["executor_id"] == "executor-7"
+    assert entry.detail["by"] == SWEEP_ACTOR
+    late = store.complete_claimed_job(job.id, claimed.claim_token, JobStatus.DONE)
+    assert late.outcome is CompletionOutcome.STALE_CLAIM
+    again = store.claim_next_job(["exec"], "executor-8")
+    assert again is not None and again.id == job.id
+
+
+@pytest.mark.django_db
+def test_expired_worker_leases_requeue_until_the_attempt_limit(settings: Any) -> None:
+    settings.JOBSTATE = {**settings.JOBSTATE, "WORKER_ATTEMPT_LIMIT": 3}
+    store = DatabaseStateStore()
+    store.create_job(request_id="flaky", target="inhub", metadata={"no_delivery": True})
+    token_of: list[Any] = []
+    for attempt in range(1, 4):
+        job = store.claim_next_inhub_job(["inhub"], f"worker-{attempt}")
+        assert job is not None
+        token_of.append(job.claim_token)
+        Job.objects.filter(id=job.id).update(lease_until=LONG_AGO)
+        result = maintenance.recover_expired_leases()
+        job.refresh_from_db()
+        assert job.attempts == attempt
+        if attempt < 3:
+            assert result.detail == {"requeued": 1, "failed": 0}
+            assert job.status == JobStatus.QUEUED
+            assert job.claim_token is None and job.executor_id is None
+        else:
+            assert result.detail == {"requeued": 0, "failed": 1}
+            assert (job.status, job.error) == (JobStatus.ERROR, LEASE_EXPIRED_ERROR)
+            assert job.claim_token is None and job.lease_until is None
+
+    entries = list(AuditEntry.objects.filter(job=job).order_by("id"))
+    assert [(e.event, e.severity) for e in entries] == [
+        ("recovered", "warning"),
+        ("recovered", "warning"),
+        ("recovered", "error"),
+    ]
+    assert entries[0].detail["prev_status"] == "running"
+    assert entries[0].detail["via"] == "worker-lease-expired:worker-1"
+    assert entries[2].detail["attempts"] == 3
+    # A worker that comes back after its lease was recovered cannot report any more.
+    late = store.complete_claimed_job(job.id, token_of[0], JobStatus.DONE)
+    assert late.outcome is CompletionOutcome.STALE_CLAIM
+
+
+@pytest.mark.django_db
+def test_a_renewed_worker_lease_is_not_recovered() -> None:
+    store = DatabaseStateStore()
+    store.create_job(request_id="alive", target="inhub")
+    job = store.claim_next_inhub_job(["inhub"], "worker-1", timedelta(seconds=30))
+    assert job is not None and job.claim_token is not None
+    assert maintenance.recover_expired_leases().count == 0
+    assert store.extend_claim_lease(job.id, job.claim_token)
+    assert Job.objects.get(id=job.id).status == JobStatus.RUNNING
+
+
+@pytest.mark.django_db
+def test_the_dry_run_of_lease_recovery_splits_requeues_from_failures(settings: Any) -> None:
+    settings.JOBSTATE = {**settings.JOBSTATE, "WORKER_ATTEMPT_LIMIT": 2}
+    seed_leases(3, attempts=0)
+    seed_leases(2, attempts=1)
+    dry = maintenance.recover_expired_leases(dry_run=True)
+    assert (dry.count, dry.detail) == (5, {"requeued": 3, "failed": 2})
+    assert Job.objects.filter(status=JobStatus.RUNNING).count() == 5
+    done = maintenance.recover_expired_leases()
+    assert (done.count, done.detail) == (5, {"requeued": 3, "failed": 2})
+    assert Job.objects.filter(status=JobStatus.ERROR).count() == 2
+
+
+@pytest.mark.django_db
+def test_stale_queued_jobs_expire_with_an_audit_entry() -> None:
+    seed_queued(2)
+    seed_queued(1, fresh=True)
+    assert maintenance.expire_stale_queued().count == 2
+    expired = Job.objects.filter(status=JobStatus.ERROR)
+    assert set(expired.values_list("error", flat=True)) == {EXPIRED_QUEUED_ERROR}
+    assert set(AuditEntry.objects.values_list("event", "job_id")) == {
+        ("expired", job_id) for job_id in expired.values_list("id", flat=True)
+    }
+
+
+@pytest.mark.django_db
+def test_released_locks_are_only_the_expired_ones() -> None:
+    store = DatabaseStateStore()
+    assert store.acquire_runtime_lock("held", "me", timedelta(hours=1))
+    RuntimeLock.objects.create(lock_key="gone", owner="crashed", expires_at=LONG_AGO)
+    assert maintenance.release_expired_locks().count == 1
+    assert list(RuntimeLock.objects.values_list("lock_key", "owner")) == [("held", "me")]
+    assert not store.acquire_runtime_lock("held", "other", timedelta(hours=1))
+
+
+# --- what each retention sweep deletes ------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_pruning_finished_jobs_keeps_their_audit_and_undelivered_notifications() -> None:
+    store = DatabaseStateStore()
+    old = store.create_job(request_id="old", target="t", status=JobStatus.DONE)
+    store.append_audit(job=old, event="finished", detail={"status": "done"})
+    note = Notification.objects.create(
+        job=old, channel="webhook", destination="https://example.invalid/", idempotency_key="k"
+    )
+    waiting = store.create_job(request_id="waiting", target="t")
+    recent = store.create_job(request_id="recent", target="t", status=JobStatus.ERROR)
+    Job.objects.filter(id__in=[old.id, waiting.id]).update(updated_at=_past(timedelta(days=30)))
+
+    assert maintenance.prune_finished_jobs().count == 1
+
+    assert set(Job.objects.values_list("request_id", flat=True)) == {"waiting", "recent"}
+    assert AuditEntry.objects.filter(job_id=old.id).count() == 1
+    note.refresh_from_db()
+    assert note.job_id is None and note.state == "pending"
+    assert Job.objects.get(id=recent.id).status == JobStatus.ERROR
+
+
+@pytest.mark.django_db
+def test_pruning_runs_never_deletes_a_running_run() -> None:
+    seed_runs(2)  # running, silent for an hour, started long ago
+    seed_finished_runs(3)
+    assert maintenance.prune_finished_runs(older_than=timedelta(minutes=1)).count == 3
+    assert JobRun.objects.running().count() == 2
+
+
+@pytest.mark.django_db
+def test_retention_sweeps_use_their_settings_or_one_override(settings: Any) -> None:
+    seed_audit(2)  # 60 days old
+    seed_finished_runs(2)  # 60 days old
+    seed_finished_jobs(2)  # 30 days old
+    settings.JOBSTATE = {
+        **settings.JOBSTATE,
+        "AUDIT_RETENTION": timedelta(days=90),
+        "FINISHED_JOB_RETENTION": timedelta(days=90),
+        "FINISHED_RUN_RETENTION": timedelta(days=90),
+    }
+    report = maintenance.run_retention_sweeps()
+    assert report.counts == {"audit": 0, "jobs": 0, "runs": 0}
+    report = maintenance.run_retention_sweeps(older_than=timedelta(days=45), dry_run=True)
+    assert report.as_dict() == {"audit": 2, "jobs": 0, "runs": 2, "dry_run": True, "complete": True}
+    report = maintenance.run_retention_sweeps(timedelta(days=20), 1)
+    assert report.counts == {"audit": 2, "jobs": 2, "runs": 2}
+    assert report["audit"].batches == 3
+    assert not AuditEntry.objects.exists() and not JobRun.objects.exists()
+
+
+# --- running the registries -----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_run_reaping_sweeps_reports_every_count_in_order() -> None:
+    seed_runs(1)
+    seed_queued(2)
+    seed_dispatched(3)
+    seed_leases(4)
+    seed_locks(5)
+    report = maintenance.run_reaping_sweeps()
+    assert [r.sweep for r in report.results] == list(maintenance.REAPING_SWEEPS)
+    assert report.as_dict() == {
+        "runs": 1,
+        "queued": 2,
+        "dispatched": 3,
+        "leases": 4,
+        "leases_requeued": 4,
+        "leases_failed": 0,
+        "locks": 5,
+        "dry_run": False,
+        "complete": True,
+    }
+    assert report.total == 15
+    assert maintenance.run_reaping_sweeps().total == 0
+
+
+@pytest.mark.django_db
+def test_run_reaping_sweeps_can_narrow_to_some_sweeps() -> None:
+    seed_runs(1)
+    seed_locks(1)
+    report = maintenance.run_reaping_sweeps(sweeps=["locks"])
+    assert report.counts == {"locks": 1}
+    assert JobRun.objects.running().count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda: maintenance.run_reaping_sweeps(batch_size=0), InvalidJobState),
+        (lambda: maintenance.run_reaping_sweeps(limit=-1), InvalidJobState),
+        (lambda: maintenance.run_reaping_sweeps(time_budget=timedelta(0)), InvalidJobState),
+        (lambda: maintenance.run_reaping_sweeps(sweeps=["runs", "nope"]), InvalidJobState),
+        (lambda: maintenance.run_reaping_sweeps(sweeps="runs"), InvalidJobState),
+        (
+            lambda: maintenance.run_reaping_sweeps(stale_after=timedelta(seconds=1)),
+            InvalidRunnerConfiguration,
+        ),
+        (lambda: maintenance.run_retention_sweeps(older_than=timedelta(0)), InvalidJobState),
+        (lambda: maintenance.recover_expired_leases(attempt_limit=0), InvalidJobState),
+    ],
+)
+def test_bad_arguments_raise_before_anything_is_written(
+    call: Callable[[], Any], error: type[Exception]
+) -> None:
+    seed_runs(1)
+    seed_locks(1)
+    seed_leases(1)
+    seed_audit(1)
+    with pytest.raises(error):
+        call()
+    assert JobRun.objects.running().count() == 1
+    assert RuntimeLock.objects.count() == 1
+    assert Job.objects.filter(status=JobStatus.RUNNING).count() == 1
+    assert AuditEntry.objects.count() == 1
+
+
+# --- concurrent sweepers on PostgreSQL ------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", CASES)
+def test_two_sweepers_at_once_move_each_row_exactly_once(name: str) -> None:
+    case = CASES[name]
+    case.seed(300)
+    case.seed(3, fresh=True)
+    barrier = threading.Barrier(2)
+    results: list[SweepResult] = []
+    errors: list[BaseException] = []
+
+    def sweeper() -> None:
+        try:
+            barrier.wait(timeout=10)
+            results.append(case.sweep(batch_size=10))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=sweeper) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert sum(result.count for result in results) == 300
+    assert not case.left().exists()
+    assert case.untouched().count() == 3
+    if name in {"queued", "dispatched", "leases"}:
+        # One audit entry per moved job: no job was moved twice.
+        assert AuditEntry.objects.count() == 300
+        assert AuditEntry.objects.values("job_id").distinct().count() == 300
