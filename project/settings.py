@@ -9,6 +9,7 @@ the embedded SQLite demo (the default), the PostgreSQL test run and a deployment
 from datetime import timedelta
 from pathlib import Path
 
+import django
 import environ
 
 from jobstate.beat import JOBSTATE_BEAT_SCHEDULE
@@ -91,6 +92,14 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+
+# The demo's e-mail (the outbox's email channel) goes to the console. Django 6.1 reads
+# MAILERS; Django 5.2 reads EMAIL_BACKEND (and ignores MAILERS).
+_DEMO_MAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": {"BACKEND": _DEMO_MAIL_BACKEND}}
+else:
+    EMAIL_BACKEND = _DEMO_MAIL_BACKEND
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL")
 # jobstate's maintenance merged with the demo's own entry: an operations job through the
