@@ -26,39 +26,59 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["JOBSTATE_BEAT_SCHEDULE", "PRUNE_EVERY", "REAP_EVERY", "beat_schedule"]
+__all__ = [
+    "DELIVER_EVERY",
+    "JOBSTATE_BEAT_SCHEDULE",
+    "PRUNE_EVERY",
+    "REAP_EVERY",
+    "beat_schedule",
+]
 
 #: How often the reaping sweeps run by default (``manage.py reap_stale`` from cron).
 REAP_EVERY = timedelta(minutes=1)
 #: How often the retention sweeps run by default (``manage.py prune_jobstate``).
 PRUNE_EVERY = timedelta(hours=6)
+#: How often a relay pass runs by default (``manage.py deliver_notifications``). A
+#: notification waits up to this long after its commit; run
+#: ``deliver_notifications --loop`` instead when that is too long.
+DELIVER_EVERY = timedelta(seconds=10)
 
 
 def beat_schedule(
-    *, reap_every: timedelta = REAP_EVERY, prune_every: timedelta = PRUNE_EVERY
+    *,
+    reap_every: timedelta = REAP_EVERY,
+    prune_every: timedelta = PRUNE_EVERY,
+    deliver_every: timedelta | None = DELIVER_EVERY,
 ) -> dict[str, dict[str, Any]]:
-    """Beat entries for ``jobstate.reap_stale`` and ``jobstate.prune`` at the given
-    intervals.
+    """Beat entries for ``jobstate.reap_stale``, ``jobstate.prune`` and
+    ``jobstate.deliver_notifications`` at the given intervals; ``deliver_every=None``
+    leaves the relay out (for a host that runs ``deliver_notifications --loop``).
 
     Each message expires when its next one is due: when no worker is free for a while,
-    the backlog does not pile up, since one reap or prune does all the work there is.
+    the backlog does not pile up, since one reap, prune or relay pass does all the work
+    there is.
     """
-    for name, every in (("reap_every", reap_every), ("prune_every", prune_every)):
+    intervals = {"reap_every": reap_every, "prune_every": prune_every}
+    if deliver_every is not None:
+        intervals["deliver_every"] = deliver_every
+    for name, every in intervals.items():
         if not isinstance(every, timedelta) or every <= timedelta(0):
             raise ValueError(f"{name} must be a positive timedelta, got {every!r}.")
-    return {
-        "jobstate-reap-stale": {
-            "task": "jobstate.reap_stale",
-            "schedule": reap_every,
-            "options": {"expires": reap_every.total_seconds()},
-        },
-        "jobstate-prune": {
-            "task": "jobstate.prune",
-            "schedule": prune_every,
-            "options": {"expires": prune_every.total_seconds()},
-        },
+    schedule = {
+        "jobstate-reap-stale": _entry("jobstate.reap_stale", reap_every),
+        "jobstate-prune": _entry("jobstate.prune", prune_every),
     }
+    if deliver_every is not None:
+        schedule["jobstate-deliver-notifications"] = _entry(
+            "jobstate.deliver_notifications", deliver_every
+        )
+    return schedule
 
 
-#: The documented default: reap every minute, prune every six hours.
+def _entry(task: str, every: timedelta) -> dict[str, Any]:
+    return {"task": task, "schedule": every, "options": {"expires": every.total_seconds()}}
+
+
+#: The documented default: reap every minute, prune every six hours, relay every ten
+#: seconds.
 JOBSTATE_BEAT_SCHEDULE: dict[str, dict[str, Any]] = beat_schedule()

@@ -49,9 +49,11 @@ __all__ = [
     "SweepResult",
     "expire_stale_queued",
     "prune_audit",
+    "prune_delivered_notifications",
     "prune_finished_jobs",
     "prune_finished_runs",
     "reap_stale_runs",
+    "rearm_outbox_leases",
     "recover_expired_leases",
     "release_expired_locks",
     "requeue_stale_dispatched",
@@ -403,6 +405,57 @@ def release_expired_locks(
     )
 
 
+def rearm_outbox_leases(
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    batch_size: int | None = None,
+    time_budget: timedelta | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+    on_batch: SweepProgress | None = None,
+) -> SweepResult:
+    """``outbox``: hand back notifications a relay claimed and never settled (its lease
+    ended: the relay died or stalled). Each lost attempt is recorded the way a relay's
+    claim records it; a row with attempts left goes back to ``pending`` and is due at
+    once, a row whose lost attempt was its last (``OUTBOX_MAX_ATTEMPTS``) becomes dead
+    with a ``delivery_error`` audit entry. ``detail`` has ``rearmed`` and ``dead``.
+
+    Relays take such rows over by themselves when they claim; the sweep settles them
+    while no relay runs, so the outbox shows what is really in flight."""
+    store = DatabaseSweepStore(using)
+    candidates = store.expired_outbox_leases()
+    if dry_run:
+        cap = _positive_int(limit, field="limit", default=None)
+        last = jobstate_settings.OUTBOX_MAX_ATTEMPTS
+        if cap is None:
+            dead, count = candidates.filter(attempts__gte=last).count(), candidates.count()
+        else:
+            first = candidates.order_by("lease_until", "pk").values_list("attempts", flat=True)
+            attempts = list(first[:cap])
+            dead, count = sum(1 for n in attempts if n >= last), len(attempts)
+        detail = {"rearmed": count - dead, "dead": dead}
+        return SweepResult("outbox", count, dry_run=True, detail=detail)
+    outcome = {"rearmed": 0, "dead": 0}
+
+    def step(n: int) -> int:
+        batch = store.rearm_outbox_leases_batch(limit=n)
+        outcome["rearmed"] += batch.rearmed
+        outcome["dead"] += batch.dead
+        return batch.total
+
+    result = _run_batches(
+        "outbox",
+        step,
+        batch_size=batch_size,
+        time_budget=time_budget,
+        limit=limit,
+        on_batch=on_batch,
+    )
+    return SweepResult(
+        "outbox", result.count, result.batches, result.complete, detail=dict(outcome)
+    )
+
+
 # --- retention sweeps --------------------------------------------------------------------
 
 
@@ -485,6 +538,37 @@ def prune_finished_runs(
     )
 
 
+def prune_delivered_notifications(
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    older_than: timedelta | None = None,
+    batch_size: int | None = None,
+    time_budget: timedelta | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+    on_batch: SweepProgress | None = None,
+) -> SweepResult:
+    """``notifications``: delete notifications delivered more than ``older_than`` ago
+    (default ``DELIVERED_NOTIFICATION_RETENTION``), with their delivery attempts.
+
+    Dead letters are never deleted here, whatever their age: they wait for an operator
+    to replay them (``requeue_delivery_job_once``) or to delete them by hand. Pending
+    and delivering rows stay too, and so do replay markers, so a dead-letter key can
+    never replay twice even after its notification is gone."""
+    store = DatabaseSweepStore(using)
+    age = _retention(older_than, jobstate_settings.DELIVERED_NOTIFICATION_RETENTION)
+    if dry_run:
+        return _dry_run("notifications", store.old_delivered_notifications(older_than=age), limit)
+    return _run_batches(
+        "notifications",
+        lambda n: store.prune_delivered_notifications_batch(older_than=age, limit=n),
+        batch_size=batch_size,
+        time_budget=time_budget,
+        limit=limit,
+        on_batch=on_batch,
+    )
+
+
 # --- registries and runners --------------------------------------------------------------
 
 #: The reaping sweeps, in the order :func:`run_reaping_sweeps` runs them. The queue TTL
@@ -495,6 +579,7 @@ REAPING_SWEEPS: dict[str, ReapingSweep] = {
     "queued": expire_stale_queued,
     "dispatched": requeue_stale_dispatched,
     "leases": recover_expired_leases,
+    "outbox": rearm_outbox_leases,
     "locks": release_expired_locks,
 }
 
@@ -503,6 +588,7 @@ RETENTION_SWEEPS: dict[str, RetentionSweep] = {
     "audit": prune_audit,
     "jobs": prune_finished_jobs,
     "runs": prune_finished_runs,
+    "notifications": prune_delivered_notifications,
 }
 
 
@@ -581,7 +667,8 @@ def run_retention_sweeps(
     """Run every retention sweep (or those named in ``sweeps``) on database ``using``.
 
     ``older_than`` replaces every sweep's retention setting (``AUDIT_RETENTION``,
-    ``FINISHED_JOB_RETENTION``, ``FINISHED_RUN_RETENTION``, ...) when given. Arguments
+    ``FINISHED_JOB_RETENTION``, ``FINISHED_RUN_RETENTION``,
+    ``DELIVERED_NOTIFICATION_RETENTION``) when given. Arguments
     are checked before any sweep runs.
     """
     names = _selected(RETENTION_SWEEPS, sweeps)

@@ -3,7 +3,8 @@
 Each task is a thin call of the function the management commands use, and returns a
 JSON-ready dict of what it did. Schedule them with :data:`jobstate.beat.JOBSTATE_BEAT_SCHEDULE`.
 The task names (``jobstate.reap_stale``, ``jobstate.prune``,
-``jobstate.run_operations_job``) are stable, so beat entries can name them as strings.
+``jobstate.deliver_notifications``, ``jobstate.run_operations_job``) are stable, so beat
+entries can name them as strings.
 
 Needs Celery (``pip install "django-jobstate[celery]"``); the host's Celery app finds
 this module with ``app.autodiscover_tasks()``.
@@ -11,17 +12,24 @@ this module with ``app.autodiscover_tasks()``.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from celery import shared_task
 from django.db import DEFAULT_DB_ALIAS
 
 from jobstate.maintenance import run_reaping_sweeps, run_retention_sweeps
+from jobstate.relay import deliver_notifications
 from jobstate.runner import JobRunner
-from jobstate.stores import get_run_store
+from jobstate.stores import get_run_store, get_state_store
 from jobstate.stores.base import Trigger
 
-__all__ = ["prune_task", "reap_stale_task", "run_operations_job_task"]
+__all__ = [
+    "deliver_notifications_task",
+    "prune_task",
+    "reap_stale_task",
+    "run_operations_job_task",
+]
 
 
 @shared_task(name="jobstate.reap_stale")
@@ -35,6 +43,19 @@ def prune_task(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """Run every retention sweep with the retention settings (``manage.py
     prune_jobstate``); returns every count."""
     return run_retention_sweeps(using=using).as_dict()
+
+
+@shared_task(name="jobstate.deliver_notifications")
+def deliver_notifications_task(
+    using: str = DEFAULT_DB_ALIAS, limit: int | None = None
+) -> dict[str, Any]:
+    """One relay pass (``manage.py deliver_notifications``): claim up to ``limit`` due
+    notifications (default ``OUTBOX_BATCH_SIZE``), send and settle each; returns the
+    :class:`~jobstate.relay.DeliveryReport` as a dict. A receiver's failure is recorded on
+    the notification (retry or dead letter), never raised, so Celery does not retry the
+    pass; a database error raises."""
+    report = deliver_notifications(store=get_state_store(using=using), limit=limit)
+    return asdict(report)
 
 
 @shared_task(name="jobstate.run_operations_job")

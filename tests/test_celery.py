@@ -1,6 +1,7 @@
-"""Celery: the tasks call the same sweeps as the commands, the beat schedule is a plain
-dict a host merges, operations jobs run through the runner's overlap guard, and a real
-worker and beat against Redis reap and prune on schedule."""
+"""Celery: the tasks call the same sweeps and relay as the commands, the beat schedule is
+a plain dict a host merges, operations jobs run through the runner's overlap guard, and
+a real worker and beat against Redis reap, prune and deliver notifications on
+schedule."""
 
 from __future__ import annotations
 
@@ -23,9 +24,16 @@ from django.db import connections
 from django.db.models.functions import Now
 
 from jobstate.beat import JOBSTATE_BEAT_SCHEDULE, beat_schedule
-from jobstate.models import AuditEntry, Job, JobRun
-from jobstate.stores.base import JobRunStatus, JobStatus
-from jobstate.tasks import prune_task, reap_stale_task, run_operations_job_task
+from jobstate.models import AuditEntry, DeliveryAttempt, Job, JobRun, Notification
+from jobstate.stores.base import JobRunStatus, JobStatus, NotificationRequest, NotificationState
+from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.tasks import (
+    deliver_notifications_task,
+    prune_task,
+    reap_stale_task,
+    run_operations_job_task,
+)
+from project.demo.notifications import ACCEPTS
 from tests.test_commands_ops import child_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,6 +57,18 @@ def stale_runs(count: int) -> list[Any]:
     return [run.id for run in runs]
 
 
+def finished_with_notification(request_id: str) -> Notification:
+    """A finished job whose completion wrote one notification to the demo's healthy
+    receiver."""
+    store = DatabaseStateStore()
+    store.create_job(request_id=request_id, target="celery")
+    job = store.claim_next_inhub_job(["celery"], "worker-1")
+    assert job is not None
+    notes = [NotificationRequest("callable", ACCEPTS, {"job": request_id})]
+    assert store.complete_job_with_notifications(job, {"status": JobStatus.DONE}, notes)
+    return Notification.objects.get(job_id=job.id)
+
+
 def old_audit(count: int) -> None:
     AuditEntry.objects.bulk_create(
         AuditEntry(event="received", ts=datetime.now(UTC) - timedelta(days=90))
@@ -67,6 +87,12 @@ def test_the_beat_schedule_names_the_registered_tasks_and_merges_as_a_dict() -> 
         assert entry["task"] in app.tasks
     assert JOBSTATE_BEAT_SCHEDULE["jobstate-reap-stale"]["schedule"] == timedelta(minutes=1)
     assert JOBSTATE_BEAT_SCHEDULE["jobstate-prune"]["schedule"] == timedelta(hours=6)
+    relay = JOBSTATE_BEAT_SCHEDULE["jobstate-deliver-notifications"]
+    assert (relay["task"], relay["schedule"]) == (
+        "jobstate.deliver_notifications",
+        timedelta(seconds=10),
+    )
+    assert "jobstate-deliver-notifications" not in beat_schedule(deliver_every=None)
     assert settings.CELERY_BEAT_SCHEDULE.keys() >= JOBSTATE_BEAT_SCHEDULE.keys()
     fast = beat_schedule(reap_every=timedelta(seconds=10))
     assert fast["jobstate-reap-stale"]["options"] == {"expires": 10.0}
@@ -82,6 +108,16 @@ def test_the_sweep_tasks_return_every_count() -> None:
     assert prune_task.apply().get()["audit"] == 3
     assert not JobRun.objects.running().exists()
     assert not AuditEntry.objects.exists()
+
+
+def test_the_relay_task_delivers_due_notifications_and_returns_its_report() -> None:
+    row = finished_with_notification("celery-relay")
+    report = deliver_notifications_task.apply(kwargs={"limit": 5}).get()
+    assert (report["claimed"], report["delivered"], report["dead"]) == (1, 1, 0)
+    row.refresh_from_db()
+    assert row.state == NotificationState.DELIVERED
+    assert DeliveryAttempt.objects.get(notification=row).relay_id == report["relay_id"]
+    assert deliver_notifications_task.apply().get()["claimed"] == 0
 
 
 def test_an_operations_job_task_records_a_celery_run() -> None:
@@ -178,7 +214,9 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_a_real_worker_and_beat_reap_and_prune_on_schedule(broker: str, tmp_path: Path) -> None:
+def test_a_real_worker_and_beat_reap_prune_and_deliver_on_schedule(
+    broker: str, tmp_path: Path
+) -> None:
     stale = stale_runs(3)
     old_audit(4)
     lost = Job.objects.create(
@@ -191,6 +229,7 @@ def test_a_real_worker_and_beat_reap_and_prune_on_schedule(broker: str, tmp_path
     )
     finished = Job.objects.create(request_id="old", target="t", status=JobStatus.DONE)
     Job.objects.filter(id=finished.id).update(updated_at=Now() - timedelta(days=30))
+    note = finished_with_notification("notify-on-schedule")
     logs = [tmp_path / "worker.log", tmp_path / "beat.log"]
     worker = celery(
         "worker",
@@ -214,6 +253,13 @@ def test_a_real_worker_and_beat_reap_and_prune_on_schedule(broker: str, tmp_path
         wait_for(
             lambda: not AuditEntry.objects.filter(ts__lt=Now() - timedelta(days=60)).exists(),
             "the old audit entries were pruned",
+            logs,
+        )
+        wait_for(
+            lambda: Notification.objects.filter(
+                id=note.id, state=NotificationState.DELIVERED
+            ).exists(),
+            "the scheduled relay delivered the notification",
             logs,
         )
         wait_for(

@@ -167,6 +167,9 @@ def test_reap_stale_json_prints_every_count_even_zero() -> None:
         "leases": 0,
         "leases_requeued": 0,
         "leases_failed": 0,
+        "outbox": 0,
+        "outbox_rearmed": 0,
+        "outbox_dead": 0,
         "locks": 0,
         "dry_run": False,
         "complete": True,
@@ -191,7 +194,7 @@ def test_reap_stale_dry_run_counts_every_sweep_and_writes_nothing() -> None:
 
 def test_reap_stale_verbosity_two_lists_every_sweep() -> None:
     out, _ = run("reap_stale", verbosity=2)
-    assert len(out.splitlines()) == 5
+    assert len(out.splitlines()) == 6
     assert out.splitlines()[0] == "Reaped 0 stale job runs (RUNNING -> TIMED_OUT)."
 
 
@@ -236,12 +239,20 @@ def test_prune_jobstate_older_than_batch_size_dry_run_and_json() -> None:
         "audit": 2,
         "jobs": 1,
         "runs": 1,
+        "notifications": 0,
         "dry_run": True,
         "complete": True,
     }
     assert AuditEntry.objects.count() == 3
     out, _ = run("prune_jobstate", "--older-than", "50", "--batch-size", "1", "--json")
-    assert json.loads(out) == {"audit": 1, "jobs": 0, "runs": 0, "dry_run": False, "complete": True}
+    assert json.loads(out) == {
+        "audit": 1,
+        "jobs": 0,
+        "runs": 0,
+        "notifications": 0,
+        "dry_run": False,
+        "complete": True,
+    }
     out, _ = run("prune_jobstate", "--older-than", "2", "--database", "default")
     assert out.splitlines() == [
         "Deleted 1 audit entry.",

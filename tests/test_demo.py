@@ -1,10 +1,17 @@
-"""The demo command leaves an admin user and runs in every state, listed by the admin."""
+"""The demo command leaves an admin user, runs in every state and jobs in every status,
+listed by the admin; the live traffic then delivers, retries and dead-letters their
+notifications."""
+
+from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 
-from jobstate.models import JobRun, JobRunStatus
+from jobstate.models import AuditEntry, DeliveryAttempt, Job, JobRun, JobRunStatus, Notification
+from jobstate.stores.base import JobStatus, NotificationState
+from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,7 +34,68 @@ def test_demo_setup_records_runs_in_every_state_and_the_admin_lists_them(capsys)
     assert "Timed out" in html and "Skipped" in html
 
 
+def test_demo_setup_leaves_jobs_in_every_status_with_notifications(capsys):
+    call_command("demo_setup")
+    out = capsys.readouterr().out
+
+    assert set(Job.objects.values_list("status", flat=True)) == set(JobStatus.values)
+    delayed = Job.objects.filter(status=JobStatus.QUEUED, run_after__gt=timezone.now())
+    assert delayed.count() == 1
+    for status in (JobStatus.RUNNING, JobStatus.DISPATCHED):
+        job = Job.objects.get(status=status)
+        assert job.claim_token is not None and job.lease_until > timezone.now()
+    assert "Jobs by status: queued 2, running 1, dispatched 1, done 1" in out
+    states = dict(Notification.objects.values_list("destination", "state"))
+    assert states == {
+        ACCEPTS: NotificationState.DELIVERED,
+        BUSY_ONCE: NotificationState.PENDING,  # refused once, waiting for its retry
+        ALWAYS_FAILS: NotificationState.PENDING,  # written after the relay pass
+    }
+    # Two jobs notify the healthy receiver: one row each, both delivered.
+    assert Notification.objects.filter(destination=ACCEPTS).count() == 2
+    assert Notification.objects.get(destination=BUSY_ONCE).attempts == 1
+
+
+def test_demo_traffic_delivers_retries_and_dead_letters_notifications():
+    call_command("demo_setup", stdout=StringIO())
+    out = StringIO()
+    call_command(
+        "demo_traffic",
+        "--iterations",
+        "15",
+        "--tick",
+        "0.05",
+        "--outbox-backoff",
+        "0.05",
+        "--seed",
+        "5",
+        stdout=out,
+    )
+
+    states = set(Notification.objects.values_list("state", flat=True))
+    assert {NotificationState.PENDING, NotificationState.DELIVERED, NotificationState.DEAD} <= (
+        states
+    )
+    [dead] = Notification.objects.filter(
+        destination=ALWAYS_FAILS, job__request_id__contains="setup"
+    )
+    assert (dead.state, dead.attempts) == (NotificationState.DEAD, 3)  # --outbox-attempts 3
+    assert dead.last_error == "the demo pager is unreachable (it always is)"
+    assert DeliveryAttempt.objects.filter(notification=dead, succeeded=False).count() == 3
+    assert AuditEntry.objects.filter(event="delivery_error", job_id=dead.job_id).exists()
+    # Its retry is not due yet: the busy receiver's notification still waits.
+    busy = Notification.objects.get(destination=BUSY_ONCE, job__request_id__contains="setup")
+    assert (busy.state, busy.attempts) == (NotificationState.PENDING, 1)
+    # The traffic's own completions notified the receivers in the same transaction.
+    finished = Job.objects.filter(
+        source="demo", request_id__startswith="demo-", notifications__isnull=False
+    )
+    assert finished.exclude(request_id__startswith="demo-setup-").exists()
+    assert "notifications: pending" in out.getvalue()
+
+
 def test_demo_setup_can_run_twice(capsys):
     call_command("demo_setup")
     call_command("demo_setup")
     assert "Demo ready" in capsys.readouterr().out
+    assert Notification.objects.filter(destination=ALWAYS_FAILS).count() == 2

@@ -419,11 +419,18 @@ def test_retention_sweeps_use_their_settings_or_one_override(settings: Any) -> N
         "FINISHED_RUN_RETENTION": timedelta(days=90),
     }
     report = maintenance.run_retention_sweeps()
-    assert report.counts == {"audit": 0, "jobs": 0, "runs": 0}
+    assert report.counts == {"audit": 0, "jobs": 0, "runs": 0, "notifications": 0}
     report = maintenance.run_retention_sweeps(older_than=timedelta(days=45), dry_run=True)
-    assert report.as_dict() == {"audit": 2, "jobs": 0, "runs": 2, "dry_run": True, "complete": True}
+    assert report.as_dict() == {
+        "audit": 2,
+        "jobs": 0,
+        "runs": 2,
+        "notifications": 0,
+        "dry_run": True,
+        "complete": True,
+    }
     report = maintenance.run_retention_sweeps(timedelta(days=20), 1)
-    assert report.counts == {"audit": 2, "jobs": 2, "runs": 2}
+    assert report.counts == {"audit": 2, "jobs": 2, "runs": 2, "notifications": 0}
     assert report["audit"].batches == 3
     assert not AuditEntry.objects.exists() and not JobRun.objects.exists()
 
@@ -447,6 +454,9 @@ def test_run_reaping_sweeps_reports_every_count_in_order() -> None:
         "leases": 4,
         "leases_requeued": 4,
         "leases_failed": 0,
+        "outbox": 0,
+        "outbox_rearmed": 0,
+        "outbox_dead": 0,
         "locks": 5,
         "dry_run": False,
         "complete": True,

@@ -16,6 +16,7 @@ import hashlib
 import random
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -64,6 +65,7 @@ __all__ = [
     "LEASE_EXPIRED_ERROR",
     "DatabaseNotificationOutbox",
     "DatabaseOutboxMixin",
+    "OutboxLeaseRecovery",
     "backoff_delay",
     "default_idempotency_key",
     "validate_notification_requests",
@@ -75,6 +77,9 @@ DELIVERY_REPLAY_PKEY = "jobstate_deliveryreplay_pkey"
 
 #: Error recorded for an attempt whose relay never settled it before its lease ended.
 LEASE_EXPIRED_ERROR = "the relay holding this attempt stopped before settling it (lease expired)"
+
+#: What recording a lost attempt needs of its row.
+_LOST_ATTEMPT_FIELDS = ("id", "attempts", "relay_id", "updated_at", "lease_until", "job_id")
 
 _COMPLETION_FIELDS = JOB_PATCH_FIELDS - set(JOB_CLAIM_FIELDS)
 _CLEARED_CLAIM = dict.fromkeys(JOB_CLAIM_FIELDS)
@@ -189,12 +194,16 @@ def _check_text(value: Any, *, field: str, limit: int) -> None:
         raise InvalidNotification(f"{field} must be at most {limit} characters, without NUL.")
 
 
+def _lease_ended() -> Q:
+    """Delivering rows whose relay's lease ended on the database clock (it died or
+    stalled before settling them)."""
+    return Q(state=NotificationState.DELIVERING, lease_until__lt=Now())
+
+
 def _due() -> Q:
     """Rows a relay may claim on the database clock: pending ones whose time has come,
-    and delivering ones whose relay's lease ended (it died or stalled)."""
-    return Q(state=NotificationState.PENDING, next_attempt_at__lte=Now()) | Q(
-        state=NotificationState.DELIVERING, lease_until__lt=Now()
-    )
+    and delivering ones whose relay's lease ended."""
+    return Q(state=NotificationState.PENDING, next_attempt_at__lte=Now()) | _lease_ended()
 
 
 def _clean_error(error: Any) -> str:
@@ -202,6 +211,20 @@ def _clean_error(error: Any) -> str:
         raise InvalidJobState(f"error must be a string, got {type(error).__name__}.")
     # PostgreSQL text cannot hold NUL; the text is a diagnostic, so it is cleaned, not refused.
     return error.replace("\x00", "\ufffd")[: jobstate_settings.ERROR_TEXT_LIMIT]
+
+
+@dataclass(frozen=True)
+class OutboxLeaseRecovery:
+    """What one :meth:`DatabaseNotificationOutbox.rearm_expired_leases` call did."""
+
+    rearmed: int = 0
+    """Back to ``pending`` (attempts left), due at once."""
+    dead: int = 0
+    """Dead-lettered: the lost attempt was the row's last."""
+
+    @property
+    def total(self) -> int:
+        return self.rearmed + self.dead
 
 
 class DatabaseNotificationOutbox(NotificationOutbox):
@@ -247,45 +270,16 @@ class DatabaseNotificationOutbox(NotificationOutbox):
             field="lease",
             allow_zero=False,
         )
-        max_attempts = jobstate_settings.OUTBOX_MAX_ATTEMPTS
         rows = self._rows()
         with transaction.atomic(using=self.using):
             candidates = rows.filter(_due()).order_by("next_attempt_at", "id")
             if self._is_postgresql():
                 candidates = candidates.select_for_update(skip_locked=True)
-            picked = list(
-                candidates.values(
-                    "id", "state", "attempts", "relay_id", "updated_at", "lease_until", "job_id"
-                )[:count]
+            picked = list(candidates.values("state", *_LOST_ATTEMPT_FIELDS)[:count])
+            exhausted = self._settle_lost_attempts(
+                [row for row in picked if row["state"] == NotificationState.DELIVERING]
             )
-            lost = [row for row in picked if row["state"] == NotificationState.DELIVERING]
-            exhausted = {row["id"] for row in lost if row["attempts"] >= max_attempts}
             claim_ids = [row["id"] for row in picked if row["id"] not in exhausted]
-            if lost:
-                # The lost attempt began when its relay claimed the row (the claim is the
-                # row's last write) and ended with the lease.
-                DeliveryAttempt.objects.using(self.using).bulk_create(
-                    DeliveryAttempt(
-                        notification_id=row["id"],
-                        number=row["attempts"],
-                        relay_id=row["relay_id"] or "",
-                        started_at=row["updated_at"],
-                        finished_at=row["lease_until"] or row["updated_at"],
-                        succeeded=False,
-                        error=LEASE_EXPIRED_ERROR,
-                    )
-                    for row in lost
-                )
-                rows.filter(id__in=[row["id"] for row in lost]).update(
-                    last_error=LEASE_EXPIRED_ERROR
-                )
-            if exhausted:
-                rows.filter(id__in=exhausted).update(
-                    state=NotificationState.DEAD, lease_until=None, updated_at=Now()
-                )
-                for row in lost:
-                    if row["id"] in exhausted:
-                        self._audit_dead(row["id"], row["job_id"], row["attempts"])
             if not claim_ids:
                 return []
             rows.filter(_due(), id__in=claim_ids).update(
@@ -358,6 +352,42 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         dead = self._rows().filter(state=NotificationState.DEAD)
         return list(dead.order_by("-updated_at", "-id")[:count])
 
+    # --- lost leases (also a maintenance sweep) ---------------------------------------
+
+    def expired_leases(self) -> QuerySet[Notification]:
+        """Delivering rows whose relay's lease ended on the database clock: the relay
+        died or stalled before settling them."""
+        return self._rows().filter(_lease_ended())
+
+    def rearm_expired_leases(self, *, limit: int) -> OutboxLeaseRecovery:
+        """Hand back up to ``limit`` rows whose relay's lease ended, oldest lease first,
+        in one transaction.
+
+        Each row's lost attempt is recorded exactly as :meth:`claim_due` records it when
+        it takes such a row over (a ``DeliveryAttempt`` with :data:`LEASE_EXPIRED_ERROR`,
+        and ``last_error``). A row whose lost attempt was its last
+        (``OUTBOX_MAX_ATTEMPTS``) becomes dead, with a ``delivery_error`` audit entry;
+        any other row goes back to ``pending`` keeping its attempt count and its due
+        time, so the next relay pass sends it at once. Either way the relay that lost
+        the row can no longer settle it. Rows another sweeper or relay holds are passed
+        over (``SKIP LOCKED`` on PostgreSQL; SQLite's ``IMMEDIATE`` transactions
+        serialise), so concurrent callers move and count each row once.
+        """
+        count = parse_limit(limit, default=jobstate_settings.OUTBOX_BATCH_SIZE)
+        rows = self._rows()
+        with transaction.atomic(using=self.using):
+            candidates = self.expired_leases().order_by("lease_until", "id")
+            if self._is_postgresql():
+                candidates = candidates.select_for_update(skip_locked=True)
+            lost = list(candidates.values(*_LOST_ATTEMPT_FIELDS)[:count])
+            if not lost:
+                return OutboxLeaseRecovery()
+            dead = self._settle_lost_attempts(lost)
+            rearmed = rows.filter(
+                _lease_ended(), id__in=[row["id"] for row in lost if row["id"] not in dead]
+            ).update(state=NotificationState.PENDING, lease_until=None, updated_at=Now())
+        return OutboxLeaseRecovery(rearmed=rearmed, dead=len(dead))
+
     # --- internals -------------------------------------------------------------------
 
     def _rows(self) -> QuerySet[Notification]:
@@ -368,6 +398,40 @@ class DatabaseNotificationOutbox(NotificationOutbox):
 
     def _is_postgresql(self) -> bool:
         return connections[self.using].vendor == "postgresql"
+
+    def _settle_lost_attempts(self, lost: list[dict[str, Any]]) -> set[uuid.UUID]:
+        """Record the attempts of ``lost`` (rows picked, and locked, in the caller's
+        transaction while delivering with an ended lease; values of
+        :data:`_LOST_ATTEMPT_FIELDS`) as failed, and dead-letter those whose lost
+        attempt was their last. Returns the ids of the rows made dead; the others stay
+        delivering for the caller to claim or re-arm."""
+        if not lost:
+            return set()
+        rows = self._rows()
+        # The lost attempt began when its relay claimed the row (the claim is the row's
+        # last write) and ended with the lease.
+        DeliveryAttempt.objects.using(self.using).bulk_create(
+            DeliveryAttempt(
+                notification_id=row["id"],
+                number=row["attempts"],
+                relay_id=row["relay_id"] or "",
+                started_at=row["updated_at"],
+                finished_at=row["lease_until"] or row["updated_at"],
+                succeeded=False,
+                error=LEASE_EXPIRED_ERROR,
+            )
+            for row in lost
+        )
+        rows.filter(id__in=[row["id"] for row in lost]).update(last_error=LEASE_EXPIRED_ERROR)
+        max_attempts = jobstate_settings.OUTBOX_MAX_ATTEMPTS
+        exhausted = [row for row in lost if row["attempts"] >= max_attempts]
+        if exhausted:
+            rows.filter(id__in=[row["id"] for row in exhausted]).update(
+                state=NotificationState.DEAD, lease_until=None, updated_at=Now()
+            )
+            for row in exhausted:
+                self._audit_dead(row["id"], row["job_id"], row["attempts"])
+        return {row["id"] for row in exhausted}
 
     def _record_attempt(
         self,

@@ -26,12 +26,14 @@ from django.db import models, transaction
 from django.db.models.functions import Now
 
 from jobstate.audit import AuditSeverity, complete_audit_fields
-from jobstate.models import AuditEntry, Job, JobQuerySet, JobRun, RuntimeLock
+from jobstate.models import AuditEntry, Job, JobQuerySet, JobRun, Notification, RuntimeLock
 from jobstate.stores.base import (
     EXPIRED_QUEUED_ERROR,
     TERMINAL_RUN_STATUSES,
     JobStatus,
+    NotificationState,
 )
+from jobstate.stores.database_outbox import DatabaseNotificationOutbox, OutboxLeaseRecovery
 from jobstate.stores.database_state import DatabaseStateStore
 from jobstate.stores.validation import JOB_CLAIM_FIELDS, validate_duration
 
@@ -77,12 +79,14 @@ class DatabaseSweepStore:
     ``state`` is the state store whose refire transition (``requeue_job``) and
     conditional update the lease recovery uses; it must write to the same database
     (default: ``DatabaseStateStore(using)``), because the recovery runs it inside its
-    own transaction, under the row lock it took on the job.
+    own transaction, under the row lock it took on the job. ``outbox`` is the
+    notification outbox on the same database; its lease re-arm is the outbox sweep.
     """
 
     def __init__(self, using: str = "default", *, state: DatabaseStateStore | None = None) -> None:
         self.using = using
         self.state = DatabaseStateStore(using=using) if state is None else state
+        self.outbox = DatabaseNotificationOutbox(using, store=self.state)
 
     # --- candidates (also what a dry run counts) --------------------------------------
 
@@ -116,6 +120,21 @@ class DatabaseSweepStore:
         """Done, error and rejected jobs last written more than ``older_than`` ago."""
         age = validate_duration(older_than, field="older_than", allow_zero=False)
         return self._jobs().terminal().not_written_for(age)
+
+    def expired_outbox_leases(self) -> models.QuerySet[Notification]:
+        """Notifications left delivering by a relay whose lease ended."""
+        return self.outbox.expired_leases()
+
+    def old_delivered_notifications(
+        self, *, older_than: timedelta
+    ) -> models.QuerySet[Notification]:
+        """Delivered notifications settled more than ``older_than`` ago. A delivered
+        row is last written when it is delivered, so ``updated_at`` is its delivery
+        time, and the ``(state, updated_at)`` index serves the cut-off."""
+        age = validate_duration(older_than, field="older_than", allow_zero=False)
+        return Notification.objects.using(self.using).filter(
+            state=NotificationState.DELIVERED, updated_at__lt=Now() - age
+        )
 
     def old_finished_runs(self, *, older_than: timedelta) -> models.QuerySet[JobRun]:
         """Settled and skipped runs that finished more than ``older_than`` ago."""
@@ -260,6 +279,12 @@ class DatabaseSweepStore:
         renewed or taken over meanwhile is kept. Returns the locks deleted."""
         return self._delete_batch(self.expired_locks(), "expires_at", limit)
 
+    def rearm_outbox_leases_batch(self, *, limit: int) -> OutboxLeaseRecovery:
+        """Hand back up to ``limit`` notifications whose relay lease ended: pending
+        again, or dead when the lost attempt was the last; see
+        :meth:`~jobstate.stores.database_outbox.DatabaseNotificationOutbox.rearm_expired_leases`."""
+        return self.outbox.rearm_expired_leases(limit=limit)
+
     # --- retention --------------------------------------------------------------------
 
     def prune_audit_batch(self, *, older_than: timedelta, limit: int) -> int:
@@ -280,6 +305,14 @@ class DatabaseSweepStore:
         RUNNING runs are never deleted."""
         return self._delete_batch(
             self.old_finished_runs(older_than=older_than), "finished_at", limit
+        )
+
+    def prune_delivered_notifications_batch(self, *, older_than: timedelta, limit: int) -> int:
+        """Delete up to ``limit`` notifications delivered more than ``older_than`` ago,
+        with their ``DeliveryAttempt`` history (by cascade). Pending, delivering and
+        dead rows are never deleted, nor are replay markers."""
+        return self._delete_batch(
+            self.old_delivered_notifications(older_than=older_than), "updated_at", limit
         )
 
     # --- internals --------------------------------------------------------------------

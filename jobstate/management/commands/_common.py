@@ -1,13 +1,17 @@
-"""Option types, exit codes and the terminal progress line shared by the maintenance
-commands. (A leading underscore keeps Django from listing this module as a command.)"""
+"""Option types, exit codes, error mapping and the terminal progress line shared by
+jobstate's operations commands. (A leading underscore keeps Django from listing this
+module as a command.)"""
 
 from __future__ import annotations
 
 import argparse
 from datetime import timedelta
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, OutputWrapper
-from django.db import connections
+from django.db import DatabaseError, connections
+
+from jobstate.exceptions import ImproperlyConfiguredStore
 
 #: Exit status of a maintenance command when the store or database failed.
 EXIT_FAILED = 1
@@ -58,6 +62,16 @@ def known_database(alias: str) -> str:
     return alias
 
 
+def command_error(exc: Exception) -> CommandError:
+    """The ``CommandError`` (and exit status) for an error a sweep, the relay or a store
+    raised: 2 for invalid options or settings, 1 for a database or store failure."""
+    if isinstance(exc, ValueError | ImproperlyConfigured | ImproperlyConfiguredStore):
+        return CommandError(str(exc), returncode=EXIT_USAGE)
+    if isinstance(exc, DatabaseError):
+        return CommandError(f"the database failed: {exc}", returncode=EXIT_FAILED)
+    return CommandError(str(exc), returncode=EXIT_FAILED)
+
+
 def _plain(text: str) -> str:
     # Commands style stderr as errors on a terminal; progress is not an error.
     return text
@@ -77,11 +91,13 @@ class ProgressLine:
         self.shown = False
 
     def __call__(self, sweep: str, count: int) -> None:
+        self.show(f"{sweep}: {count} rows so far")
+
+    def show(self, text: str) -> None:
+        """Replace the line with ``<action> <text>`` (on a terminal only)."""
         if not self.enabled:
             return
-        self.stream.write(
-            f"\r\033[K{self.action} {sweep}: {count} rows so far", style_func=_plain, ending=""
-        )
+        self.stream.write(f"\r\033[K{self.action} {text}", style_func=_plain, ending="")
         self.stream.flush()
         self.shown = True
 

@@ -1,11 +1,13 @@
 """``manage.py prune_jobstate``: delete history past its retention (every retention sweep).
 
 Runs :func:`jobstate.maintenance.run_retention_sweeps`: audit entries older than
-``AUDIT_RETENTION``, finished jobs older than ``FINISHED_JOB_RETENTION`` and finished
-job runs older than ``FINISHED_RUN_RETENTION`` (``--older-than DAYS`` replaces all of
-them). Deletes in batches, each its own short transaction, so it can run next to live
-traffic and on several machines at once. Prints nothing when nothing was old enough;
-shows a progress line while it works when stderr is a terminal.
+``AUDIT_RETENTION``, finished jobs older than ``FINISHED_JOB_RETENTION``, finished job
+runs older than ``FINISHED_RUN_RETENTION`` and delivered notifications older than
+``DELIVERED_NOTIFICATION_RETENTION`` (``--older-than DAYS`` replaces all of them). Dead
+letters are never deleted: they wait for an operator. Deletes in batches, each its own
+short transaction, so it can run next to live traffic and on several machines at once.
+Prints nothing when nothing was old enough; shows a progress line while it works when
+stderr is a terminal.
 
 Exit status: 0 done (also when a sweep stopped at its time budget and left the rest for
 the next run), 1 the database or store failed, 2 invalid options or settings.
@@ -25,17 +27,18 @@ from jobstate.maintenance import SweepResult, run_retention_sweeps
 
 from ._common import (
     ProgressLine,
+    command_error,
     known_database,
     positive_days,
     positive_int,
     positive_seconds,
 )
-from .reap_stale import command_error
 
 _NOUNS: dict[str, tuple[str, str]] = {
     "audit": ("audit entry", "audit entries"),
     "jobs": ("finished job", "finished jobs"),
     "runs": ("finished job run", "finished job runs"),
+    "notifications": ("delivered notification", "delivered notifications"),
 }
 
 
@@ -49,9 +52,10 @@ def describe(result: SweepResult) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Delete audit entries, finished jobs and finished job runs past their retention "
-        "(JOBSTATE['AUDIT_RETENTION'], ['FINISHED_JOB_RETENTION'], "
-        "['FINISHED_RUN_RETENTION']), in batches. Quiet when nothing was old enough. "
+        "Delete audit entries, finished jobs, finished job runs and delivered notifications "
+        "past their retention (JOBSTATE['AUDIT_RETENTION'], ['FINISHED_JOB_RETENTION'], "
+        "['FINISHED_RUN_RETENTION'], ['DELIVERED_NOTIFICATION_RETENTION']), in batches; "
+        "dead letters are never deleted. Quiet when nothing was old enough. "
         "Exit status: 0 done, 1 database or store failure, 2 invalid options or settings."
     )
 

@@ -3,7 +3,8 @@
 Runs :func:`jobstate.maintenance.run_reaping_sweeps`: stale operations-job runs ->
 TIMED_OUT, queued jobs past their time to live -> error, dispatched jobs of silent
 executors -> queued, running jobs whose worker lease expired -> queued (or error on the
-last attempt), expired runtime locks deleted. Safe to run from cron every minute on
+last attempt), notifications whose relay lease ended -> pending (or dead on the last
+attempt), expired runtime locks deleted. Safe to run from cron every minute on
 several machines at once: each row is moved by exactly one of them and counted once.
 Prints nothing when nothing was done.
 
@@ -18,16 +19,15 @@ import json
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
-from jobstate.exceptions import ImproperlyConfiguredStore, JobStateError
+from jobstate.exceptions import JobStateError
 from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
 
 from ._common import (
-    EXIT_FAILED,
-    EXIT_USAGE,
     ProgressLine,
+    command_error,
     known_database,
     positive_int,
     positive_seconds,
@@ -56,6 +56,13 @@ _WORDING: dict[str, tuple[str, str, str, str, str]] = {
         "Recovered",
         "Would recover",
         "running -> queued, or error on the last attempt",
+    ),
+    "outbox": (
+        "notification whose relay lease ended",
+        "notifications whose relay lease ended",
+        "Recovered",
+        "Would recover",
+        "delivering -> pending, or dead after the last attempt",
     ),
     "locks": (
         "expired runtime lock",
@@ -89,20 +96,12 @@ def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
     return lines
 
 
-def command_error(exc: Exception) -> CommandError:
-    """The ``CommandError`` (and exit status) for an error a sweep raised."""
-    if isinstance(exc, ValueError | ImproperlyConfigured | ImproperlyConfiguredStore):
-        return CommandError(str(exc), returncode=EXIT_USAGE)
-    if isinstance(exc, DatabaseError):
-        return CommandError(f"the database failed: {exc}", returncode=EXIT_FAILED)
-    return CommandError(str(exc), returncode=EXIT_FAILED)
-
-
 class Command(BaseCommand):
     help = (
         "Settle work whose owner is gone: stale job runs -> TIMED_OUT, queued jobs past "
         "QUEUED_TTL -> error, dispatched jobs of silent executors -> queued, expired "
-        "worker leases -> queued (error on the last attempt), expired runtime locks "
+        "worker leases -> queued (error on the last attempt), notifications whose relay "
+        "lease ended -> pending (dead on the last attempt), expired runtime locks "
         "deleted. Safe from cron every minute on several machines; prints nothing when "
         "nothing was stale. Exit status: 0 done, 1 database or store failure, 2 invalid "
         "options or settings."

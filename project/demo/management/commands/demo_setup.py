@@ -1,8 +1,10 @@
-"""One-step demo set-up: migrate, an admin user, and runs in every state."""
+"""One-step demo set-up: migrate, an admin user, runs in every state, and jobs in every
+status, some with notifications that are delivered, retried or dead-lettered."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,17 +13,31 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db.models import Count
 from django.db.models.functions import Now
+from django.utils import timezone
 
-from jobstate.models import JobRun
+from jobstate.models import Job, JobRun, Notification
+from jobstate.relay import deliver_notifications
 from jobstate.runner import JobRunner
-from jobstate.stores import get_run_store
-from jobstate.stores.base import Trigger
+from jobstate.stores import get_run_store, get_state_store
+from jobstate.stores.base import JobStatus, NotificationRequest, StateStore, Trigger
+from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
+
+from .demo_traffic import REMOTE_TARGET
 
 DEMO_USER = "admin"
 
+#: The target of the sample jobs demo_setup claims itself; no demo worker serves it.
+SETUP_TARGET = "demo.setup"
+#: The lease of the sample running and dispatched jobs. Nobody renews it, so once it
+#: ends the reaping sweep (demo_traffic, reap_stale or Celery beat) hands them back.
+SAMPLE_LEASE = timedelta(minutes=2)
+
 
 class Command(BaseCommand):
-    help = "Migrate the demo database, create the admin user and record sample job runs."
+    help = (
+        "Migrate the demo database, create the admin user, and record sample job runs and "
+        "jobs in every state (some with notifications)."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -32,6 +48,7 @@ class Command(BaseCommand):
         user.set_password(password)
         user.save()
         self._record_sample_runs()
+        self._record_sample_jobs()
         self.stdout.write(
             self.style.SUCCESS(
                 f"Demo ready. Admin: http://127.0.0.1:8000/admin/  "
@@ -69,3 +86,85 @@ class Command(BaseCommand):
         counts = JobRun.objects.values("status").annotate(n=Count("id")).order_by("status")
         summary = ", ".join(f"{row['status']} {row['n']}" for row in counts)
         self.stdout.write(f"Job runs by status: {summary}")
+
+    def _record_sample_jobs(self) -> None:
+        store = get_state_store()
+        batch = uuid.uuid4().hex[:8]
+
+        def enqueue(name: str, target: str, **fields: Any) -> Job:
+            job, _ = store.enqueue(
+                request_id=f"demo-setup-{batch}-{name}",
+                target=target,
+                source="demo",
+                input={"sample": name},
+                **fields,
+            )
+            return job
+
+        def claimed(name: str, *, in_process: bool) -> Job:
+            enqueue(name, SETUP_TARGET)
+            # The oldest waiting sample is taken, which is this one unless an earlier
+            # set-up left one behind; either way one more job is in the claimed state.
+            if in_process:
+                job = store.claim_next_inhub_job([SETUP_TARGET], "demo-setup-worker", SAMPLE_LEASE)
+            else:
+                job = store.claim_next_job([SETUP_TARGET], "demo-setup-executor", SAMPLE_LEASE)
+            assert job is not None, "a sample job was enqueued just now"
+            return job
+
+        def notify(job: Job, receiver: str) -> NotificationRequest:
+            return NotificationRequest("callable", receiver, {"job": str(job.id)})
+
+        # Waiting: demo_traffic's remote executor picks these up (the delayed one once
+        # its run_after has passed).
+        enqueue("queued", REMOTE_TARGET)
+        enqueue("delayed", REMOTE_TARGET, run_after=timezone.now() + timedelta(minutes=10))
+        claimed("running", in_process=True)
+        claimed("dispatched", in_process=False)
+        done = claimed("done", in_process=True)
+        self._finish(
+            store,
+            done,
+            JobStatus.DONE,
+            {"result": {"pages": 12}},
+            [notify(done, ACCEPTS), notify(done, BUSY_ONCE)],
+        )
+        rejected = claimed("rejected", in_process=False)
+        self._finish(
+            store,
+            rejected,
+            JobStatus.REJECTED,
+            {"error": "demo: not a document"},
+            [notify(rejected, ACCEPTS)],
+        )
+        # One relay pass: the healthy receiver takes its notifications, the busy one
+        # refuses the first attempt, so that notification waits for its retry.
+        deliver_notifications(store=store)
+        # Written after the pass: due now, for demo_traffic's relay to try until it dies.
+        failed = claimed("error", in_process=True)
+        self._finish(
+            store,
+            failed,
+            JobStatus.ERROR,
+            {"error": "demo: the parser crashed"},
+            [notify(failed, ALWAYS_FAILS)],
+        )
+        jobs = dict(Job.objects.values_list("status").annotate(n=Count("id")))
+        notes = dict(Notification.objects.values_list("state").annotate(n=Count("id")))
+        self.stdout.write(
+            "Jobs by status: " + ", ".join(f"{s} {jobs.get(s, 0)}" for s in JobStatus.values)
+        )
+        self.stdout.write(
+            "Notifications by state: " + ", ".join(f"{s} {n}" for s, n in sorted(notes.items()))
+        )
+
+    @staticmethod
+    def _finish(
+        store: StateStore,
+        job: Job,
+        status: JobStatus,
+        patch: dict[str, Any],
+        notes: list[NotificationRequest],
+    ) -> None:
+        finished = store.complete_job_with_notifications(job, {"status": status, **patch}, notes)
+        assert finished is not None, "the sample job was claimed just now"

@@ -1,10 +1,14 @@
 """Live demo traffic: jobs flow through the queue while the admin watches.
 
-Each tick enqueues a few jobs, lets a simulated in-process worker and a simulated remote
-executor claim, renew, finish, fail, reject or crash on them (a crashed owner stops
-renewing, so its lease expires), runs an operations job now and then (and leaves a
-"crashed" run behind), and every few seconds runs the reaping sweeps that recover what
-the crashes left. Stops cleanly on SIGTERM or Ctrl-C.
+Each tick runs one relay pass over the notification outbox, enqueues a few jobs, lets a
+simulated in-process worker and a simulated remote executor claim, renew, finish, fail,
+reject or crash on them (a crashed owner stops renewing, so its lease expires), runs an
+operations job now and then (and leaves a "crashed" run behind), and every few seconds
+runs the reaping sweeps that recover what the crashes left. Finished and failed jobs
+notify the demo's receivers (:mod:`project.demo.notifications`) through
+``complete_job_with_notifications``: most notifications are delivered, some after a
+retry, and those to the receiver that always fails end as dead letters. Stops cleanly on
+SIGTERM or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,14 +25,24 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count
+from django.test.utils import override_settings
 
 from jobstate.maintenance import SweepReport, run_reaping_sweeps
-from jobstate.models import Job, JobRun
+from jobstate.models import Job, JobRun, Notification
+from jobstate.relay import deliver_notifications
 from jobstate.runner import JobRunner
 from jobstate.stores import get_run_store, get_state_store
-from jobstate.stores.base import JobStatus, StateStore, Trigger
+from jobstate.stores.base import (
+    JobStatus,
+    NotificationRequest,
+    NotificationState,
+    StateStore,
+    Trigger,
+)
+from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
 
 INHUB_TARGET = "demo.inhub"
 REMOTE_TARGET = "demo.remote"
@@ -38,6 +52,16 @@ EXECUTOR_ID = "demo-executor-1"
 #: The liveness budget the demo reaps runs with: the shortest the runner accepts with
 #: its default 30 s heartbeat, so a crashed run is reaped within a minute or two.
 DEMO_STALE_RUN_AFTER = timedelta(minutes=1)
+
+
+def _attempts(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 100, got {value}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -52,9 +76,9 @@ def _seconds(text: str) -> float:
 
 @dataclass
 class Held:
-    """A job one of the simulated owners holds, and its plan for it."""
+    """A job one of the simulated owners holds (as it was claimed), and its plan for it."""
 
-    job_id: uuid.UUID
+    job: Job
     token: uuid.UUID
     ticks_left: int
     outcome: str  # done | error | rejected | crash | stall
@@ -63,8 +87,9 @@ class Held:
 class Command(BaseCommand):
     help = (
         "Simulate live traffic for the demo: enqueue jobs, run an in-process worker and a "
-        "remote executor that sometimes crash, run operations jobs, and reap what the "
-        "crashes leave behind. Runs until SIGTERM or Ctrl-C (or --iterations)."
+        "remote executor that sometimes crash, notify demo receivers and relay the "
+        "notifications, run operations jobs, and reap what the crashes leave behind. Runs "
+        "until SIGTERM or Ctrl-C (or --iterations)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -82,6 +107,18 @@ class Command(BaseCommand):
             "--iterations", type=int, default=None, help="Stop after this many ticks."
         )
         parser.add_argument("--seed", type=int, default=None, help="Random seed (repeatable).")
+        parser.add_argument(
+            "--outbox-attempts",
+            type=_attempts,
+            default=3,
+            help="OUTBOX_MAX_ATTEMPTS while the demo runs, so dead letters show up soon.",
+        )
+        parser.add_argument(
+            "--outbox-backoff",
+            type=_seconds,
+            default=1.0,
+            help="OUTBOX_BACKOFF_BASE in seconds while the demo runs (the cap is 4 times it).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.rng = random.Random(options["seed"])
@@ -106,16 +143,33 @@ class Command(BaseCommand):
             f"Demo traffic: a tick every {options['tick']} s, leases of {options['lease']} s, "
             f"reaping every {options['sweep_every']} s. Stop with Ctrl-C."
         )
+        backoff = timedelta(seconds=options["outbox_backoff"])
+        # With the production defaults a notification dies after eight attempts spread
+        # over a quarter of an hour or more; the demo shortens that for its own process
+        # only, so dead letters appear within seconds. override_settings also reloads
+        # JOBSTATE's cached values.
+        outbox = override_settings(
+            JOBSTATE={
+                **getattr(settings, "JOBSTATE", {}),
+                "OUTBOX_MAX_ATTEMPTS": options["outbox_attempts"],
+                "OUTBOX_BACKOFF_BASE": backoff,
+                "OUTBOX_BACKOFF_MAX": backoff * 4,
+            }
+        )
         next_sweep = time.monotonic()
         try:
-            while not stop.is_set():
-                if options["iterations"] is not None and self.tick_number >= options["iterations"]:
-                    break
-                self.tick()
-                if time.monotonic() >= next_sweep:
-                    self.sweep()
-                    next_sweep = time.monotonic() + options["sweep_every"]
-                stop.wait(options["tick"])
+            with outbox:
+                while not stop.is_set():
+                    if (
+                        options["iterations"] is not None
+                        and self.tick_number >= options["iterations"]
+                    ):
+                        break
+                    self.tick()
+                    if time.monotonic() >= next_sweep:
+                        self.sweep()
+                        next_sweep = time.monotonic() + options["sweep_every"]
+                    stop.wait(options["tick"])
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -125,6 +179,9 @@ class Command(BaseCommand):
 
     def tick(self) -> None:
         self.tick_number += 1
+        # The relay runs first, so what this tick's completions write stays pending (and
+        # visible in the admin) until the next tick.
+        self.relay()
         self.enqueue()
         self.work(self.worker_jobs, in_process=True)
         self.work(self.executor_jobs, in_process=False)
@@ -162,7 +219,7 @@ class Command(BaseCommand):
                 ("done", "error", "rejected", "crash", "stall"), weights=(56, 12, 10, 14, 8)
             )[0]
             ticks = self.stall_ticks if outcome == "stall" else self.rng.randint(1, 4)
-            held.append(Held(job.id, job.claim_token, ticks, outcome))
+            held.append(Held(job, job.claim_token, ticks, outcome))
 
     def work(self, held: list[Held], *, in_process: bool) -> None:
         renewing = False
@@ -179,25 +236,45 @@ class Command(BaseCommand):
                     # job was recovered; the fenced report is refused.
                     continue
                 if in_process:
-                    self.store.extend_claim_lease(item.job_id, item.token, self.lease)
+                    self.store.extend_claim_lease(item.job.id, item.token, self.lease)
                 else:
                     renewing = True
                 continue
             held.remove(item)
-            patch: dict[str, Any] = {}
-            if item.outcome in ("done", "stall"):
-                patch["result"] = {"pages": self.rng.randrange(1, 40)}
-            elif item.outcome == "error":
-                patch["error"] = "demo failure: the document could not be parsed"
-            status = JobStatus.DONE if item.outcome == "stall" else item.outcome
-            result = self.store.complete_claimed_job(item.job_id, item.token, status, **patch)
-            if not result.completed:
-                self.stdout.write(
-                    f"late report ignored for job {item.job_id}: {result.outcome.value} "
-                    "(its lease expired and it was recovered)"
-                )
+            self.finish(item)
         if renewing:
             self.store.extend_executor_leases(EXECUTOR_ID, self.lease)
+
+    def finish(self, item: Held) -> None:
+        """Report the job's outcome. Finished and failed jobs notify a demo receiver in
+        the same transaction (``complete_job_with_notifications``); rejections use the
+        plain fenced report. Either is refused once the claim was recovered."""
+        status = JobStatus.DONE if item.outcome == "stall" else JobStatus(item.outcome)
+        payload = {"job": str(item.job.id), "status": status.value}
+        if status == JobStatus.REJECTED:
+            result = self.store.complete_claimed_job(item.job.id, item.token, status)
+            accepted = result.completed
+        else:
+            if status == JobStatus.DONE:
+                patch: dict[str, Any] = {"result": {"pages": self.rng.randrange(1, 40)}}
+                receiver = BUSY_ONCE if self.rng.random() < 0.2 else ACCEPTS
+            else:
+                patch = {"error": "demo failure: the document could not be parsed"}
+                receiver = ALWAYS_FAILS
+            notes = [NotificationRequest("callable", receiver, payload)]
+            finished = self.store.complete_job_with_notifications(
+                item.job, {"status": status, **patch}, notes
+            )
+            accepted = finished is not None
+        if not accepted:
+            self.stdout.write(
+                f"late report ignored for job {item.job.id}: stale claim "
+                "(its lease expired and it was recovered)"
+            )
+
+    def relay(self) -> None:
+        # Failed attempts and dead letters are logged by the relay (``jobstate.relay``).
+        deliver_notifications(store=self.store)
 
     def operations_job(self) -> None:
         runner = JobRunner(store=get_run_store())
@@ -221,9 +298,11 @@ class Command(BaseCommand):
     def status_line(self) -> str:
         jobs = dict(Job.objects.values_list("status").annotate(n=Count("id")))
         runs = dict(JobRun.objects.values_list("status").annotate(n=Count("id")))
+        notes = dict(Notification.objects.values_list("state").annotate(n=Count("id")))
         job_part = " · ".join(f"{s} {jobs.get(s, 0)}" for s in JobStatus.values)
         run_part = " · ".join(f"{s.lower()} {n}" for s, n in sorted(runs.items()))
-        return f"jobs: {job_part} | runs: {run_part}"
+        note_part = " · ".join(f"{s} {notes.get(s, 0)}" for s in NotificationState.values)
+        return f"jobs: {job_part} | runs: {run_part} | notifications: {note_part}"
 
     @staticmethod
     def reaped_line(report: SweepReport) -> str:

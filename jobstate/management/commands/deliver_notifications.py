@@ -1,0 +1,184 @@
+"""``manage.py deliver_notifications``: run the outbox relay, once or in a loop.
+
+One pass by default (:func:`jobstate.relay.deliver_notifications`): claim the due
+notifications, send each through its channel, record each attempt. Fit for cron; prints
+nothing when nothing was due. ``--loop`` keeps relaying: the next pass starts at once
+while passes come back full, otherwise after ``--interval`` seconds. Any number of relays
+may run at once, on one machine or several.
+
+Shutdown: the first SIGTERM or SIGINT lets the pass in progress finish the sends of the
+notifications it has already claimed (at most ``--limit``, and a pass stops sending once
+half of ``OUTBOX_LEASE`` is spent), then the command claims nothing more and exits 0. A
+second signal exits at once with status 128 + the signal number; what that pass had
+claimed but not settled is due again when its lease ends.
+
+Exit status: 0 the relay ran, whatever the receivers answered (delivered, failed and
+scheduled for a retry, dead-lettered, or left for the next pass); 1 the database or the
+store failed; 2 invalid options or settings. Dead letters do not change the status: a
+receiver that refuses a notification is the receiver's failure, recorded in the
+notification, its attempts and a ``delivery_error`` audit entry. The command prints a
+line naming them, so cron mails it. With ``--loop`` a database failure ends the loop
+with status 1, for the process supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Mapping
+from dataclasses import asdict, fields
+from types import FrameType
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from jobstate.conf import jobstate_settings
+from jobstate.exceptions import JobStateError
+from jobstate.relay import DeliveryReport, deliver_notifications
+from jobstate.stores import get_state_store
+from jobstate.stores.base import StateStore
+
+from ._common import (
+    EXIT_USAGE,
+    ProgressLine,
+    command_error,
+    known_database,
+    positive_int,
+    positive_seconds,
+)
+
+#: The outcome counters of a pass, in the order a summary names them.
+OUTCOMES: tuple[tuple[str, str], ...] = (
+    ("delivered", "delivered"),
+    ("retrying", "failed and will be retried"),
+    ("dead", "dead-lettered"),
+    ("superseded", "taken over by another relay"),
+    ("unsent", "left for the next pass"),
+)
+_COUNTERS = [f.name for f in fields(DeliveryReport) if f.name != "relay_id"]
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def describe(counts: Mapping[str, int]) -> str:
+    """One line saying what happened to the claimed notifications."""
+    claimed = counts["claimed"]
+    if not claimed:
+        return "Nothing was due."
+    noun = "notification" if claimed == 1 else "notifications"
+    parts = [f"{counts[key]} {words}" for key, words in OUTCOMES if counts[key]]
+    return f"Claimed {claimed} {noun}: {', '.join(parts)}."
+
+
+class Command(BaseCommand):
+    help = (
+        "Deliver due notifications from the outbox: one relay pass, or --loop until "
+        "SIGTERM/SIGINT (the pass in progress finishes its claimed sends; a second signal "
+        "stops at once). Quiet when nothing was due. Exit status: 0 the relay ran (dead "
+        "letters included), 1 database or store failure, 2 invalid options or settings."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--loop", action="store_true", help="Keep relaying until SIGTERM or SIGINT."
+        )
+        parser.add_argument(
+            "--interval",
+            type=positive_seconds,
+            metavar="SECONDS",
+            help="With --loop: the wait after a pass that found less than a full batch "
+            "(default: 1).",
+        )
+        parser.add_argument(
+            "--limit",
+            type=positive_int,
+            metavar="N",
+            help="Notifications one pass claims (default: JOBSTATE['OUTBOX_BATCH_SIZE']).",
+        )
+        parser.add_argument(
+            "--relay-id",
+            metavar="ID",
+            help="The name this relay records in the rows and their attempts; it must be "
+            "unique among running relays (default: <host>:<pid>:<random>, new each pass).",
+        )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="Print the pass's counts (with --loop: the totals at exit) as one JSON object.",
+        )
+        parser.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            help="The database holding jobstate's tables (default: %(default)s).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["interval"] is not None and not options["loop"]:
+            raise CommandError("--interval needs --loop.", returncode=EXIT_USAGE)
+        try:
+            store = get_state_store(using=known_database(options["database"]))
+        except (JobStateError, ImproperlyConfigured) as exc:
+            raise command_error(exc) from exc
+        if options["loop"]:
+            self.relay_loop(store, **options)
+            return
+        report = self.relay_pass(store, **options)
+        if options["json"]:
+            self.stdout.write(json.dumps(asdict(report)))
+        elif report.claimed or options["verbosity"] >= 2:
+            self.stdout.write(describe(asdict(report)))
+
+    def relay_pass(self, store: StateStore, **options: Any) -> DeliveryReport:
+        try:
+            return deliver_notifications(
+                relay_id=options["relay_id"], limit=options["limit"], store=store
+            )
+        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
+            raise command_error(exc) from exc
+
+    def relay_loop(self, store: StateStore, **options: Any) -> None:
+        stop = threading.Event()
+        interval = 1.0 if options["interval"] is None else options["interval"].total_seconds()
+        batch = options["limit"] or jobstate_settings.OUTBOX_BATCH_SIZE
+        totals = dict.fromkeys(["passes", *_COUNTERS], 0)
+        progress = ProgressLine(self.stderr, action="Relaying:")
+
+        def request_stop(signum: int, frame: FrameType | None) -> None:
+            if stop.is_set():
+                # The second signal: the operator does not want to wait for the sends.
+                raise SystemExit(128 + signum)
+            stop.set()
+
+        previous: dict[int, Any] = {}
+        # Signal handlers can only be installed from the main thread.
+        if threading.current_thread() is threading.main_thread():
+            previous = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
+        try:
+            while not stop.is_set():
+                report = asdict(self.relay_pass(store, **options))
+                totals["passes"] += 1
+                for name in _COUNTERS:
+                    totals[name] += report[name]
+                if report["claimed"] and options["verbosity"] >= 2:
+                    progress.clear()
+                    self.stdout.write(describe(report))
+                progress.show(
+                    f"{totals['passes']} passes, {totals['delivered']} delivered, "
+                    f"{totals['retrying']} retrying, {totals['dead']} dead"
+                )
+                # A full batch means more may be due right now.
+                if report["claimed"] < batch:
+                    stop.wait(interval)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            progress.clear()
+        if options["json"]:
+            self.stdout.write(json.dumps(totals))
+        elif options["verbosity"] >= 1:
+            passes = "pass" if totals["passes"] == 1 else "passes"
+            self.stdout.write(
+                f"Relay stopped after {totals['passes']} {passes}. {describe(totals)}"
+            )
