@@ -64,6 +64,9 @@ DEFAULTS: dict[str, Any] = {
     "FINISHED_JOB_RETENTION": timedelta(days=14),
     "FINISHED_RUN_RETENTION": timedelta(days=30),
     "DELIVERED_NOTIFICATION_RETENTION": timedelta(days=7),
+    # JSON keys (any depth, case-insensitive) whose values the admin shows as "••••" in
+    # job input / metadata / result, notification payloads and audit details.
+    "ADMIN_REDACTED_KEYS": ["password", "secret", "token", "api_key", "authorization"],
 }
 
 _DURATIONS = {
@@ -136,6 +139,7 @@ class JobStateSettings:
     FINISHED_JOB_RETENTION: timedelta
     FINISHED_RUN_RETENTION: timedelta
     DELIVERED_NOTIFICATION_RETENTION: timedelta
+    ADMIN_REDACTED_KEYS: list[str]
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}

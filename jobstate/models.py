@@ -98,6 +98,7 @@ class JobRun(models.Model):
         verbose_name = _("job run")
         verbose_name_plural = _("job runs")
         ordering = ["-started_at"]
+        permissions = [("reap_runs", _("Can reap stale runs from the admin"))]
         constraints = [
             models.UniqueConstraint(
                 fields=["overlap_key"],
@@ -295,6 +296,12 @@ class Job(models.Model):
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
         ordering = ["-created_at"]
+        # The admin's actions; each needs its own permission besides view_job.
+        permissions = [
+            ("requeue_job", _("Can requeue finished or expired jobs")),
+            ("reject_job", _("Can reject queued jobs")),
+            ("approve_job", _("Can approve and requeue finished jobs")),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["request_id"], name=JOB_UNIQUE_REQUEST_ID),
             models.CheckConstraint(
@@ -391,6 +398,8 @@ class AuditEntry(models.Model):
             models.Index(fields=["ts"], name="jobstate_audit_ts_idx"),
             models.Index(fields=["request_id", "ts"], name="jobstate_audit_request_idx"),
             models.Index(fields=["stage", "severity"], name="jobstate_audit_stage_idx"),
+            # The admin changelist's ordering, exactly: newest first, ties by id.
+            models.Index(fields=["-ts", "-id"], name="jobstate_audit_recent_idx"),
         ]
 
     def __str__(self) -> str:
@@ -423,6 +432,7 @@ class RuntimeLock(models.Model):
         verbose_name = _("runtime lock")
         verbose_name_plural = _("runtime locks")
         ordering = ["lock_key"]
+        permissions = [("force_release_lock", _("Can force-release runtime locks"))]
 
     def __str__(self) -> str:
         return f"{self.lock_key} ({self.owner})"
@@ -472,6 +482,7 @@ class Notification(models.Model):
         verbose_name = _("notification")
         verbose_name_plural = _("notifications")
         ordering = ["-created_at"]
+        permissions = [("replay_notification", _("Can replay dead-letter notifications"))]
         constraints = [
             models.UniqueConstraint(
                 fields=["idempotency_key"], name=NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY

@@ -9,7 +9,7 @@ stamp="$venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     echo "installing the project and its dev dependencies into $venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1" &&
-        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --group dev -e . &&
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --group dev --group bench -e . &&
         touch "$stamp" ||
         { echo "ERROR: installing into $venv failed" >&2; return 1 2>/dev/null || exit 1; }
 fi

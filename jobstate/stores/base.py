@@ -12,9 +12,9 @@ from __future__ import annotations
 import enum
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -202,6 +202,17 @@ class CompletionResult:
         return self.outcome is CompletionOutcome.COMPLETED
 
 
+@dataclass(frozen=True)
+class ClaimReport:
+    """One fenced report in a batch (:meth:`StateStore.complete_claimed_jobs`): the same
+    arguments :meth:`StateStore.complete_claimed_job` takes, as a value."""
+
+    job_id: JobId
+    claim_token: uuid.UUID | str
+    status: str
+    patch: Mapping[str, Any] = field(default_factory=dict)
+
+
 class StateStore(ABC):
     """Persistence port for the job queue, the audit ledger and runtime locks (the job
     part of the RuntimeStateStore contract).
@@ -303,6 +314,36 @@ class StateStore(ABC):
         dispatched under ``claim_token``; then it clears the claim fields
         (:data:`JOB_CLAIM_FIELDS`). A stale token, or a job requeued meanwhile, writes
         nothing and answers ``STALE_CLAIM``."""
+
+    def claim_next_inhub_jobs(
+        self,
+        targets: Sequence[str],
+        worker_id: str,
+        lease: timedelta | None = None,
+        *,
+        limit: int,
+    ) -> list[Job]:
+        """Claim up to ``limit`` ready queued jobs of ``targets`` for an in-process worker
+        at once, each exactly as :meth:`claim_next_inhub_job` would (``running``, its own
+        fresh ``claim_token``, the same lease). Returns them oldest first; an empty list
+        when nothing is claimable or ``targets`` is empty.
+
+        Guarantees: no job is claimed by two callers; every job returned was ready and
+        passed the per-thread FIFO gate when it was claimed, and at most one job of a
+        thread is in a batch (its siblings wait for it). Jobs without a thread may be
+        taken ahead of an older threaded job: a store may claim the thread-less part of
+        the batch in one step and the threaded part one job at a time through the gate.
+        ``limit`` must be a positive int."""
+        raise NotImplementedError("this store does not support claim_next_inhub_jobs()")
+
+    def complete_claimed_jobs(self, reports: Sequence[ClaimReport]) -> list[CompletionResult]:
+        """Apply many fenced reports (:class:`ClaimReport`) at once. Each report is
+        fenced on its own exactly as :meth:`complete_claimed_job`: it writes only while
+        its job is running or dispatched under its ``claim_token``, and a stale one
+        writes nothing. Returns one :class:`CompletionResult` per report, in the order
+        given. Every report is validated before anything is written: one bad report (or
+        the same job twice) raises and writes nothing."""
+        raise NotImplementedError("this store does not support complete_claimed_jobs()")
 
     @abstractmethod
     def extend_claim_lease(
@@ -440,6 +481,25 @@ class StateStore(ABC):
         entry ``event`` naming ``by`` and ``via`` in the same transaction. ``None`` (and
         nothing written) when the job is gone or no longer in those statuses."""
         raise NotImplementedError("this store does not support requeue_job()")
+
+    def requeue_expired_lease_job(
+        self, job_id: JobId, *, by: str, via: str, event: str = "rerun"
+    ) -> Job | None:
+        """The refire transition (:meth:`requeue_job`) for a running or dispatched job
+        whose ``lease_until`` is before the store's clock. The lease is checked with the
+        job held against concurrent writers until the refire commits, so a holder that
+        renews or reports at that moment either wins (nothing written, ``None``) or
+        finds its claim gone. ``None`` too when the job is gone, not claimed, has no
+        lease or a lease still running."""
+        raise NotImplementedError("this store does not support requeue_expired_lease_job()")
+
+    def reject_queued_job(self, job_id: JobId, *, by: str, reason: str = "") -> Job | None:
+        """Cancel a job that is still ``queued``: it becomes ``rejected`` with ``error``
+        set to ``reason`` (or ``"rejected by <by>"``), and a ``rejected`` audit entry
+        naming ``by`` and ``reason`` is written in the same transaction. ``None`` (and
+        nothing written) when the job is gone or no longer queued, e.g. claimed
+        meanwhile. ``reason`` is at most 2000 characters."""
+        raise NotImplementedError("this store does not support reject_queued_job()")
 
     def complete_job_with_notifications(
         self,

@@ -7,14 +7,18 @@ workers, executors and sweeps never overwrite each other's transitions.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, Exists, Q, When
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Case, Exists, Field, Q, When
 from django.db.models.functions import Now
 
 from jobstate.audit import (
@@ -36,14 +40,19 @@ from jobstate.models import (
     thread_blockers,
 )
 from jobstate.stores.base import (
+    CLAIMED_JOB_STATUSES,
     EXPIRED_QUEUED_ERROR,
+    ClaimReport,
     CompletionOutcome,
     CompletionResult,
     JobId,
     JobStatus,
     StateStore,
 )
-from jobstate.stores.database_continuations import DatabaseContinuationMixin
+from jobstate.stores.database_continuations import (
+    DatabaseContinuationMixin,
+    validate_requeue_arguments,
+)
 from jobstate.stores.database_observability import DatabaseObservabilityMixin
 from jobstate.stores.database_outbox import DatabaseOutboxMixin
 from jobstate.stores.integrity import violates
@@ -67,12 +76,41 @@ from jobstate.stores.validation import (
     validate_release_status,
 )
 
-__all__ = ["DatabaseStateStore"]
+__all__ = [
+    "REJECT_REASON_LIMIT",
+    "DatabaseStateStore",
+    "ParsedReport",
+    "parse_batch_limit",
+    "parse_claim_reports",
+    "reject_audit_detail",
+    "validate_reject_arguments",
+]
 
 _CREATE_FIELDS = JOB_PATCH_FIELDS | {"request_id"}
 _ENQUEUE_FIELDS = ENQUEUE_FIELDS | {"request_id"}
 _REPORT_FIELDS = JOB_PATCH_FIELDS - {"status", *JOB_CLAIM_FIELDS}
 _CLEARED_CLAIM = dict.fromkeys(JOB_CLAIM_FIELDS)
+
+#: Longest reason ``reject_queued_job`` accepts (it becomes the job's ``error``).
+REJECT_REASON_LIMIT = 2000
+
+
+def validate_reject_arguments(by: str, reason: str) -> str:
+    """Check the arguments of ``reject_queued_job`` (shared by every store) and return
+    the text the job's ``error`` gets."""
+    require_text(by, field="by")
+    if not isinstance(reason, str):
+        raise InvalidJobState(f"reason must be a string, got {type(reason).__name__}.")
+    if len(reason) > REJECT_REASON_LIMIT or "\x00" in reason:
+        raise InvalidJobState(
+            f"reason must be at most {REJECT_REASON_LIMIT} characters, without NUL."
+        )
+    return reason.strip() or f"rejected by {by}"
+
+
+def reject_audit_detail(by: str, reason: str) -> dict[str, Any]:
+    """The ``detail`` of the ``rejected`` audit entry ``reject_queued_job`` writes."""
+    return {"by": by, "reason": reason, "prev_status": JobStatus.QUEUED.value}
 
 
 class DatabaseStateStore(
@@ -171,6 +209,49 @@ class DatabaseStateStore(
         expected = parse_statuses(expected_statuses)
         return self._update(job_id, expected, patch, action="update_job_if_status")
 
+    def reject_queued_job(self, job_id: JobId, *, by: str, reason: str = "") -> Job | None:
+        """See :meth:`StateStore.reject_queued_job`.
+
+        The conditional ``UPDATE ... WHERE status = 'queued'`` and the audit entry share
+        one transaction: a claim that wins the race leaves nothing written, and a
+        rejection never commits without its audit entry.
+        """
+        pk = parse_uuid(job_id, field="job_id")
+        error = validate_reject_arguments(by, reason)
+        with transaction.atomic(using=self.using):
+            job = self.update_job_if_status(
+                pk, [JobStatus.QUEUED], status=JobStatus.REJECTED, error=error
+            )
+            if job is None:
+                return None
+            self.append_audit(job=job, event="rejected", detail=reject_audit_detail(by, error))
+            return job
+
+    def requeue_expired_lease_job(
+        self, job_id: JobId, *, by: str, via: str, event: str = "rerun"
+    ) -> Job | None:
+        """See :meth:`StateStore.requeue_expired_lease_job`.
+
+        The job row is locked (``SELECT ... FOR UPDATE``) while its lease is compared
+        with the database clock, and stays locked through the refire: a renewal or a
+        fenced report waits, then finds the claim token cleared. On SQLite the
+        ``IMMEDIATE`` transaction already keeps other writers out.
+        """
+        pk = parse_uuid(job_id, field="job_id")
+        validate_requeue_arguments([JobStatus.RUNNING], by, via, event)
+        with transaction.atomic(using=self.using):
+            status = (
+                self._jobs()
+                .select_for_update()
+                .filter(id=pk, lease_until__lt=Now())
+                .claimed()
+                .values_list("status", flat=True)
+                .first()
+            )
+            if status is None:
+                return None
+            return self.requeue_job(pk, from_statuses=[status], by=by, via=via, event=event)
+
     # --- claims ----------------------------------------------------------------------
 
     def claim_next_job(
@@ -193,6 +274,45 @@ class DatabaseStateStore(
             JobStatus.RUNNING,
         )
 
+    def claim_next_inhub_jobs(
+        self,
+        targets: Sequence[str],
+        worker_id: str,
+        lease: timedelta | None = None,
+        *,
+        limit: int,
+    ) -> list[Job]:
+        """See :meth:`StateStore.claim_next_inhub_jobs`.
+
+        On PostgreSQL the jobs without a thread are claimed by one statement
+        (``UPDATE ... FROM (SELECT ... LIMIT k FOR UPDATE SKIP LOCKED) RETURNING``); when
+        that leaves room in the batch, threaded jobs follow one claim at a time through
+        the per-thread gate (:meth:`claim_next_inhub_job`). Elsewhere every job is
+        claimed one at a time, inside one transaction.
+        """
+        owner = require_text(worker_id, field="worker_id")
+        duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
+        count = parse_batch_limit(limit)
+        scope = parse_targets(targets)
+        if not scope:
+            return []
+        claimed: list[Job] = []
+        if self._is_postgresql():
+            claimed = self._claim_unthreaded_batch(scope, owner, duration, count)
+            while len(claimed) < count:
+                job = self._claim(scope, owner, duration, JobStatus.RUNNING)
+                if job is None:
+                    break
+                claimed.append(job)
+        else:
+            with transaction.atomic(using=self.using):
+                while len(claimed) < count:
+                    job = self._claim(scope, owner, duration, JobStatus.RUNNING)
+                    if job is None:
+                        break
+                    claimed.append(job)
+        return sorted(claimed, key=lambda job: (job.created_at, job.id))
+
     def complete_claimed_job(
         self, job_id: JobId, claim_token: uuid.UUID | str, status: str, **patch: Any
     ) -> CompletionResult:
@@ -201,14 +321,65 @@ class DatabaseStateStore(
         new_status = validate_release_status(status)
         cleaned = clean_job_fields(patch, allowed=_REPORT_FIELDS, action="complete_claimed_job")
         changes = {**cleaned, **_CLEARED_CLAIM, "status": new_status, "updated_at": Now()}
-        with transaction.atomic(using=self.using):
-            moved = self._jobs().filter(id=pk, claim_token=token).claimed().update(**changes)
+        if self._is_postgresql():
+            # One round trip on the hot path: the fenced UPDATE hands back the row it
+            # wrote. Only a report that did not apply needs a second look.
+            written = self._complete_group(
+                tuple(sorted(cleaned)), [(pk, token, new_status, cleaned)]
+            )
+            if pk in written:
+                return CompletionResult(CompletionOutcome.COMPLETED, written[pk])
             job = self._jobs().filter(id=pk).first()
-        if moved:
-            return CompletionResult(CompletionOutcome.COMPLETED, job)
+        else:
+            changes = {**cleaned, **_CLEARED_CLAIM, "status": new_status, "updated_at": Now()}
+            with transaction.atomic(using=self.using):
+                moved = self._jobs().filter(id=pk, claim_token=token).claimed().update(**changes)
+                job = self._jobs().filter(id=pk).first()
+            if moved:
+                return CompletionResult(CompletionOutcome.COMPLETED, job)
         if job is None:
             return CompletionResult(CompletionOutcome.NOT_FOUND, None)
         return CompletionResult(CompletionOutcome.STALE_CLAIM, job)
+
+    def complete_claimed_jobs(self, reports: Sequence[ClaimReport]) -> list[CompletionResult]:
+        """See :meth:`StateStore.complete_claimed_jobs`.
+
+        On PostgreSQL the reports that patch the same fields are applied by one
+        ``UPDATE ... FROM (VALUES ...) RETURNING`` statement, each row fenced by its own
+        claim token; a batch of uniform reports (the usual case) is one statement.
+        Elsewhere the reports are applied one by one inside one transaction.
+        """
+        parsed = parse_claim_reports(reports)
+        if not parsed:
+            return []
+        if not self._is_postgresql():
+            with transaction.atomic(using=self.using):
+                return [
+                    self.complete_claimed_job(pk, token, status, **cleaned)
+                    for pk, token, status, cleaned in parsed
+                ]
+        shapes: dict[tuple[str, ...], list[ParsedReport]] = {}
+        for report in parsed:
+            shapes.setdefault(tuple(sorted(report[3])), []).append(report)
+        written: dict[uuid.UUID, Job] = {}
+        if len(shapes) == 1:
+            (columns, group), *_ = shapes.items()
+            written.update(self._complete_group(columns, group))
+        else:
+            with transaction.atomic(using=self.using):
+                for columns, group in shapes.items():
+                    written.update(self._complete_group(columns, group))
+        missed = [pk for pk, *_ in parsed if pk not in written]
+        others = {job.id: job for job in self._jobs().filter(id__in=missed)} if missed else {}
+        results: list[CompletionResult] = []
+        for pk, *_ in parsed:
+            if pk in written:
+                results.append(CompletionResult(CompletionOutcome.COMPLETED, written[pk]))
+            elif pk in others:
+                results.append(CompletionResult(CompletionOutcome.STALE_CLAIM, others[pk]))
+            else:
+                results.append(CompletionResult(CompletionOutcome.NOT_FOUND, None))
+        return results
 
     def extend_claim_lease(
         self, job_id: JobId, claim_token: uuid.UUID | str, lease: timedelta | None = None
@@ -510,6 +681,131 @@ class DatabaseStateStore(
         scope = parse_targets(targets)
         if not scope:
             return None
+        if self._is_postgresql():
+            picked, job = self._claim_in_one_statement(scope, owner, lease, status)
+            if not picked or job is not None:
+                return job
+            # The oldest candidate belongs to a thread: only the gated path below may
+            # take it, because the gate must be re-read after the thread's lock.
+        return self._claim_gated(scope, owner, lease, status)
+
+    def _claim_in_one_statement(
+        self, scope: list[str], owner: str, lease: timedelta, status: JobStatus
+    ) -> tuple[bool, Job | None]:
+        """The PostgreSQL claim in one round trip: pick the oldest claimable job (``FOR
+        UPDATE SKIP LOCKED``) and, when it has no thread, move it in the same statement.
+
+        Returns ``(picked, job)``: ``(False, None)`` when nothing is claimable, ``(True,
+        None)`` when the oldest candidate has a thread and needs the gated path. Raw SQL
+        because the ORM cannot express ``UPDATE ... RETURNING`` around a locked
+        subquery; without a transaction around it the row lock lasts one statement.
+        """
+        connection = connections[self.using]
+        table = connection.ops.quote_name(Job._meta.db_table)
+        placeholders = ", ".join(["%s"] * len(scope))
+        dispatched = "statement_timestamp()" if status == JobStatus.DISPATCHED else "NULL"
+        sql = f"""
+            WITH picked AS (
+                SELECT c.id, c.thread_id FROM {table} AS c
+                WHERE c.status = 'queued'
+                  AND (c.run_after IS NULL OR c.run_after <= statement_timestamp())
+                  AND c.target IN ({placeholders})
+                  AND (c.thread_id IS NULL OR NOT EXISTS ({_BLOCKERS_SQL.format(table=table)}))
+                ORDER BY c.created_at, c.id
+                LIMIT 1
+                FOR UPDATE OF c SKIP LOCKED
+            ), moved AS (
+                UPDATE {table} AS j
+                SET status = %s, executor_id = %s, claimed_at = statement_timestamp(),
+                    dispatched_at = {dispatched}, lease_until = statement_timestamp() + %s,
+                    claim_token = %s, run_after = NULL, updated_at = statement_timestamp()
+                FROM picked
+                WHERE j.id = picked.id AND picked.thread_id IS NULL AND j.status = 'queued'
+                RETURNING {_returning_columns(connection, "j")}
+            )
+            SELECT picked.id, moved.* FROM picked LEFT JOIN moved ON moved.id = picked.id
+        """
+        params: list[Any] = [*scope, status.value, owner, lease, uuid.uuid4()]
+        with _hot_cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            return False, None
+        if row[1] is None:
+            return True, None
+        return True, _load_jobs(connection, self.using, [row[1:]])[0]
+
+    def _claim_unthreaded_batch(
+        self, scope: list[str], owner: str, lease: timedelta, limit: int
+    ) -> list[Job]:
+        """Claim up to ``limit`` ready jobs without a thread in one PostgreSQL statement,
+        each with its own ``gen_random_uuid()`` claim token."""
+        connection = connections[self.using]
+        table = connection.ops.quote_name(Job._meta.db_table)
+        placeholders = ", ".join(["%s"] * len(scope))
+        sql = f"""
+            WITH picked AS (
+                SELECT c.id FROM {table} AS c
+                WHERE c.status = 'queued'
+                  AND (c.run_after IS NULL OR c.run_after <= statement_timestamp())
+                  AND c.target IN ({placeholders})
+                  AND c.thread_id IS NULL
+                ORDER BY c.created_at, c.id
+                LIMIT %s
+                FOR UPDATE OF c SKIP LOCKED
+            )
+            UPDATE {table} AS j
+            SET status = %s, executor_id = %s, claimed_at = statement_timestamp(),
+                dispatched_at = NULL, lease_until = statement_timestamp() + %s,
+                claim_token = gen_random_uuid(), run_after = NULL,
+                updated_at = statement_timestamp()
+            FROM picked
+            WHERE j.id = picked.id AND j.status = 'queued'
+            RETURNING {_returning_columns(connection, "j")}
+        """
+        params: list[Any] = [*scope, limit, JobStatus.RUNNING.value, owner, lease]
+        with _hot_cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        return _load_jobs(connection, self.using, rows)
+
+    def _complete_group(
+        self, columns: tuple[str, ...], group: list[ParsedReport]
+    ) -> dict[uuid.UUID, Job]:
+        """Apply reports that patch the same ``columns`` in one fenced statement."""
+        connection = connections[self.using]
+        quote = connection.ops.quote_name
+        table = quote(Job._meta.db_table)
+        fields = [_job_field(name) for name in ("id", "claim_token", "status", *columns)]
+        casts = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field in fields)
+        values = ", ".join([f"({casts})"] * len(group))
+        aliases = ", ".join(f"v{index}" for index in range(len(fields)))
+        patched = "".join(
+            f"{quote(_column(field))} = v.v{index + 3}, " for index, field in enumerate(fields[3:])
+        )
+        cleared = ", ".join(
+            f"{quote(_column(_job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS
+        )
+        statuses = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
+        sql = f"""
+            UPDATE {table} AS j
+            SET {patched}status = v.v2, {cleared}, updated_at = statement_timestamp()
+            FROM (VALUES {values}) AS v({aliases})
+            WHERE j.id = v.v0 AND j.claim_token = v.v1 AND j.status IN ({statuses})
+            RETURNING {_returning_columns(connection, "j")}
+        """
+        params: list[Any] = []
+        for pk, token, status, cleaned in group:
+            row = {"id": pk, "claim_token": token, "status": status.value, **cleaned}
+            params.extend(field.get_db_prep_save(row[field.name], connection) for field in fields)
+        with _hot_cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            fetched = cursor.fetchall()
+        return {job.id: job for job in _load_jobs(connection, self.using, fetched)}
+
+    def _claim_gated(
+        self, scope: list[str], owner: str, lease: timedelta, status: JobStatus
+    ) -> Job | None:
         changes: dict[str, Any] = {
             "status": status,
             "executor_id": owner,
@@ -554,6 +850,149 @@ class DatabaseStateStore(
                     passed_ids.append(job_id)
                 else:
                     passed_threads.append(thread_id)
+
+
+#: The per-thread FIFO gate of ``JobQuerySet.thread_unblocked`` for a candidate ``c``,
+#: in SQL: a running or dispatched sibling, or a ready queued sibling ahead of it.
+_BLOCKERS_SQL = """
+    SELECT 1 FROM {table} AS b
+    WHERE b.thread_id = c.thread_id AND b.id <> c.id
+      AND (b.status IN ('running', 'dispatched')
+           OR (b.status = 'queued'
+               AND (b.run_after IS NULL OR b.run_after <= statement_timestamp())
+               AND (b.created_at < c.created_at
+                    OR (b.created_at = c.created_at AND b.id < c.id))))
+"""
+
+#: A validated report: job id, claim token, release status, cleaned patch.
+ParsedReport = tuple[uuid.UUID, uuid.UUID, JobStatus, dict[str, Any]]
+
+
+def parse_batch_limit(limit: int) -> int:
+    """Check the ``limit`` of a batch claim (shared by every store)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidJobState(f"limit must be a positive int, got {limit!r}.")
+    return limit
+
+
+def parse_claim_reports(reports: Sequence[ClaimReport]) -> list[ParsedReport]:
+    """Validate a batch of reports (shared by every store) before anything is written.
+    The same job twice in one batch is refused: its outcome would depend on the order
+    in which the reports are applied."""
+    if isinstance(reports, (str, bytes)) or not isinstance(reports, Sequence):
+        raise InvalidJobState("reports must be a sequence of ClaimReport.")
+    parsed: list[ParsedReport] = []
+    seen: set[uuid.UUID] = set()
+    for report in reports:
+        if not isinstance(report, ClaimReport):
+            raise InvalidJobState(f"every report must be a ClaimReport, got {report!r}.")
+        pk = parse_uuid(report.job_id, field="job_id")
+        if pk in seen:
+            raise InvalidJobState(f"job {pk} appears twice in one batch of reports.")
+        seen.add(pk)
+        token = parse_uuid(report.claim_token, field="claim_token")
+        status = validate_release_status(report.status)
+        cleaned = clean_job_fields(
+            dict(report.patch), allowed=_REPORT_FIELDS, action="complete_claimed_jobs"
+        )
+        parsed.append((pk, token, status, cleaned))
+    return parsed
+
+
+@contextmanager
+def _hot_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """A cursor for the hot-path statements: on psycopg 3 one that binds parameters on
+    the server, so the statement text is constant and PostgreSQL can reuse its plan
+    when the host enables prepared statements (``OPTIONS["prepare_threshold"]``, off
+    by default because of transaction-mode poolers). It goes through Django's cursor
+    wrapper, so query logging and execute wrappers still see the statement."""
+    binding = _server_binding_cursor()
+    if binding is None:
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    connection.ensure_connection()
+    # Django wraps its own cursors the same way (``_prepare_cursor``): debug logging,
+    # execute wrappers and thread-sharing checks apply unchanged.
+    wrapper: Any = connection
+    with wrapper._prepare_cursor(binding(connection.connection)) as cursor:
+        yield cursor
+
+
+@functools.cache
+def _server_binding_cursor() -> Callable[[Any], Any] | None:
+    """Django's server-binding cursor class for psycopg 3, or ``None`` (psycopg 2)."""
+    try:
+        from django.db.backends.postgresql.base import ServerBindingCursor
+    except (ImportError, AttributeError):
+        return None
+    factory: Any = ServerBindingCursor
+    return cast(Callable[[Any], Any], factory)
+
+
+#: Per connection: the converters of each ``Job`` column that has any (they are bound to
+#: the connection, and working them out costs more than a claim's other Python work).
+_CONVERTERS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, Any, list[Any]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+#: ``_returning_columns`` by (database vendor, table alias): the text never changes.
+_RETURNING: dict[tuple[str, str], str] = {}
+
+
+def _returning_columns(connection: BaseDatabaseWrapper, alias: str) -> str:
+    """Every concrete column of ``Job`` qualified by ``alias``, in model field order (the
+    order :func:`_load_jobs` expects)."""
+    key = (connection.vendor, alias)
+    text = _RETURNING.get(key)
+    if text is None:
+        quote = connection.ops.quote_name
+        text = ", ".join(f"{alias}.{quote(_column(field))}" for field in Job._meta.concrete_fields)
+        _RETURNING[key] = text
+    return text
+
+
+def _column(field: Field[Any, Any]) -> str:
+    return field.column or field.attname
+
+
+def _job_field(name: str) -> Field[Any, Any]:
+    field = Job._meta.get_field(name)
+    if not isinstance(field, Field):
+        raise TypeError(f"Job.{name} is not a concrete field.")
+    return field
+
+
+def _load_jobs(
+    connection: BaseDatabaseWrapper, using: str, rows: Iterable[Sequence[Any]]
+) -> list[Job]:
+    """Turn raw rows of :func:`_returning_columns` into ``Job`` instances, through the
+    same backend and field converters (JSON decoding, time zones) a queryset applies."""
+    fields = Job._meta.concrete_fields
+    converters = _CONVERTERS.get(connection)
+    if converters is None:
+        converters = []
+        for position, field in enumerate(fields):
+            column = field.get_col(Job._meta.db_table)
+            functions = [
+                *connection.ops.get_db_converters(column),
+                *column.get_db_converters(connection),
+            ]
+            if functions:
+                converters.append((position, column, functions))
+        _CONVERTERS[connection] = converters
+    names = [field.attname for field in fields]
+    jobs: list[Job] = []
+    for row in rows:
+        values = list(row)
+        for position, column, functions in converters:
+            value = values[position]
+            for function in functions:
+                value = function(value, column, connection)
+            values[position] = value
+        jobs.append(Job.from_db(using, names, values))
+    return jobs
 
 
 def _thread_lock_key(thread_id: int) -> int:

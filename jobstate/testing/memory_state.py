@@ -34,6 +34,7 @@ from jobstate.stores.base import (
     INFLIGHT_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
     ApprovalRequeueOutcome,
+    ClaimReport,
     CompletionOutcome,
     CompletionResult,
     JobId,
@@ -49,6 +50,12 @@ from jobstate.stores.database_continuations import (
     validate_requeue_arguments,
 )
 from jobstate.stores.database_observability import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
+from jobstate.stores.database_state import (
+    parse_batch_limit,
+    parse_claim_reports,
+    reject_audit_detail,
+    validate_reject_arguments,
+)
 from jobstate.stores.validation import (
     ENQUEUE_FIELDS,
     JOB_CLAIM_FIELDS,
@@ -175,6 +182,36 @@ class MemoryStateStore(StateStore):
             resolve_lease(lease, jobstate_settings.WORKER_LEASE),
             JobStatus.RUNNING,
         )
+
+    def claim_next_inhub_jobs(
+        self,
+        targets: Sequence[str],
+        worker_id: str,
+        lease: timedelta | None = None,
+        *,
+        limit: int,
+    ) -> list[Job]:
+        owner = require_text(worker_id, field="worker_id")
+        duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
+        count = parse_batch_limit(limit)
+        claimed: list[Job] = []
+        # One claim after another under the store's mutex: each passes the thread gate
+        # with every earlier claim of the batch already applied.
+        with self._mutex:
+            while len(claimed) < count:
+                job = self._claim(targets, owner, duration, JobStatus.RUNNING)
+                if job is None:
+                    break
+                claimed.append(job)
+        return claimed
+
+    def complete_claimed_jobs(self, reports: Sequence[ClaimReport]) -> list[CompletionResult]:
+        parsed = parse_claim_reports(reports)
+        with self._mutex:
+            return [
+                self.complete_claimed_job(pk, token, status, **cleaned)
+                for pk, token, status, cleaned in parsed
+            ]
 
     def complete_claimed_job(
         self, job_id: JobId, claim_token: uuid.UUID | str, status: str, **patch: Any
@@ -479,6 +516,38 @@ class MemoryStateStore(StateStore):
                 request_id=row["request_id"],
                 event=event,
                 detail={"by": by, "via": via, "prev_status": prev_status},
+            )
+            return _job(row)
+
+    def requeue_expired_lease_job(
+        self, job_id: JobId, *, by: str, via: str, event: str = "rerun"
+    ) -> Job | None:
+        pk = parse_uuid(job_id, field="job_id")
+        validate_requeue_arguments([JobStatus.RUNNING], by, via, event)
+        with self._mutex:
+            row = self._jobs.get(pk)
+            if (
+                row is None
+                or row["status"] not in CLAIMED_JOB_STATUSES
+                or row["lease_until"] is None
+                or row["lease_until"] >= self._clock()
+            ):
+                return None
+            return self.requeue_job(pk, from_statuses=[row["status"]], by=by, via=via, event=event)
+
+    def reject_queued_job(self, job_id: JobId, *, by: str, reason: str = "") -> Job | None:
+        pk = parse_uuid(job_id, field="job_id")
+        error = validate_reject_arguments(by, reason)
+        with self._mutex:
+            row = self._jobs.get(pk)
+            if row is None or row["status"] != JobStatus.QUEUED:
+                return None
+            row.update(status=JobStatus.REJECTED, error=error, updated_at=self._clock())
+            self.append_audit(
+                job=pk,
+                request_id=row["request_id"],
+                event="rejected",
+                detail=reject_audit_detail(by, error),
             )
             return _job(row)
 

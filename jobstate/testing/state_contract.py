@@ -53,6 +53,7 @@ from jobstate.exceptions import (
 )
 from jobstate.stores.base import (
     EXPIRED_QUEUED_ERROR,
+    ClaimReport,
     CompletionOutcome,
     JobStatus,
     StateStore,
@@ -80,6 +81,7 @@ STATE_CONTRACT_AREAS = (
     "leases",
     "audit",
     "locks",
+    "batches",
     "concurrency",
 )
 
@@ -1477,6 +1479,196 @@ def _lock_context(kit: _Kit, store: StateStore) -> None:
     )
 
 
+# --- batches -------------------------------------------------------------------------
+
+
+@_case("batches", "a batch claim takes up to limit ready jobs, each with its own claim")
+def _batch_claim(kit: _Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    jobs = _queue(kit, store, target, 5)
+    (delayed,) = _queue(kit, store, target, run_after=_now() + _HOUR)
+    first = store.claim_next_inhub_jobs([target], worker, timedelta(minutes=5), limit=3)
+    _check(
+        [job.id for job in first] == [job.id for job in jobs[:3]],
+        area,
+        "a batch claim must take the oldest ready jobs, oldest first, up to limit.",
+    )
+    _check(
+        all(
+            job.status == JobStatus.RUNNING
+            and job.executor_id == worker
+            and job.claimed_at is not None
+            and job.lease_until is not None
+            and abs(job.lease_until - job.claimed_at - timedelta(minutes=5)) < timedelta(seconds=1)
+            and job.dispatched_at is None
+            for job in first
+        ),
+        area,
+        "every job of a batch must be running, owned by the worker, with the lease asked for.",
+    )
+    tokens = {_token(job) for job in first}
+    _check(len(tokens) == 3, area, "every job of a batch must get its own claim_token.")
+    rest = store.claim_next_inhub_jobs([target], worker, limit=10)
+    _check(
+        [job.id for job in rest] == [job.id for job in jobs[3:]],
+        area,
+        "a second batch must take the remaining ready jobs and skip the delayed one.",
+    )
+    _check(
+        store.claim_next_inhub_jobs([target], worker, limit=10) == [],
+        area,
+        "with only a delayed job left a batch claim must return an empty list.",
+    )
+    stored = _present(area, store.get_job(delayed.id), "get_job")
+    _check(stored.status == JobStatus.QUEUED, area, "the delayed job must stay queued.")
+
+
+@_case("batches", "a batch claim takes at most one job of a thread, the thread's oldest")
+def _batch_claim_threads(kit: _Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    thread = kit.thread()
+    threaded = _queue(kit, store, target, 3, thread_id=thread)
+    loose = _queue(kit, store, target, 2)
+    claimed = store.claim_next_inhub_jobs([target], worker, limit=10)
+    ids = {job.id for job in claimed}
+    _check(
+        ids == {threaded[0].id, *(job.id for job in loose)},
+        area,
+        "a batch must take the thread's oldest job and every thread-less job, and leave the "
+        f"thread's later jobs queued; took {len(ids)} jobs.",
+    )
+    for job in threaded[1:]:
+        stored = _present(area, store.get_job(job.id), "get_job")
+        _check(stored.status == JobStatus.QUEUED, area, "a thread's later jobs must wait.")
+    store.complete_claimed_job(
+        threaded[0].id, _token(_claimed_job(claimed, threaded[0].id)), "done"
+    )
+    following = store.claim_next_inhub_jobs([target], worker, limit=10)
+    _check(
+        [job.id for job in following] == [threaded[1].id],
+        area,
+        "once the thread's job is done the next batch must take exactly its next job.",
+    )
+
+
+@_case("batches", "bad batch claim arguments raise and claim nothing")
+def _batch_claim_bad_arguments(kit: _Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    (job,) = _queue(kit, store, target)
+    limits: tuple[Any, ...] = (0, -1, True, "5", None)
+    for limit in limits:
+        _raises(
+            area,
+            InvalidJobState,
+            functools.partial(store.claim_next_inhub_jobs, [target], worker, limit=limit),
+            f"claim_next_inhub_jobs(limit={limit!r})",
+        )
+    _raises(
+        area,
+        InvalidJobState,
+        lambda: store.claim_next_inhub_jobs([target], "", limit=1),
+        "claim_next_inhub_jobs with an empty worker_id",
+    )
+    _check(
+        store.claim_next_inhub_jobs([], worker, limit=5) == [],
+        area,
+        "empty targets must answer an empty list.",
+    )
+    stored = _present(area, store.get_job(job.id), "get_job")
+    _check(stored.status == JobStatus.QUEUED, area, "a refused batch claim must claim nothing.")
+
+
+@_case("batches", "a batch of reports answers per report, in order, each fenced by its token")
+def _batch_complete(kit: _Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    _queue(kit, store, target, 3)
+    first, second, third = store.claim_next_inhub_jobs([target], worker, limit=3)
+    missing = uuid.uuid4()
+    results = store.complete_claimed_jobs(
+        [
+            ClaimReport(first.id, _token(first), JobStatus.DONE, {"result": {"n": 1}}),
+            ClaimReport(missing, uuid.uuid4(), JobStatus.DONE),
+            ClaimReport(second.id, uuid.uuid4(), JobStatus.DONE, {"result": {"n": 2}}),
+            ClaimReport(str(third.id), str(third.claim_token), JobStatus.ERROR, {"error": "x"}),
+        ]
+    )
+    outcomes = [result.outcome for result in results]
+    _check(
+        outcomes
+        == [
+            CompletionOutcome.COMPLETED,
+            CompletionOutcome.NOT_FOUND,
+            CompletionOutcome.STALE_CLAIM,
+            CompletionOutcome.COMPLETED,
+        ],
+        area,
+        f"expected completed, not_found, stale_claim, completed; got {outcomes}.",
+    )
+    done = _present(area, results[0].job, "the completed job")
+    _check(
+        done.status == JobStatus.DONE
+        and done.result == {"n": 1}
+        and all(value is None for value in _claim_fields(done).values()),
+        area,
+        "a current report in a batch must write its status and patch and clear the claim.",
+    )
+    failed = _present(area, results[3].job, "the failed job")
+    _check(
+        failed.status == JobStatus.ERROR and failed.error == "x",
+        area,
+        "each report in a batch must write its own status and patch.",
+    )
+    stale = _present(area, store.get_job(second.id), "get_job")
+    _check(
+        stale.status == JobStatus.RUNNING
+        and stale.result is None
+        and stale.claim_token == second.claim_token,
+        area,
+        "a report with a wrong token must leave its job untouched.",
+    )
+    _check(store.complete_claimed_jobs([]) == [], area, "an empty batch must answer [].")
+
+
+@_case("batches", "a batch with one bad report raises and writes nothing")
+def _batch_complete_bad(kit: _Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    _queue(kit, store, target, 2)
+    first, second = store.claim_next_inhub_jobs([target], worker, limit=2)
+    good = ClaimReport(first.id, _token(first), JobStatus.DONE)
+    bad_batches: list[tuple[Any, type[BaseException], str]] = [
+        ([good, ClaimReport(second.id, _token(second), "running")], InvalidJobState, "running"),
+        (
+            [good, ClaimReport(second.id, _token(second), "done", {"id": uuid.uuid4()})],
+            ImmutableField,
+            "a patch of the id",
+        ),
+        ([good, ClaimReport(second.id, "not-a-uuid", "done")], InvalidJobState, "a bad token"),
+        ([good, ClaimReport(first.id, _token(first), "error")], InvalidJobState, "a job twice"),
+        ([good, (second.id, _token(second), "done")], InvalidJobState, "a tuple"),
+    ]
+    for batch, error, what in bad_batches:
+        _raises(
+            area,
+            error,
+            functools.partial(store.complete_claimed_jobs, batch),
+            f"complete_claimed_jobs with {what}",
+        )
+    for job in (first, second):
+        stored = _present(area, store.get_job(job.id), "get_job")
+        _check(
+            stored.status == JobStatus.RUNNING and stored.claim_token == job.claim_token,
+            area,
+            "a refused batch must write nothing, not even its good reports.",
+        )
+
+
+def _claimed_job(jobs: Iterable[Any], job_id: uuid.UUID) -> Any:
+    for job in jobs:
+        if job.id == job_id:
+            return job
+    raise _fail("batches", f"job {job_id} is not in the batch.")
+
+
 # --- concurrency ---------------------------------------------------------------------
 
 
@@ -1517,6 +1709,23 @@ def _burst_claims(kit: _Kit, store: StateStore) -> None:
         area,
         f"{len(ids)} claims ({len(set(ids))} distinct) for {len(jobs)} jobs: every job must "
         "be claimed exactly once. Claim with one atomic conditional write.",
+    )
+
+
+@_case("concurrency", "a burst of {n} concurrent batch claims claims each job once")
+def _burst_batch_claims(kit: _Kit, store: StateStore) -> None:
+    area, target = "concurrency", kit.name("target")
+    jobs = _queue(kit, store, target, 3 * kit.concurrency)
+    batches = _burst(
+        kit, lambda i: store.claim_next_inhub_jobs([target], f"{kit.ns}.w-{i}", limit=5)
+    )
+    ids = [job.id for batch in batches for job in batch]
+    ids += [job.id for job in store.claim_next_inhub_jobs([target], kit.name("w"), limit=1000)]
+    _check(
+        sorted(ids) == sorted(job.id for job in jobs),
+        area,
+        f"{len(ids)} claims ({len(set(ids))} distinct) for {len(jobs)} jobs: concurrent "
+        "batches must claim every job exactly once.",
     )
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks of django-jobstate. Each module runs with ``python -m bench.<name>``."""

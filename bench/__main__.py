@@ -1,0 +1,162 @@
+"""Command line of the benchmark harness::
+
+    python -m bench drain --workers 4 --jobs 20000 --repeats 3
+    python -m bench sweeps --rows 1000000
+    python -m bench all
+
+See ``docs/benchmarks.md`` for what each measures and the figures of a real run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.pg import (
+    DEFAULT_SERVER,
+    BenchError,
+    connect,
+    database_url,
+    drop_database,
+    load_average,
+    manifest,
+    recreate_database,
+    setup_django,
+)
+
+
+def _prepare(url: str) -> dict[str, Any]:
+    recreate_database(url)
+    setup_django(url)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    with connect(url) as conn:
+        return manifest(conn)
+
+
+def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import drain
+
+    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = set(contenders) - set(drain.CONTENDERS)
+    if unknown:
+        raise BenchError(
+            f"unknown contender(s) {sorted(unknown)}; known: {', '.join(drain.CONTENDERS)}"
+        )
+    workers = [int(w) for w in str(args.workers).split(",")]
+    print(
+        f"drain: {args.jobs} jobs, workers {workers}, {args.repeats} repeats, "
+        f"batch k={args.batch}; "
+        f"load average {load_average()}",
+        flush=True,
+    )
+    summaries = drain.run(
+        url,
+        contenders=contenders,
+        workers=workers,
+        jobs=args.jobs,
+        repeats=args.repeats,
+        batch=args.batch,
+        memory_every=args.memory_every,
+        log=lambda line: print(line, flush=True),
+    )
+    text = drain.table(summaries, args.batch)
+    checks = drain.targets(summaries, workers=4 if 4 in workers else workers[-1])
+    print()
+    print(text)
+    print()
+    for line in checks:
+        print(line)
+    print(f"load average at the end: {load_average()}")
+    result["drain"] = {
+        "table": text,
+        "targets": checks,
+        "cells": [vars(c) for s in summaries.values() for c in s.cells],
+    }
+
+
+def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import sweeps
+
+    result["sweeps"] = sweeps.run(
+        url,
+        rows=args.rows,
+        stale=args.stale,
+        audit=args.audit,
+        log=lambda line: print(line, flush=True),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--server",
+        default=DEFAULT_SERVER,
+        help="PostgreSQL server URL (its database part is ignored)",
+    )
+    parser.add_argument(
+        "--database",
+        default="jobstate_bench",
+        help="database the harness drops and creates (name must contain 'bench')",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--output", type=Path, help="write the result (with the manifest) as JSON")
+    commands = parser.add_subparsers(dest="command", required=True)
+    drain_parser = commands.add_parser("drain", help="drain benchmark, all contenders")
+    sweeps_parser = commands.add_parser(
+        "sweeps", help="heartbeat, reap, prune and metrics at scale"
+    )
+    all_parser = commands.add_parser("all", help="drain, then sweeps")
+    for sub in (drain_parser, all_parser):
+        sub.add_argument("--workers", default="4", help="worker processes, e.g. 4 or 1,4")
+        sub.add_argument("--jobs", type=int, default=20000)
+        sub.add_argument("--repeats", type=int, default=3)
+        sub.add_argument("--batch", type=int, default=50, help="k of the batch contenders")
+        sub.add_argument(
+            "--contenders",
+            default="raw,raw-batch,jobstate,jobstate-batch,procrastinate,django-tasks-db",
+        )
+        sub.add_argument(
+            "--memory-every",
+            type=int,
+            default=1000,
+            help="sample jobstate worker memory every N jobs (0: never)",
+        )
+    for sub in (sweeps_parser, all_parser):
+        sub.add_argument("--rows", type=int, default=1_000_000, help="jobs table size")
+        sub.add_argument("--stale", type=int, default=100_000, help="expired leases among them")
+        sub.add_argument("--audit", type=int, default=1_000_000, help="audit rows to prune")
+    args = parser.parse_args(argv)
+    url = database_url(args.server, args.database)
+    try:
+        result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}
+        result["manifest"] = _prepare(url)
+        if args.command in ("drain", "all"):
+            _drain(args, url, result)
+        if args.command in ("sweeps", "all"):
+            _sweeps(args, url, result)
+        result["load_average_at_end"] = load_average()
+        if args.output:
+            args.output.write_text(json.dumps(result, indent=2, default=str))
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep:
+            try:
+                drop_database(url)
+            except Exception as exc:
+                print(f"warning: could not drop {url}: {exc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

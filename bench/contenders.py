@@ -1,0 +1,446 @@
+"""The contenders of the drain benchmark: how each loads the same no-op jobs and how one
+of its worker processes drains them.
+
+Every worker runs :func:`worker_main` in its own process: it sets Django up, opens its
+connection and warms it, waits at the barrier with the others, drains until its queue
+answers empty, and reports what it did. The payload of every job is the same ~200-byte
+JSON object.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from bench.pg import StatementCounter, setup_django
+
+PAYLOAD_PAD = "x" * 150
+TARGET = "bench"
+
+RAW_TABLE = "bench_raw_job"
+
+#: psutil is optional: without it worker memory is not sampled.
+try:
+    import psutil
+except ImportError:  # pragma: no cover - psutil is in the bench dependency group
+    psutil = None
+
+
+def rss_bytes() -> int:
+    if psutil is None:
+        return 0
+    return int(psutil.Process().memory_info().rss)
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    label: str
+    table: str
+    done_sql: str
+    #: (url, jobs, batch) -> None, run in the parent with Django set up.
+    load: Callable[[str, int, int], None]
+    #: (url, index, batch) -> drain function, run in the worker before the barrier.
+    prepare: Callable[[str, int, int], Callable[[Callable[[int], None]], int]]
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def _clone(
+    conn: psycopg.Connection[Any], table: str, template: str, count: int, overrides: dict[str, str]
+) -> None:
+    """Copy the row ``template`` selects ``count - 1`` times inside the server, with the
+    columns in ``overrides`` replaced by SQL expressions (``g`` is the copy's number)."""
+    if count <= 1:
+        return
+    columns = [
+        row[0]
+        for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+            "AND table_schema = current_schema() ORDER BY ordinal_position",
+            [table],
+        ).fetchall()
+    ]
+    kept = [c for c in columns if overrides.get(c) != "DEFAULT"]
+    exprs = [overrides.get(c, f'src."{c}"') for c in kept]
+    names = ", ".join(f'"{c}"' for c in kept)
+    conn.execute(
+        f'INSERT INTO "{table}" ({names}) SELECT {", ".join(exprs)} '
+        f'FROM (SELECT * FROM "{table}" WHERE {template}) AS src, generate_series(2, %s) AS g',
+        [count],
+    )
+
+
+def _finish_load(conn: psycopg.Connection[Any], table: str) -> None:
+    conn.execute(f'VACUUM (ANALYZE) "{table}"')
+    conn.execute("CHECKPOINT")
+
+
+def load_raw(url: str, jobs: int, batch: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"""
+            CREATE TABLE IF NOT EXISTS {RAW_TABLE} (
+                id bigserial PRIMARY KEY,
+                status text NOT NULL DEFAULT 'queued',
+                payload jsonb NOT NULL,
+                worker text,
+                claim_token uuid,
+                claimed_at timestamptz,
+                lease_until timestamptz,
+                created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+            )""")
+        conn.execute(
+            f"CREATE INDEX IF NOT EXISTS {RAW_TABLE}_claim_idx ON {RAW_TABLE} "
+            "(created_at, id) WHERE status = 'queued'"
+        )
+        conn.execute(f"TRUNCATE {RAW_TABLE}")
+        conn.execute(
+            f"INSERT INTO {RAW_TABLE} (payload) SELECT jsonb_build_object('n', g, 'pad', %s::text) "
+            "FROM generate_series(1, %s) AS g",
+            [PAYLOAD_PAD, jobs],
+        )
+        _finish_load(conn, RAW_TABLE)
+
+
+def load_jobstate(url: str, jobs: int, batch: int) -> None:
+    from jobstate.models import Job
+    from jobstate.stores import get_state_store
+
+    table = Job._meta.db_table
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'TRUNCATE "{table}" CASCADE')
+    template = get_state_store().create_job(
+        request_id="bench-1", target=TARGET, source="bench", input={"n": 1, "pad": PAYLOAD_PAD}
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        _clone(
+            conn,
+            table,
+            f"id = '{template.id}'",
+            jobs,
+            {
+                "id": "gen_random_uuid()",
+                "request_id": "'bench-' || g",
+                "input": f"jsonb_build_object('n', g, 'pad', '{PAYLOAD_PAD}')",
+                "created_at": "clock_timestamp()",
+                "updated_at": "clock_timestamp()",
+            },
+        )
+        _finish_load(conn, table)
+
+
+def load_procrastinate(url: str, jobs: int, batch: int) -> None:
+    from bench.peer_tasks import procrastinate_noop
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE procrastinate_jobs CASCADE")
+    procrastinate_noop.defer(n=1, pad=PAYLOAD_PAD)
+    with psycopg.connect(url, autocommit=True) as conn:
+        first = conn.execute("SELECT min(id) FROM procrastinate_jobs").fetchone()
+        _clone(
+            conn,
+            "procrastinate_jobs",
+            f"id = {first[0] if first else 0}",
+            jobs,
+            {
+                "id": "DEFAULT",
+                "args": f"jsonb_build_object('n', g, 'pad', '{PAYLOAD_PAD}')",
+            },
+        )
+        _finish_load(conn, "procrastinate_jobs")
+
+
+def load_tasks_db(url: str, jobs: int, batch: int) -> None:
+    from django_tasks_db.models import DBTaskResult
+
+    from bench.peer_tasks import tasks_db_noop
+
+    table = DBTaskResult._meta.db_table
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'TRUNCATE "{table}" CASCADE')
+    result = tasks_db_noop.enqueue(n=1, pad=PAYLOAD_PAD)
+    with psycopg.connect(url, autocommit=True) as conn:
+        _clone(
+            conn,
+            table,
+            f"id = '{result.id}'",
+            jobs,
+            {
+                "id": "gen_random_uuid()",
+                "enqueued_at": "clock_timestamp()",
+            },
+        )
+        _finish_load(conn, table)
+
+
+# --- draining -----------------------------------------------------------------------------
+
+_RAW_CLAIM = f"""
+    UPDATE {RAW_TABLE} SET status = 'running', worker = %s, claim_token = %s,
+        claimed_at = now(), lease_until = now() + interval '5 minutes', updated_at = now()
+    WHERE id = (SELECT id FROM {RAW_TABLE} WHERE status = 'queued'
+                ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING id, claim_token, payload
+"""
+_RAW_COMPLETE = f"""
+    UPDATE {RAW_TABLE} SET status = 'done', claim_token = NULL, worker = NULL,
+        claimed_at = NULL, lease_until = NULL, updated_at = now()
+    WHERE id = %s AND claim_token = %s AND status = 'running'
+"""
+_RAW_CLAIM_BATCH = f"""
+    UPDATE {RAW_TABLE} AS j SET status = 'running', worker = %s, claim_token = gen_random_uuid(),
+        claimed_at = now(), lease_until = now() + interval '5 minutes', updated_at = now()
+    FROM (SELECT id FROM {RAW_TABLE} WHERE status = 'queued'
+          ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED) AS picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.claim_token, j.payload
+"""
+_RAW_COMPLETE_BATCH = f"""
+    UPDATE {RAW_TABLE} AS j SET status = 'done', claim_token = NULL, worker = NULL,
+        claimed_at = NULL, lease_until = NULL, updated_at = now()
+    FROM unnest(%s::bigint[], %s::uuid[]) AS v(id, token)
+    WHERE j.id = v.id AND j.claim_token = v.token AND j.status = 'running'
+"""
+
+
+def prepare_raw(url: str, index: int, batch: int) -> Callable[[Callable[[int], None]], int]:
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("SELECT 1")
+    worker = f"raw-{index}"
+
+    def drain(tick: Callable[[int], None]) -> int:
+        done = 0
+        with conn:
+            while True:
+                row = conn.execute(_RAW_CLAIM, [worker, uuid.uuid4()]).fetchone()
+                if row is None:
+                    return done
+                conn.execute(_RAW_COMPLETE, [row[0], row[1]])
+                done += 1
+                tick(done)
+
+    return drain
+
+
+def prepare_raw_batch(url: str, index: int, batch: int) -> Callable[[Callable[[int], None]], int]:
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("SELECT 1")
+    worker = f"raw-batch-{index}"
+
+    def drain(tick: Callable[[int], None]) -> int:
+        done = 0
+        with conn:
+            while True:
+                rows = conn.execute(_RAW_CLAIM_BATCH, [worker, batch]).fetchall()
+                if not rows:
+                    return done
+                conn.execute(_RAW_COMPLETE_BATCH, [[r[0] for r in rows], [r[1] for r in rows]])
+                done += len(rows)
+                tick(done)
+
+    return drain
+
+
+def prepare_jobstate(url: str, index: int, batch: int) -> Callable[[Callable[[int], None]], int]:
+    from django.db import connection
+
+    from jobstate.stores import get_state_store
+
+    store = get_state_store()
+    connection.ensure_connection()
+    worker = f"jobstate-{index}"
+
+    def drain(tick: Callable[[int], None]) -> int:
+        done = 0
+        while True:
+            job = store.claim_next_inhub_job([TARGET], worker)
+            if job is None:
+                return done
+            assert job.claim_token is not None
+            outcome = store.complete_claimed_job(job.id, job.claim_token, "done")
+            if not outcome.completed:
+                raise RuntimeError(f"a fresh claim's report bounced: {outcome.outcome}")
+            done += 1
+            tick(done)
+
+    return drain
+
+
+def prepare_jobstate_batch(
+    url: str, index: int, batch: int
+) -> Callable[[Callable[[int], None]], int]:
+    from django.db import connection
+
+    from jobstate.stores import get_state_store
+    from jobstate.stores.base import ClaimReport
+
+    store = get_state_store()
+    connection.ensure_connection()
+    worker = f"jobstate-batch-{index}"
+
+    def drain(tick: Callable[[int], None]) -> int:
+        done = 0
+        while True:
+            jobs = store.claim_next_inhub_jobs([TARGET], worker, limit=batch)
+            if not jobs:
+                return done
+            results = store.complete_claimed_jobs(
+                [ClaimReport(job.id, job.claim_token or "", "done") for job in jobs]
+            )
+            if not all(result.completed for result in results):
+                raise RuntimeError("a fresh claim's report bounced")
+            done += len(jobs)
+            tick(done)
+
+    return drain
+
+
+def prepare_procrastinate(
+    url: str, index: int, batch: int
+) -> Callable[[Callable[[int], None]], int]:
+    from procrastinate.contrib.django import app
+
+    import bench.peer_tasks  # noqa: F401 - registers the task
+
+    def drain(tick: Callable[[int], None]) -> int:
+        # The worker connector is procrastinate's own psycopg pool, as its
+        # ``procrastinate worker`` command uses; wait=False stops once caught up.
+        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+            worker_app.run_worker(
+                queues=["bench"],
+                concurrency=1,
+                wait=False,
+                listen_notify=False,
+                delete_jobs="never",
+                install_signal_handlers=False,
+                name=f"procrastinate-{index}",
+            )
+        return -1
+
+    return drain
+
+
+def prepare_tasks_db(url: str, index: int, batch: int) -> Callable[[Callable[[int], None]], int]:
+    from django.db import connection
+    from django_tasks_db.management.commands.db_worker import Worker
+
+    import bench.peer_tasks  # noqa: F401 - the worker imports the task by path anyway
+
+    connection.ensure_connection()
+    worker = Worker(
+        queue_names=["default"],
+        interval=0.01,
+        batch=True,
+        backend_name="default",
+        startup_delay=False,
+        max_tasks=None,
+        worker_id=f"tasks-db-{index}",
+        excluded_queue_names=[],
+    )
+
+    def drain(tick: Callable[[int], None]) -> int:
+        worker.run()
+        return -1
+
+    return drain
+
+
+CONTENDERS: dict[str, Contender] = {
+    c.name: c
+    for c in [
+        Contender(
+            "raw",
+            "raw psycopg (single-statement claim + guarded complete)",
+            RAW_TABLE,
+            f"SELECT count(*) FROM {RAW_TABLE} WHERE status = 'done'",
+            load_raw,
+            prepare_raw,
+        ),
+        Contender(
+            "raw-batch",
+            "raw psycopg, batch of k per claim and per complete",
+            RAW_TABLE,
+            f"SELECT count(*) FROM {RAW_TABLE} WHERE status = 'done'",
+            load_raw,
+            prepare_raw_batch,
+        ),
+        Contender(
+            "jobstate",
+            "jobstate: claim_next_inhub_job + complete_claimed_job",
+            "jobstate_job",
+            "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
+            load_jobstate,
+            prepare_jobstate,
+        ),
+        Contender(
+            "jobstate-batch",
+            "jobstate: claim_next_inhub_jobs + complete_claimed_jobs (k per call)",
+            "jobstate_job",
+            "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
+            load_jobstate,
+            prepare_jobstate_batch,
+        ),
+        Contender(
+            "procrastinate",
+            "procrastinate (Django integration, sync no-op task)",
+            "procrastinate_jobs",
+            "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
+            load_procrastinate,
+            prepare_procrastinate,
+        ),
+        Contender(
+            "django-tasks-db",
+            "django-tasks-db (db_worker Worker, no-op task)",
+            "django_tasks_database_dbtaskresult",
+            "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'",
+            load_tasks_db,
+            prepare_tasks_db,
+        ),
+    ]
+}
+
+
+def worker_main(
+    contender: str, url: str, index: int, batch: int, barrier: Any, results: Any, memory_every: int
+) -> None:
+    """Body of one worker process (started with the ``spawn`` method)."""
+    try:
+        setup_django(url)
+        StatementCounter.install()
+        drain = CONTENDERS[contender].prepare(url, index, batch)
+        samples: list[tuple[int, int]] = []
+
+        def tick(done: int) -> None:
+            if memory_every and done % memory_every == 0:
+                samples.append((done, rss_bytes()))
+
+        barrier.wait(timeout=120)
+        started = time.time()
+        cpu = time.process_time()
+        statements = StatementCounter.count
+        done = drain(tick)
+        results.put(
+            {
+                "index": index,
+                "pid": os.getpid(),
+                "started": started,
+                "ended": time.time(),
+                "cpu": time.process_time() - cpu,
+                "statements": StatementCounter.count - statements,
+                "done": done,
+                "rss": samples,
+                "rss_end": rss_bytes(),
+                "error": None,
+            }
+        )
+    except BaseException as exc:
+        results.put({"index": index, "error": f"{type(exc).__name__}: {exc}"})
+        raise

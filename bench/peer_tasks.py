@@ -1,0 +1,22 @@
+"""The no-op task of each peer. Imported after ``django.setup()`` with ``bench.settings``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from procrastinate.contrib.django import app as procrastinate_app
+
+try:  # Django 6 ships django.tasks; on 5.2 the django-tasks backport provides it.
+    from django.tasks import task
+except ImportError:  # pragma: no cover - depends on the Django version
+    from django_tasks import task  # type: ignore[no-redef]
+
+
+@procrastinate_app.task(name="bench.noop", queue="bench")
+def procrastinate_noop(**payload: Any) -> None:
+    """Does nothing: the benchmark measures the queue, not the work."""
+
+
+@task(queue_name="default")
+def tasks_db_noop(**payload: Any) -> None:
+    """Does nothing: the benchmark measures the queue, not the work."""

@@ -1,0 +1,64 @@
+"""Django settings of the benchmark processes: jobstate and the two peers it is measured
+against (procrastinate's Django integration, django-tasks-db) on one PostgreSQL database.
+
+The harness names the database in ``JOBSTATE_BENCH_DATABASE_URL`` before it starts any
+process. Connections are persistent (``CONN_MAX_AGE = None``) for every contender, so no
+one pays for reconnecting: django-tasks-db's worker closes "old" connections twice per
+task, which with Django's default ``CONN_MAX_AGE = 0`` would reconnect every time.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import unquote, urlsplit
+
+_url = urlsplit(
+    os.environ.get(
+        "JOBSTATE_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobstate_bench"
+    )
+)
+
+_threshold = os.environ.get("JOBSTATE_BENCH_PREPARE_THRESHOLD", "5")
+_prepare_threshold = None if _threshold == "off" else int(_threshold)
+
+SECRET_KEY = "benchmark-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "jobstate",
+    "procrastinate.contrib.django",
+    "django_tasks_db",
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(_url.path.lstrip("/")),
+        "USER": unquote(_url.username or "postgres"),
+        "PASSWORD": unquote(_url.password or ""),
+        "HOST": _url.hostname or "127.0.0.1",
+        "PORT": str(_url.port or 5432),
+        "CONN_MAX_AGE": None,
+        # psycopg's own default (raw psycopg and procrastinate's pool use it): a statement
+        # run 5 times on a connection is prepared. Django turns this off unless asked.
+        # JOBSTATE_BENCH_PREPARE_THRESHOLD=off measures Django's default instead.
+        "OPTIONS": {"prepare_threshold": _prepare_threshold},
+    }
+}
+
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+
+# Tasks are imported explicitly by the worker processes (bench.peer_tasks).
+PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "bench_tasks_not_autodiscovered"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"null": {"class": "logging.NullHandler"}},
+    "root": {"handlers": ["null"], "level": "WARNING"},
+}

@@ -1,0 +1,32 @@
+"""The operators' console on the Django admin.
+
+Jobs, runs, the audit ledger, runtime locks and the notification outbox are browsable
+at any size (estimated or capped counts, index-backed ordering and filters, exact
+search). History tables are read-only. Every change an operator makes is an admin
+action with a confirmation page and its own permission; it goes through the stores,
+re-checks each row in the database, and leaves an audit entry naming the user. The
+Operations page (``admin:jobstate_dashboard``) shows the metrics snapshot and charts.
+"""
+
+from __future__ import annotations
+
+from jobstate.admin.common import ReadOnlyAdmin, status_badge
+from jobstate.admin.history import ApprovalDecisionAdmin, AuditEntryAdmin, DeliveryReplayAdmin
+from jobstate.admin.jobs import JobAdmin
+from jobstate.admin.locks import RuntimeLockAdmin
+from jobstate.admin.outbox import NotificationAdmin
+from jobstate.admin.paginator import EstimatedCountPaginator
+from jobstate.admin.runs import JobRunAdmin
+
+__all__ = [
+    "ApprovalDecisionAdmin",
+    "AuditEntryAdmin",
+    "DeliveryReplayAdmin",
+    "EstimatedCountPaginator",
+    "JobAdmin",
+    "JobRunAdmin",
+    "NotificationAdmin",
+    "ReadOnlyAdmin",
+    "RuntimeLockAdmin",
+    "status_badge",
+]

@@ -1,0 +1,160 @@
+"""Read-only ledgers: the audit trail, approval decisions and dead-letter replays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy
+
+from jobstate.admin.common import (
+    ReadOnlyAdmin,
+    admin_change_url,
+    choice_badge,
+    exact_search,
+    json_block,
+    redact_summary,
+)
+from jobstate.admin.filters import AuditEventFilter
+from jobstate.audit import AuditSeverity
+from jobstate.models import ApprovalDecision, AuditEntry, DeliveryReplay, Job, Notification
+
+__all__ = ["ApprovalDecisionAdmin", "AuditEntryAdmin", "DeliveryReplayAdmin"]
+
+
+class LedgerAdmin(ReadOnlyAdmin):
+    """A read-only ledger whose rows name jobs or notifications by id."""
+
+    def link(self, model: type[Job] | type[Notification], pk: Any, text: str = "") -> Any:
+        """A link to a row by id without loading it (the row may have been pruned: the
+        ledgers keep ids without a database constraint)."""
+        if pk is None:
+            return "—"
+        url = admin_change_url(model, pk, self.admin_site.name)
+        return format_html('<a href="{}">{}</a>', url, text or str(pk)[:8])
+
+
+_AUDIT_ENTRY_FIELDS: tuple[str, ...] = (
+    "id",
+    "ts",
+    "job_link",
+    "request_id",
+    "event",
+    "stage",
+    "severity_display",
+    "title",
+    "summary_text",
+    "detail_json",
+)
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(LedgerAdmin):
+    list_display = [
+        "ts",
+        "event",
+        "stage",
+        "severity_display",
+        "title",
+        "summary_short",
+        "request_id",
+        "job_link",
+    ]
+    list_filter = ["stage", "severity", AuditEventFilter]
+    search_fields = ["request_id"]
+    search_help_text = gettext_lazy("An exact job id, request id or event.")
+    # Served by the jobstate_audit_recent_idx index, exactly.
+    ordering = ["-ts", "-id"]
+    fields = _AUDIT_ENTRY_FIELDS
+    readonly_fields = _AUDIT_ENTRY_FIELDS
+
+    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+        return exact_search(
+            queryset, term, uuid_fields=["job_id"], text_fields=["request_id", "event"]
+        )
+
+    @admin.display(description=gettext_lazy("severity"), ordering="severity")
+    def severity_display(self, entry: AuditEntry) -> SafeString:
+        return choice_badge(entry.severity, AuditSeverity(entry.severity).label)
+
+    @admin.display(description=gettext_lazy("summary"))
+    def summary_short(self, entry: AuditEntry) -> str:
+        return Truncator(redact_summary(entry.summary)).chars(120)
+
+    @admin.display(description=gettext_lazy("summary"))
+    def summary_text(self, entry: AuditEntry) -> str:
+        return redact_summary(entry.summary)
+
+    @admin.display(description=gettext_lazy("job"))
+    def job_link(self, entry: AuditEntry) -> Any:
+        return self.link(Job, entry.job_id)
+
+    @admin.display(description=gettext_lazy("detail"))
+    def detail_json(self, entry: AuditEntry) -> SafeString | str:
+        return json_block(entry.detail)
+
+
+_APPROVAL_DECISION_FIELDS: tuple[str, ...] = (
+    "decision_id",
+    "job_link",
+    "approver",
+    "comment",
+    "created_at",
+)
+
+
+@admin.register(ApprovalDecision)
+class ApprovalDecisionAdmin(LedgerAdmin):
+    list_display = ["decision_id", "job_link", "approver", "comment_short", "created_at"]
+    search_fields = ["decision_id"]
+    search_help_text = gettext_lazy("An exact decision id, approver or job id.")
+    ordering = ["-created_at"]
+    fields = _APPROVAL_DECISION_FIELDS
+    readonly_fields = _APPROVAL_DECISION_FIELDS
+
+    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+        return exact_search(
+            queryset, term, uuid_fields=["job_id"], text_fields=["decision_id", "approver"]
+        )
+
+    @admin.display(description=gettext_lazy("job"))
+    def job_link(self, decision: ApprovalDecision) -> Any:
+        return self.link(Job, decision.job_id)
+
+    @admin.display(description=gettext_lazy("comment"))
+    def comment_short(self, decision: ApprovalDecision) -> str:
+        return Truncator(decision.comment).chars(80)
+
+
+_DELIVERY_REPLAY_FIELDS: tuple[str, ...] = (
+    "dlq_key",
+    "notification_link",
+    "requested_by",
+    "created_at",
+)
+
+
+@admin.register(DeliveryReplay)
+class DeliveryReplayAdmin(LedgerAdmin):
+    list_display = ["dlq_key", "notification_link", "requested_by", "created_at"]
+    search_fields = ["dlq_key"]
+    search_help_text = gettext_lazy("An exact dead-letter key, requester or notification id.")
+    ordering = ["-created_at"]
+    fields = _DELIVERY_REPLAY_FIELDS
+    readonly_fields = _DELIVERY_REPLAY_FIELDS
+
+    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+        return exact_search(
+            queryset,
+            term,
+            uuid_fields=["notification_id"],
+            text_fields=["dlq_key", "requested_by"],
+        )
+
+    @admin.display(description=gettext_lazy("notification"))
+    def notification_link(self, replay: DeliveryReplay) -> Any:
+        return self.link(Notification, replay.notification_id)

@@ -1,0 +1,213 @@
+"""The notification outbox: rows by state, their delivery attempts, and replaying dead
+letters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from jobstate.admin.common import (
+    ActionRow,
+    ActionSpec,
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    admin_change_url,
+    choice_badge,
+    exact_search,
+    json_block,
+    run_confirmed_action,
+    text_block,
+)
+from jobstate.admin.filters import ChannelFilter
+from jobstate.models import DeliveryAttempt, DeliveryReplay, Job, Notification
+from jobstate.stores import get_state_store
+from jobstate.stores.base import DeliveryRequeueOutcome, NotificationState
+
+__all__ = ["NotificationAdmin"]
+
+
+_DELIVERY_ATTEMPT_FIELDS: tuple[str, ...] = (
+    "number",
+    "relay_id",
+    "started_at",
+    "finished_at",
+    "succeeded",
+    "error",
+)
+
+
+class DeliveryAttemptInline(ReadOnlyInline):
+    model = DeliveryAttempt
+    fields = _DELIVERY_ATTEMPT_FIELDS
+    readonly_fields = _DELIVERY_ATTEMPT_FIELDS
+    ordering = ["number"]
+
+
+_DELIVERY_REPLAY_FIELDS: tuple[str, ...] = ("dlq_key", "requested_by", "created_at")
+
+
+class DeliveryReplayInline(ReadOnlyInline):
+    model = DeliveryReplay
+    fields = _DELIVERY_REPLAY_FIELDS
+    readonly_fields = _DELIVERY_REPLAY_FIELDS
+    ordering = ["created_at"]
+    verbose_name_plural = gettext_lazy("replays")
+
+
+def _label(notification: Notification) -> str:
+    return f"{notification.channel} → {Truncator(notification.destination).chars(60)}"
+
+
+_NOTIFICATION_FIELDS: tuple[str, ...] = (
+    "id",
+    "job_link",
+    "channel",
+    "destination",
+    "state_display",
+    "attempts",
+    "next_attempt_at",
+    "lease_until",
+    "relay_id",
+    "delivered_at",
+    "created_at",
+    "updated_at",
+    "idempotency_key",
+    "payload_json",
+    "last_error_text",
+)
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    """Outbox rows are written with their job's transition and moved by relays; here
+    they are browsed, and dead letters are replayed once through the store."""
+
+    list_display = [
+        "short_id",
+        "channel",
+        "destination_short",
+        "state_display",
+        "attempts",
+        "next_attempt_at",
+        "delivered_at",
+        "job_link",
+        "created_at",
+    ]
+    list_filter = ["state", ChannelFilter]
+    list_select_related = ["job"]
+    search_fields = ["idempotency_key"]
+    search_help_text = gettext_lazy("An exact notification id, job id or idempotency key.")
+    # Served by the jobstate_notif_recent_idx index.
+    ordering = ["-created_at"]
+    actions = ["replay_dead_letters"]
+    inlines = [DeliveryAttemptInline, DeliveryReplayInline]
+    fields = _NOTIFICATION_FIELDS
+    readonly_fields = _NOTIFICATION_FIELDS
+
+    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+        return exact_search(
+            queryset, term, uuid_fields=["id", "job_id"], text_fields=["idempotency_key"]
+        )
+
+    @admin.display(description=gettext_lazy("id"), ordering="id")
+    def short_id(self, notification: Notification) -> str:
+        return str(notification.pk)[:8]
+
+    @admin.display(description=gettext_lazy("destination"))
+    def destination_short(self, notification: Notification) -> str:
+        return Truncator(notification.destination).chars(60)
+
+    @admin.display(description=gettext_lazy("state"), ordering="state")
+    def state_display(self, notification: Notification) -> SafeString:
+        return choice_badge(notification.state, NotificationState(notification.state).label)
+
+    @admin.display(description=gettext_lazy("job"))
+    def job_link(self, notification: Notification) -> Any:
+        if notification.job_id is None:
+            return "—"
+        url = admin_change_url(Job, notification.job_id, self.admin_site.name)
+        job = notification.job
+        return format_html('<a href="{}">{}</a>', url, job.request_id if job else "—")
+
+    @admin.display(description=gettext_lazy("payload"))
+    def payload_json(self, notification: Notification) -> SafeString | str:
+        return json_block(notification.payload)
+
+    @admin.display(description=gettext_lazy("last error"))
+    def last_error_text(self, notification: Notification) -> SafeString | str:
+        return text_block(notification.last_error)
+
+    def has_replay_notification_permission(self, request: HttpRequest) -> bool:
+        return self.user_can(request, "replay_notification")
+
+    @admin.action(
+        description=gettext_lazy("Replay selected dead letters once…"),
+        permissions=["replay_notification"],
+    )
+    def replay_dead_letters(
+        self, request: HttpRequest, queryset: QuerySet[Notification]
+    ) -> HttpResponse | None:
+        return run_confirmed_action(self, request, queryset, self.replay_spec(request))
+
+    def replay_spec(self, request: HttpRequest) -> ActionSpec:
+        by = self.operator(request)
+        reasons = {
+            DeliveryRequeueOutcome.ALREADY_REQUEUED: _("this dead letter was already replayed"),
+            DeliveryRequeueOutcome.NOT_DEAD: _("no longer a dead letter"),
+            DeliveryRequeueOutcome.NOT_FOUND: _("no longer exists"),
+        }
+
+        def row(notification: Notification) -> ActionRow:
+            state = NotificationState(notification.state)
+            why = (
+                None
+                if state == NotificationState.DEAD
+                else _("%(state)s, not dead") % {"state": state.label}
+            )
+            detail = ngettext(
+                "%(state)s after %(n)d attempt",
+                "%(state)s after %(n)d attempts",
+                notification.attempts,
+            ) % {"state": state.label, "n": notification.attempts}
+            return ActionRow(notification, _label(notification), detail, why)
+
+        def perform(
+            request: HttpRequest, notification: Notification, inputs: dict[str, Any]
+        ) -> str | None:
+            # One key per death of the row: two operators replaying the same dead letter
+            # at once share it, so the store replays it once; a row that dies again
+            # after its replay gets the next key.
+            replays = DeliveryReplay.objects.filter(notification_id=notification.pk).count()
+            outcome = get_state_store().requeue_delivery_job_once(
+                notification_id=notification.pk,
+                dlq_key=f"dlq:{notification.pk}:{replays + 1}",
+                requested_by=by,
+            )
+            return None if outcome is DeliveryRequeueOutcome.REQUEUED else reasons[outcome]
+
+        return ActionSpec(
+            name="replay_dead_letters",
+            permission="replay_notification",
+            title=_("Replay dead letters"),
+            intro=_(
+                "Each dead notification goes back to pending, due at once, with its "
+                "attempts reset; the same row is sent again (same id and idempotency key, so "
+                "the receiver can drop a repeat). Each dead letter replays once, even if you "
+                "confirm twice; a “dlq_resend_ok” audit entry names you."
+            ),
+            confirm_label=_("Yes, replay"),
+            done=lambda n: (
+                ngettext("Replayed %(count)d dead letter.", "Replayed %(count)d dead letters.", n)
+                % {"count": n}
+            ),
+            row=row,
+            perform=perform,
+        )

@@ -1,0 +1,209 @@
+"""Runs of operations jobs: read-only history, and reaping stale runs on demand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from jobstate.admin.common import (
+    ActionRow,
+    ActionSpec,
+    ReadOnlyAdmin,
+    choice_badge,
+    exact_search,
+    json_block,
+    relative_time,
+    run_confirmed_action,
+    text_block,
+)
+from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
+from jobstate.audit import AuditSeverity, AuditStage
+from jobstate.conf import jobstate_settings
+from jobstate.models import JobRun, JobRunStatus
+from jobstate.stores import get_run_store, get_state_store
+
+__all__ = ["JobRunAdmin"]
+
+
+_JOB_RUN_FIELDS: tuple[str, ...] = (
+    "id",
+    "job_key",
+    "status_display",
+    "overlap_key",
+    "trigger_source",
+    "triggered_by",
+    "service_revision",
+    "started_at",
+    "heartbeat_at",
+    "finished_at",
+    "duration_display",
+    "input_json",
+    "summary_json",
+    "error_text",
+)
+
+
+@admin.register(JobRun)
+class JobRunAdmin(ReadOnlyAdmin):
+    """Runs are history: never edited here. The one action reaps stale RUNNING runs
+    through the run store (the atomic reap of obligation S4), freeing their overlap
+    keys, and audits it with the operator's name."""
+
+    list_display = [
+        "job_key",
+        "status_display",
+        "overlap_key",
+        "started_at",
+        "heartbeat_age",
+        "duration_display",
+        "trigger_display",
+    ]
+    list_filter = ["status", TriggerFilter, RunLivenessFilter]
+    search_fields = ["job_key"]
+    search_help_text = gettext_lazy("An exact run id, job key or overlap key.")
+    # Served by the jobstate_run_started_idx index.
+    ordering = ["-started_at"]
+    actions = ["reap_stale_runs"]
+    fields = _JOB_RUN_FIELDS
+    readonly_fields = _JOB_RUN_FIELDS
+
+    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+        return exact_search(
+            queryset, term, uuid_fields=["id"], text_fields=["job_key", "overlap_key"]
+        )
+
+    @admin.display(description=gettext_lazy("status"), ordering="status")
+    def status_display(self, run: JobRun) -> SafeString:
+        return choice_badge(run.status, JobRunStatus(run.status).label)
+
+    @admin.display(description=gettext_lazy("heartbeat"), ordering="heartbeat_at")
+    def heartbeat_age(self, run: JobRun) -> SafeString | str:
+        if run.status != JobRunStatus.RUNNING:
+            return "—"
+        now = timezone.now()
+        text = relative_time(run.heartbeat_at, now)
+        if run.heartbeat_at <= now - jobstate_settings.STALE_RUN_AFTER:
+            return format_html(
+                '<strong style="color:#cf222e">{}</strong>', _("%(age)s, stale") % {"age": text}
+            )
+        return text
+
+    @admin.display(description=gettext_lazy("duration"), ordering="duration_ms")
+    def duration_display(self, run: JobRun) -> str:
+        if run.duration_ms is None:
+            return "—"
+        seconds = run.duration_ms / 1000
+        return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+    @admin.display(description=gettext_lazy("trigger"), ordering="trigger_source")
+    def trigger_display(self, run: JobRun) -> str:
+        if run.triggered_by:
+            return f"{run.trigger_source} ({run.triggered_by})"
+        return run.trigger_source
+
+    @admin.display(description=gettext_lazy("input"))
+    def input_json(self, run: JobRun) -> SafeString | str:
+        return json_block(run.input)
+
+    @admin.display(description=gettext_lazy("summary"))
+    def summary_json(self, run: JobRun) -> SafeString | str:
+        return json_block(run.summary)
+
+    @admin.display(description=gettext_lazy("error"))
+    def error_text(self, run: JobRun) -> SafeString | str:
+        return text_block(run.error)
+
+    def has_reap_runs_permission(self, request: HttpRequest) -> bool:
+        return self.user_can(request, "reap_runs")
+
+    @admin.action(
+        description=gettext_lazy("Reap selected stale runs now…"), permissions=["reap_runs"]
+    )
+    def reap_stale_runs(
+        self, request: HttpRequest, queryset: QuerySet[JobRun]
+    ) -> HttpResponse | None:
+        return run_confirmed_action(self, request, queryset, self.reap_spec(request))
+
+    def reap_spec(self, request: HttpRequest) -> ActionSpec:
+        now = timezone.now()
+        stale_after = jobstate_settings.STALE_RUN_AFTER
+        by = self.operator(request)
+
+        def row(run: JobRun) -> ActionRow:
+            why: str | None = None
+            if run.status != JobRunStatus.RUNNING:
+                why = _("already %(status)s") % {"status": JobRunStatus(run.status).label}
+            elif run.heartbeat_at > now - stale_after:
+                why = _("heartbeat is fresh (%(age)s)") % {
+                    "age": relative_time(run.heartbeat_at, now)
+                }
+            detail = _("%(status)s · key %(key)s · heartbeat %(age)s") % {
+                "status": JobRunStatus(run.status).label,
+                "key": run.overlap_key or "—",
+                "age": relative_time(run.heartbeat_at, now),
+            }
+            return ActionRow(run, f"{run.job_key} {str(run.pk)[:8]}", detail, why)
+
+        def perform(request: HttpRequest, run: JobRun, inputs: dict[str, Any]) -> str | None:
+            with transaction.atomic():
+                # Holding the run's row keeps it the RUNNING holder of its overlap key
+                # (at most one per key, S1) until the reap below, so the reap scoped to
+                # that key moves this run and no other.
+                holder = (
+                    JobRun.objects.select_for_update()
+                    .filter(pk=run.pk, status=JobRunStatus.RUNNING)
+                    .values_list("job_key", "overlap_key")
+                    .first()
+                )
+                if holder is None:
+                    return _("finished meanwhile")
+                job_key, overlap_key = holder
+                moved = get_run_store().reap_stale(
+                    stale_after=stale_after, job_key=job_key, overlap_key=overlap_key, limit=1
+                )
+                if not moved:
+                    return _("heartbeat is fresh again")
+                get_state_store().append_audit(
+                    event="run_reaped",
+                    stage=AuditStage.RECOVERY,
+                    severity=AuditSeverity.WARNING,
+                    title="Run reaped",
+                    summary=f"{job_key} run {run.pk} (key {overlap_key}) reaped by {by}",
+                    detail={
+                        "run_id": str(run.pk),
+                        "job_key": job_key,
+                        "overlap_key": overlap_key,
+                        "by": by,
+                        "via": "admin",
+                        "stale_after_seconds": stale_after.total_seconds(),
+                    },
+                )
+            return None
+
+        return ActionSpec(
+            name="reap_stale_runs",
+            permission="reap_runs",
+            title=_("Reap stale runs"),
+            intro=_(
+                "RUNNING runs whose heartbeat is older than %(stale)s are assumed dead: they "
+                "become TIMED_OUT and free their overlap key, so the next run can start. A "
+                "run that heartbeats or finishes before you confirm is left alone. Each "
+                "reap gets a “run_reaped” audit entry naming you."
+            )
+            % {"stale": stale_after},
+            confirm_label=_("Yes, reap"),
+            done=lambda n: (
+                ngettext("Reaped %(count)d run.", "Reaped %(count)d runs.", n) % {"count": n}
+            ),
+            row=row,
+            perform=perform,
+        )

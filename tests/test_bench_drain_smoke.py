@@ -1,0 +1,96 @@
+"""The drain benchmark runs end to end on tiny counts: every contender (the raw SQL
+floor, jobstate one job at a time and in batches, procrastinate, django-tasks-db) drains
+every job it was given, and the harness cleans up after itself. Speed is not asserted
+here; the figures belong to the benchmark's own runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from django.db import connection
+
+from bench.contenders import CONTENDERS
+from bench.pg import BenchError, recreate_database
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = 200
+
+
+def _server_url() -> str:
+    settings = connection.settings_dict
+    user = quote(settings["USER"] or "postgres")
+    password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
+    host = settings["HOST"] or "127.0.0.1"
+    port = settings["PORT"] or 5432
+    return f"postgres://{user}{password}@{host}:{port}/"
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: Path) -> None:
+    name = f"jobstate_bench_drain_smoke_{os.getpid()}"
+    out = tmp_path / "drain.json"
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--server",
+            _server_url(),
+            "--database",
+            name,
+            "--output",
+            str(out),
+            "drain",
+            "--workers",
+            "2",
+            "--jobs",
+            str(JOBS),
+            "--repeats",
+            "1",
+            "--batch",
+            "20",
+            "--memory-every",
+            "50",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    report = json.loads(out.read_text())
+    cells = report["drain"]["cells"]
+    assert {cell["contender"] for cell in cells} == set(CONTENDERS)
+    for cell in cells:
+        assert cell["done"] == cell["jobs"] == JOBS, cell
+        assert cell["transactions"] > 0, cell
+        assert cell["statements"] > 0, cell
+    ours = [cell for cell in cells if cell["contender"] == "jobstate"]
+    assert ours[0]["rss_growth"] is not None, "worker memory was not sampled"
+    manifest = report["manifest"]
+    assert manifest["postgresql"].startswith("PostgreSQL")
+    assert manifest["postgresql_settings"]["synchronous_commit"] in {"on", "off", "local"}
+    assert "| jobstate | 2 |" in result.stdout
+    assert "jobstate-batch / jobstate at 2 workers" in result.stdout
+    with psycopg.connect(_server_url() + "postgres") as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+    assert left is None, "the benchmark left its database behind"
+
+
+@pytest.mark.parametrize(
+    "name", ["jobstate", "production", "bench; DROP TABLE x", "bench-name", ""]
+)
+def test_refuses_to_recreate_a_database_it_must_not_drop(name: str) -> None:
+    with pytest.raises(BenchError):
+        recreate_database(f"postgres://postgres@127.0.0.1:5432/{name}")
