@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, OutputWrapper
-from django.db import DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.exceptions import ImproperlyConfiguredStore
 
@@ -106,3 +106,31 @@ class ProgressLine:
             self.stream.write("\r\033[K", style_func=_plain, ending="")
             self.stream.flush()
             self.shown = False
+
+
+def add_sweep_options(parser: argparse.ArgumentParser, *, rows: str, would: str) -> None:
+    """The options every sweep command takes: ``--batch-size`` (``rows`` says what one
+    batch is), ``--time-budget``, ``--dry-run`` (``would`` names what it counts),
+    ``--json`` and ``--database``."""
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        metavar="N",
+        help=f"{rows} (default: JOBSTATE['SWEEP_BATCH_SIZE']).",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="Start no new batch of a sweep after this long "
+        "(default: JOBSTATE['SWEEP_TIME_BUDGET']).",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help=f"Count what would be {would}; write nothing."
+    )
+    parser.add_argument("--json", action="store_true", help="Print every count as one JSON object.")
+    parser.add_argument(
+        "--database",
+        default=DEFAULT_DB_ALIAS,
+        help="The database holding jobstate's tables (default: %(default)s).",
+    )

@@ -20,18 +20,17 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from jobstate.exceptions import JobStateError
 from jobstate.maintenance import SweepResult, run_retention_sweeps
 
 from ._common import (
     ProgressLine,
+    add_sweep_options,
     command_error,
     known_database,
     positive_days,
-    positive_int,
-    positive_seconds,
 )
 
 _NOUNS: dict[str, tuple[str, str]] = {
@@ -67,30 +66,7 @@ class Command(BaseCommand):
             help="Delete what is older than DAYS days (fractions allowed), instead of each "
             "kind's retention setting.",
         )
-        parser.add_argument(
-            "--batch-size",
-            type=positive_int,
-            metavar="N",
-            help="Rows per DELETE (default: JOBSTATE['SWEEP_BATCH_SIZE']).",
-        )
-        parser.add_argument(
-            "--time-budget",
-            type=positive_seconds,
-            metavar="SECONDS",
-            help="Start no new batch of a sweep after this long "
-            "(default: JOBSTATE['SWEEP_TIME_BUDGET']).",
-        )
-        parser.add_argument(
-            "--dry-run", action="store_true", help="Count what would be deleted; write nothing."
-        )
-        parser.add_argument(
-            "--json", action="store_true", help="Print every count as one JSON object."
-        )
-        parser.add_argument(
-            "--database",
-            default=DEFAULT_DB_ALIAS,
-            help="The database holding jobstate's tables (default: %(default)s).",
-        )
+        add_sweep_options(parser, rows="Rows per DELETE", would="deleted")
 
     def handle(self, *args: Any, **options: Any) -> None:
         progress = ProgressLine(self.stderr, action="Pruning")

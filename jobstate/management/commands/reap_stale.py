@@ -20,13 +20,14 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from jobstate.exceptions import JobStateError
 from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
 
 from ._common import (
     ProgressLine,
+    add_sweep_options,
     command_error,
     known_database,
     positive_int,
@@ -121,30 +122,7 @@ class Command(BaseCommand):
             help="Move at most N rows per sweep in this run (default: no cap beyond the "
             "time budget).",
         )
-        parser.add_argument(
-            "--batch-size",
-            type=positive_int,
-            metavar="N",
-            help="Rows per statement (default: JOBSTATE['SWEEP_BATCH_SIZE']).",
-        )
-        parser.add_argument(
-            "--time-budget",
-            type=positive_seconds,
-            metavar="SECONDS",
-            help="Start no new batch of a sweep after this long "
-            "(default: JOBSTATE['SWEEP_TIME_BUDGET']).",
-        )
-        parser.add_argument(
-            "--dry-run", action="store_true", help="Count what would be reaped; write nothing."
-        )
-        parser.add_argument(
-            "--json", action="store_true", help="Print every count as one JSON object."
-        )
-        parser.add_argument(
-            "--database",
-            default=DEFAULT_DB_ALIAS,
-            help="The database holding jobstate's tables (default: %(default)s).",
-        )
+        add_sweep_options(parser, rows="Rows per statement", would="reaped")
 
     def handle(self, *args: Any, **options: Any) -> None:
         progress = ProgressLine(self.stderr, action="Reaping")
