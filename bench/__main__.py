@@ -89,6 +89,10 @@ def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         audit=args.audit,
         log=lambda line: print(line, flush=True),
     )
+    result["sweeps"]["targets"] = sweeps.targets(result["sweeps"])
+    print()
+    for line in result["sweeps"]["targets"]:
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:

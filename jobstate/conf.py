@@ -54,11 +54,16 @@ DEFAULTS: dict[str, Any] = {
         "email": "jobstate.channels.EmailChannel",
         "callable": "jobstate.channels.CallableChannel",
     },
+    # Above this many rows in the jobs table (PostgreSQL's estimate), the metrics snapshot
+    # estimates the done / error / rejected counts from table statistics instead of
+    # counting every finished job; None = always count exactly.
+    "METRICS_EXACT_LIMIT": 100_000,
     # Readiness and metrics endpoints: None = open, else the bearer token they require.
     "OBSERVABILITY_TOKEN": None,
     # Maintenance sweeps and retention.
     "SWEEP_BATCH_SIZE": 1000,  # rows one sweep statement moves or deletes
     "SWEEP_TIME_BUDGET": timedelta(seconds=30),  # one sweep call stops starting batches after this
+    "SWEEP_BATCH_PAUSE": timedelta(milliseconds=20),  # rest between two batches; 0 = none
     "WORKER_ATTEMPT_LIMIT": 3,  # expired in-process leases requeue until this many attempts
     "AUDIT_RETENTION": timedelta(days=30),
     "FINISHED_JOB_RETENTION": timedelta(days=14),
@@ -69,6 +74,8 @@ DEFAULTS: dict[str, Any] = {
     "ADMIN_REDACTED_KEYS": ["password", "secret", "token", "api_key", "authorization"],
 }
 
+# Durations that may also be zero.
+_NON_NEGATIVE_DURATIONS = {"SWEEP_BATCH_PAUSE"}
 _DURATIONS = {
     "HEARTBEAT_INTERVAL",
     "STALE_RUN_AFTER",
@@ -97,8 +104,11 @@ _POSITIVE_INTS = {
     "OUTBOX_BATCH_SIZE",
     "SWEEP_BATCH_SIZE",
     "WORKER_ATTEMPT_LIMIT",
+    "METRICS_EXACT_LIMIT",
+    "MAX_PAYLOAD_BYTES",
+    "ERROR_TEXT_LIMIT",
 }
-_OPTIONAL = {"THREAD_INFLIGHT_QUOTA"}
+_OPTIONAL = {"THREAD_INFLIGHT_QUOTA", "METRICS_EXACT_LIMIT"}
 
 
 class JobStateSettings:
@@ -131,9 +141,11 @@ class JobStateSettings:
     WEBHOOK_SECRET: str | None
     WEBHOOK_TIMEOUT: timedelta
     CHANNELS: dict[str, str]
+    METRICS_EXACT_LIMIT: int | None
     OBSERVABILITY_TOKEN: str | None
     SWEEP_BATCH_SIZE: int
     SWEEP_TIME_BUDGET: timedelta
+    SWEEP_BATCH_PAUSE: timedelta
     WORKER_ATTEMPT_LIMIT: int
     AUDIT_RETENTION: timedelta
     FINISHED_JOB_RETENTION: timedelta
@@ -165,6 +177,13 @@ class JobStateSettings:
                 raise ImproperlyConfigured(
                     f"JOBSTATE[{name!r}] must be a positive datetime.timedelta, got {value!r}."
                 )
+            if name in _NON_NEGATIVE_DURATIONS and not (
+                isinstance(value, timedelta) and value >= timedelta(0)
+            ):
+                raise ImproperlyConfigured(
+                    f"JOBSTATE[{name!r}] must be a datetime.timedelta of zero or more, "
+                    f"got {value!r}."
+                )
             if (
                 name in _POSITIVE_INTS
                 and not (value is None and name in _OPTIONAL)
@@ -172,11 +191,35 @@ class JobStateSettings:
             ):
                 allowed = "a positive int or None" if name in _OPTIONAL else "a positive int"
                 raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be {allowed}, got {value!r}.")
+            _check_shape(name, value)
             self._cache[name] = value
         return self._cache[name]
 
     def reload(self) -> None:
         self._cache.clear()
+
+
+def _check_shape(name: str, value: Any) -> None:
+    """The settings whose mistakes would otherwise only show on a request: an empty
+    token would leave the endpoints it guards open, a bare string of keys would redact
+    by its letters."""
+    if (
+        name == "OBSERVABILITY_TOKEN"
+        and value is not None
+        and not (isinstance(value, str) and value)
+    ):
+        raise ImproperlyConfigured(
+            "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string, got "
+            f"{type(value).__name__}."
+        )
+    if name == "ADMIN_REDACTED_KEYS" and (
+        isinstance(value, str)
+        or not isinstance(value, list | tuple | set | frozenset)
+        or not all(isinstance(key, str) and key for key in value)
+    ):
+        raise ImproperlyConfigured(
+            f"JOBSTATE['ADMIN_REDACTED_KEYS'] must be a list of non-empty strings, got {value!r}."
+        )
 
 
 jobstate_settings = JobStateSettings()

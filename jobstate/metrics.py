@@ -29,12 +29,20 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 def metric_families(snapshot: JobOperationalMetrics) -> list[Metric]:
-    """The six figures of ``snapshot`` as gauges named ``jobstate_*``."""
+    """The six figures of ``snapshot`` (and which counts are estimates) as gauges named
+    ``jobstate_*``."""
     by_status = GaugeMetricFamily(
         "jobstate_jobs", "Jobs per status (every status present).", labels=["status"]
     )
     for status, count in snapshot.by_status.items():
         by_status.add_metric([status], count)
+    estimated = GaugeMetricFamily(
+        "jobstate_jobs_estimated",
+        "1 where jobstate_jobs is estimated from table statistics, 0 where it is exact.",
+        labels=["status"],
+    )
+    for status in snapshot.by_status:
+        estimated.add_metric([status], 1 if status in snapshot.estimated_statuses else 0)
     terminal = GaugeMetricFamily(
         "jobstate_jobs_terminal_15m",
         "Jobs that reached a terminal status in the last 15 minutes.",
@@ -44,6 +52,7 @@ def metric_families(snapshot: JobOperationalMetrics) -> list[Metric]:
         terminal.add_metric([status], count)
     return [
         by_status,
+        estimated,
         terminal,
         GaugeMetricFamily(
             "jobstate_queue_oldest_queued_age_seconds",

@@ -317,17 +317,43 @@ class Job(models.Model):
                 condition=models.Q(status="queued"),
                 name="jobstate_job_claim_idx",
             ),
-            # The thread gate and per-thread quotas.
+            # The per-thread gate and quotas. Rows without a thread (most jobs) stay out,
+            # so their claims and completions never write this index.
             models.Index(
-                fields=["thread_id", "status", "created_at"], name="jobstate_job_thread_idx"
+                fields=["thread_id", "status", "created_at"],
+                condition=models.Q(thread_id__isnull=False),
+                name="jobstate_job_thread_idx",
             ),
-            # Lease sweeps (expired leases, stale dispatched jobs).
-            models.Index(fields=["status", "lease_until"], name="jobstate_job_lease_idx"),
-            # Executor lease renewal.
-            models.Index(fields=["executor_id", "status"], name="jobstate_job_executor_idx"),
-            # Listing by status oldest first; queue expiry.
-            models.Index(fields=["status", "created_at"], name="jobstate_job_created_idx"),
-            # Metrics (terminal in the last minutes) and "not written for" scans.
+            # Lease sweeps (expired leases, stale dispatched jobs). Only claimed rows hold
+            # a lease; a release clears it and takes the row out of the index.
+            models.Index(
+                fields=["status", "lease_until"],
+                condition=models.Q(lease_until__isnull=False),
+                name="jobstate_job_lease_idx",
+            ),
+            # Executor lease renewal: only jobs dispatched to remote executors, so an
+            # in-process worker's claim never writes it.
+            models.Index(
+                fields=["executor_id"],
+                condition=models.Q(status="dispatched"),
+                name="jobstate_job_executor_idx",
+            ),
+            # Queue expiry and listing the queue or the failures oldest first. Running and
+            # done jobs are left out: claims and completions are the hot path, and those
+            # listings are served by the metrics and recent indexes below.
+            models.Index(
+                fields=["status", "created_at"],
+                condition=models.Q(status__in=["queued", "error", "rejected"]),
+                name="jobstate_job_created_idx",
+            ),
+            # Delayed jobs (the metrics' delayed count); tiny, as most jobs never wait.
+            models.Index(
+                fields=["run_after"],
+                condition=models.Q(status="queued", run_after__isnull=False),
+                name="jobstate_job_delayed_idx",
+            ),
+            # Metrics (terminal in the last minutes), listing claimed jobs and "not
+            # written for" scans.
             models.Index(fields=["status", "updated_at"], name="jobstate_job_metrics_idx"),
             # The admin changelist's default ordering.
             models.Index(fields=["-created_at"], name="jobstate_job_recent_idx"),

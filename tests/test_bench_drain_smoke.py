@@ -88,6 +88,38 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
     assert left is None, "the benchmark left its database behind"
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_sweeps_run_reaps_and_prunes_every_row_and_reports_its_targets(
+    tmp_path: Path,
+) -> None:
+    name = f"jobstate_bench_sweeps_smoke_{os.getpid()}"
+    out = tmp_path / "sweeps.json"
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench", "--server", _server_url(), "--database", name),
+            *("--output", str(out), "sweeps", "--rows", "3000", "--stale", "300"),
+            *("--audit", "2000"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    sweeps = json.loads(out.read_text())["sweeps"]
+    assert sweeps["reap"]["rows"] == 300 and sweeps["reap"]["complete"]
+    assert sweeps["prune"]["rows"] == 2000 and sweeps["prune"]["complete"]
+    assert sweeps["reap"]["traffic_before"]["calls"] > 0  # the claimer ran beside it
+    # 3,000 rows is under METRICS_EXACT_LIMIT: both paths count exactly.
+    assert sweeps["metrics_snapshot"]["estimated"]["estimated_statuses"] == []
+    assert len(sweeps["targets"]) == 5
+    assert "metrics snapshot at 3,000 jobs" in result.stdout
+
+
 @pytest.mark.parametrize(
     "name", ["jobstate", "production", "bench; DROP TABLE x", "bench-name", ""]
 )

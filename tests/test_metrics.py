@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
@@ -112,13 +113,73 @@ def test_reference_store_gives_the_same_figures(database_store: StateStore) -> N
     )
 
 
-def test_snapshot_takes_two_queries_whatever_the_data(
+def test_snapshot_takes_a_fixed_number_of_queries_whatever_the_data(
     database_store: StateStore, django_assert_max_num_queries: Any
 ) -> None:
-    with django_assert_max_num_queries(2):
+    # Seven small statements, plus one read of the table statistics on PostgreSQL.
+    with django_assert_max_num_queries(8):
         database_store.operational_metrics_snapshot(NOW)
-    with django_assert_max_num_queries(2):
+    for index in range(30):
+        database_store.create_job(request_id=f"more-{index}", thread_id=index % 4)
+    with django_assert_max_num_queries(8):
         database_store.operational_metrics_snapshot()
+
+
+def _mixed_history(store: StateStore, finished: int) -> None:
+    """``finished`` done / error / rejected jobs (4:1:1) and 12 queued ones."""
+    statuses = ["done", "done", "done", "done", "error", "rejected"]
+    for index in range(finished):
+        job = store.create_job(request_id=f"old-{index}")
+        Job.objects.filter(id=job.id).update(status=statuses[index % 6])
+    for index in range(12):
+        store.create_job(request_id=f"live-{index}")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_large_history_is_estimated_from_table_statistics(settings: Any) -> None:
+    settings.JOBSTATE = {"METRICS_EXACT_LIMIT": 100}
+    store = DatabaseStateStore()
+    _mixed_history(store, 300)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobstate_job")
+    # Written after ANALYZE: the estimate does not see them, the exact counts do.
+    for index in range(6):
+        store.create_job(request_id=f"new-{index}")
+
+    estimated = store.operational_metrics_snapshot()
+    exact = store.operational_metrics_snapshot(exact=True)
+
+    assert estimated.estimated_statuses == ("done", "error", "rejected")
+    assert exact.estimated_statuses == ()
+    assert exact.by_status == {
+        "queued": 18,
+        "running": 0,
+        "dispatched": 0,
+        "done": 200,
+        "error": 50,
+        "rejected": 50,
+    }
+    # In-flight counts stay exact; finished ones are close (the table grew after ANALYZE).
+    assert estimated.by_status["queued"] == 18
+    for status in ("done", "error", "rejected"):
+        assert abs(estimated.by_status[status] - exact.by_status[status]) <= (
+            0.1 * exact.by_status[status] + 2
+        )
+    rendered = render_metrics(store).decode()
+    assert 'jobstate_jobs_estimated{status="done"} 1.0' in rendered
+    assert 'jobstate_jobs_estimated{status="queued"} 0.0' in rendered
+
+
+@pytest.mark.django_db
+def test_a_small_history_is_counted_exactly(settings: Any) -> None:
+    store = DatabaseStateStore()
+    _mixed_history(store, 30)
+
+    snapshot = store.operational_metrics_snapshot()
+
+    assert snapshot.estimated_statuses == ()
+    assert snapshot.by_status["done"] == 20 and snapshot.by_status["rejected"] == 5
 
 
 @pytest.mark.django_db
@@ -187,7 +248,9 @@ def test_exposition_carries_every_figure(database_store: StateStore) -> None:
     assert parsed[("jobstate_queue_delayed_jobs", ())] == 1
     assert parsed[("jobstate_jobs_expired_leases", ())] == 1
     assert parsed[("jobstate_threads_blocked", ())] == 2
-    assert len(parsed) == 6 + 3 + 4
+    for status in EXPECTED.by_status:  # a small table: every count is exact
+        assert parsed[("jobstate_jobs_estimated", (("status", status),))] == 0
+    assert len(parsed) == 6 + 6 + 3 + 4
 
 
 def test_exposition_leaves_the_global_registry_alone(database_store: StateStore) -> None:

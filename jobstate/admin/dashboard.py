@@ -64,8 +64,13 @@ def _age(seconds: float) -> str:
 
 def cards(snapshot: JobOperationalMetrics) -> tuple[list[Card], list[Card]]:
     """The snapshot as two rows of cards: jobs per status, then the health figures."""
+    # "≈": the store estimated the count from table statistics (a large history).
     statuses = [
-        Card(str(JobStatus(status).label), f"{count:,}", f"?status__exact={status}")
+        Card(
+            str(JobStatus(status).label),
+            f"≈ {count:,}" if status in snapshot.estimated_statuses else f"{count:,}",
+            f"?status__exact={status}",
+        )
         for status, count in snapshot.by_status.items()
     ]
     finished = sum(snapshot.terminal_last_15m.values())

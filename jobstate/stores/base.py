@@ -535,8 +535,12 @@ class StateStore(ABC):
         ``dlq_key``, in one transaction; a key replays at most once."""
         raise NotImplementedError("this store does not support requeue_delivery_job_once()")
 
-    def operational_metrics_snapshot(self, now: datetime | None = None) -> JobOperationalMetrics:
-        """The six operational figures at ``now`` (default: the store's clock)."""
+    def operational_metrics_snapshot(
+        self, now: datetime | None = None, *, exact: bool = False
+    ) -> JobOperationalMetrics:
+        """The six operational figures at ``now`` (default: the store's clock). A store
+        may estimate the counts of finished jobs on a large table (it names them in
+        ``estimated_statuses``); ``exact=True`` asks for exact counts whatever they cost."""
         raise NotImplementedError("this store does not support operational_metrics_snapshot()")
 
     def schema_readiness(self) -> Readiness:
@@ -673,6 +677,9 @@ class JobOperationalMetrics:
     delayed_queued_jobs: int
     expired_leases: int
     blocked_threads: int
+    #: Statuses whose ``by_status`` count is an estimate from the database's statistics
+    #: rather than an exact count (see ``JOBSTATE['METRICS_EXACT_LIMIT']``).
+    estimated_statuses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

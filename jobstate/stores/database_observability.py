@@ -19,11 +19,12 @@ from django.db.models import (
     ExpressionWrapper,
     Min,
     OuterRef,
-    Q,
+    QuerySet,
     Value,
 )
 from django.db.models.functions import Now
 
+from jobstate.conf import jobstate_settings
 from jobstate.models import Job
 from jobstate.stores.base import (
     CLAIMED_JOB_STATUSES,
@@ -54,6 +55,25 @@ MONITOR_SOURCE = "monitor"
 _APP_LABEL = "jobstate"
 
 _TERMINAL_KEYS = sorted(status.value for status in TERMINAL_JOB_STATUSES)
+_INFLIGHT_KEYS = sorted(status.value for status in INFLIGHT_JOB_STATUSES)
+_CLAIMED_KEYS = sorted(status.value for status in CLAIMED_JOB_STATUSES)
+
+#: The jobs table's size at its last ``ANALYZE`` (rows, pages), its pages now, and the
+#: status values ``ANALYZE`` sampled with their frequencies.
+_TABLE_STATISTICS_SQL = """
+    SELECT c.reltuples, c.relpages,
+           pg_relation_size(c.oid) / current_setting('block_size')::float8,
+           s.most_common_vals::text::text[], s.most_common_freqs
+    FROM pg_class AS c
+    LEFT JOIN pg_stats AS s
+      ON s.schemaname = c.relnamespace::regnamespace::text
+     AND s.tablename = c.relname AND s.attname = 'status'
+    WHERE c.oid = to_regclass(%s)
+"""
+
+
+def _count_by_status(rows: QuerySet[Job]) -> dict[str, int]:
+    return dict(rows.values("status").annotate(n=Count("id")).values_list("status", "n"))
 
 
 def pending_jobstate_migrations(connection: BaseDatabaseWrapper) -> list[str]:
@@ -77,10 +97,17 @@ class DatabaseObservabilityMixin(StateStore):
 
     using: str
 
-    def operational_metrics_snapshot(self, now: datetime | None = None) -> JobOperationalMetrics:
+    def operational_metrics_snapshot(
+        self, now: datetime | None = None, *, exact: bool = False
+    ) -> JobOperationalMetrics:
         """See :meth:`StateStore.operational_metrics_snapshot`. Definitions:
 
-        - ``by_status``: jobs per status, every status present (0 when none).
+        - ``by_status``: jobs per status, every status present (0 when none). Queued,
+          running and dispatched jobs are always counted exactly. Done, error and
+          rejected jobs are counted exactly too, unless the store is on PostgreSQL, the
+          jobs table holds more than ``JOBSTATE['METRICS_EXACT_LIMIT']`` rows and
+          ``exact`` is false: then they are estimated from the table's statistics and
+          named in ``estimated_statuses``.
         - ``terminal_last_15m``: done / error / rejected jobs with ``updated_at >= now -
           15 min``.
         - ``oldest_queued_age_seconds``: ``now`` minus the oldest ``created_at`` of the
@@ -90,10 +117,10 @@ class DatabaseObservabilityMixin(StateStore):
         - ``blocked_threads``: distinct threads with at least one queued job and at
           least one running or dispatched job.
 
-        Every figure is clamped to ``>= 0``. Two statements: a ``GROUP BY status`` over
-        the table, and one aggregate restricted to in-flight jobs and recently finished
-        ones, so its cost follows the live queue, not the history. ``now`` defaults to
-        the database clock.
+        Every figure is clamped to ``>= 0``. Each is read by a small statement that one
+        of the job table's partial indexes answers, so the cost follows the live queue,
+        not the history (an exact count of the finished jobs is the exception: it reads
+        them all). ``now`` defaults to the database clock.
         """
         at: Any
         if now is None:
@@ -104,53 +131,82 @@ class DatabaseObservabilityMixin(StateStore):
             at = Value(instant, output_field=DateTimeField())
             cutoff = Value(instant - METRICS_TERMINAL_WINDOW, output_field=DateTimeField())
         jobs = Job.objects.using(self.using).order_by()
+        queued = jobs.filter(status=JobStatus.QUEUED)
+        claimed = jobs.filter(status__in=_CLAIMED_KEYS)
 
         by_status = dict.fromkeys(JobStatus.values, 0)
-        for status, count in (
-            jobs.values("status").annotate(n=Count("id")).values_list("status", "n")
-        ):
-            by_status[status] = max(0, count)
+        by_status.update(_count_by_status(jobs.filter(status__in=_INFLIGHT_KEYS)))
+        estimate = None if exact else self._estimated_finished(sum(by_status.values()))
+        if estimate is None:
+            by_status.update(_count_by_status(jobs.filter(status__in=_TERMINAL_KEYS)))
+        else:
+            by_status.update(estimate)
 
-        queued = Q(status=JobStatus.QUEUED)
-        thread_has_claimed_job = Exists(
-            Job.objects.using(self.using).filter(
-                thread_id=OuterRef("thread_id"), status__in=list(CLAIMED_JOB_STATUSES)
-            )
+        terminal = dict.fromkeys(_TERMINAL_KEYS, 0)
+        terminal.update(
+            _count_by_status(jobs.filter(status__in=_TERMINAL_KEYS, updated_at__gte=cutoff))
         )
-        figures: dict[str, Any] = {
-            f"terminal_{status}": Count("id", filter=Q(status=status, updated_at__gte=cutoff))
-            for status in _TERMINAL_KEYS
-        }
-        figures["oldest_queued_age"] = ExpressionWrapper(
-            at - Min("created_at", filter=queued & ~Q(source=MONITOR_SOURCE)),
-            output_field=DurationField(),
+        oldest = queued.exclude(source=MONITOR_SOURCE).aggregate(
+            age=ExpressionWrapper(at - Min("created_at"), output_field=DurationField())
+        )["age"]
+        delayed = queued.filter(run_after__isnull=False, run_after__gt=at).count()
+        expired = claimed.filter(lease_until__isnull=False, lease_until__lt=at).count()
+        # Driven from the claimed jobs, which are few (one per busy worker or executor).
+        blocked = (
+            claimed.filter(thread_id__isnull=False)
+            .filter(Exists(queued.filter(thread_id=OuterRef("thread_id"))))
+            .values("thread_id")
+            .distinct()
+            .count()
         )
-        figures["delayed"] = Count("id", filter=queued & Q(run_after__gt=at))
-        figures["expired"] = Count(
-            "id",
-            filter=Q(status__in=list(CLAIMED_JOB_STATUSES), lease_until__lt=at),
-        )
-        figures["blocked"] = Count(
-            "thread_id",
-            distinct=True,
-            filter=queued & Q(thread_id__isnull=False) & Q(thread_has_claimed_job),
-        )
-        live = Q(status__in=list(INFLIGHT_JOB_STATUSES)) | Q(
-            status__in=list(TERMINAL_JOB_STATUSES), updated_at__gte=cutoff
-        )
-        row = jobs.filter(live).aggregate(**figures)
-
-        age: timedelta | None = row["oldest_queued_age"]
         return JobOperationalMetrics(
-            by_status=by_status,
-            terminal_last_15m={
-                status: max(0, row[f"terminal_{status}"]) for status in _TERMINAL_KEYS
-            },
-            oldest_queued_age_seconds=max(0.0, age.total_seconds()) if age is not None else 0.0,
-            delayed_queued_jobs=max(0, row["delayed"]),
-            expired_leases=max(0, row["expired"]),
-            blocked_threads=max(0, row["blocked"]),
+            by_status={status: max(0, count) for status, count in by_status.items()},
+            terminal_last_15m={status: max(0, count) for status, count in terminal.items()},
+            oldest_queued_age_seconds=(
+                max(0.0, oldest.total_seconds()) if oldest is not None else 0.0
+            ),
+            delayed_queued_jobs=max(0, delayed),
+            expired_leases=max(0, expired),
+            blocked_threads=max(0, blocked),
+            estimated_statuses=tuple(sorted(estimate)) if estimate is not None else (),
         )
+
+    def _estimated_finished(self, inflight: int) -> dict[str, int] | None:
+        """Done / error / rejected counts estimated from PostgreSQL's statistics of the
+        jobs table, or ``None`` when they should be counted exactly: another database,
+        no statistics yet, or a table no larger than ``METRICS_EXACT_LIMIT``.
+
+        The table's size is estimated the way the planner does (rows per page at the
+        last ``ANALYZE`` times the pages it has now); the finished jobs are that minus
+        the exact in-flight count, split by the status frequencies ``ANALYZE`` sampled.
+        """
+        limit = jobstate_settings.METRICS_EXACT_LIMIT
+        connection = connections[self.using]
+        if limit is None or connection.vendor != "postgresql":
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute(_TABLE_STATISTICS_SQL, [Job._meta.db_table])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        reltuples, relpages, pages, values, frequencies = row
+        if reltuples is None or reltuples < 0:
+            return None  # never analyzed
+        rows = reltuples / relpages * pages if relpages else reltuples
+        if rows <= limit:
+            return None
+        sampled = {
+            value: frequency
+            for value, frequency in zip(values or [], frequencies or [], strict=True)
+            if value in _TERMINAL_KEYS
+        }
+        weight = sum(sampled.values())
+        if weight <= 0:
+            return None
+        finished = max(0.0, rows - inflight)
+        return {
+            status: round(finished * sampled.get(status, 0.0) / weight) for status in _TERMINAL_KEYS
+        }
 
     def schema_readiness(self) -> Readiness:
         """See :meth:`StateStore.schema_readiness`.

@@ -63,6 +63,7 @@ from jobstate.stores.validation import (
     JOB_PATCH_FIELDS,
     check_same_request,
     clean_job_fields,
+    parse_claim_targets,
     parse_limit,
     parse_statuses,
     parse_targets,
@@ -71,6 +72,7 @@ from jobstate.stores.validation import (
     require_text,
     required_request_id,
     resolve_lease,
+    text_problem,
     validate_duration,
     validate_instant,
     validate_release_status,
@@ -402,15 +404,17 @@ class MemoryStateStore(StateStore):
             summary=summary,
             detail=detail,
         )
-        if not isinstance(request_id, str) or len(request_id) > 200 or "\x00" in request_id:
-            raise InvalidJobState("request_id must be a string of at most 200 characters.")
+        if not isinstance(request_id, str) or len(request_id) > 200 or text_problem(request_id):
+            raise InvalidJobState(
+                "request_id must be a string of at most 200 characters, without NUL."
+            )
         job_id: uuid.UUID | None = None
         if isinstance(job, Job):
             job_id, request_id = job.id, request_id or job.request_id
         elif job is not None:
             job_id = parse_uuid(job, field="job")
         if at is not None:
-            validate_instant(at, field="at")
+            at = validate_instant(at, field="at")
         with self._mutex:
             self._audit_seq += 1
             row: Row = {
@@ -454,7 +458,7 @@ class MemoryStateStore(StateStore):
             return [AuditEntry(**copy.deepcopy(row)) for row in rows[:count]]
 
     def prune_audit_older_than(self, cutoff: datetime, *, batch_size: int | None = None) -> int:
-        validate_instant(cutoff, field="cutoff")
+        cutoff = validate_instant(cutoff, field="cutoff")
         parse_limit(batch_size, default=jobstate_settings.AUDIT_PRUNE_BATCH_SIZE)
         with self._mutex:
             kept = [row for row in self._audit if row["ts"] >= cutoff]
@@ -578,7 +582,10 @@ class MemoryStateStore(StateStore):
             )
             return ApprovalRequeueOutcome.REQUEUED
 
-    def operational_metrics_snapshot(self, now: datetime | None = None) -> JobOperationalMetrics:
+    def operational_metrics_snapshot(
+        self, now: datetime | None = None, *, exact: bool = False
+    ) -> JobOperationalMetrics:
+        # Every count here is exact, whatever ``exact`` asks.
         at = self._clock() if now is None else validate_instant(now, field="now")
         cutoff = at - METRICS_TERMINAL_WINDOW
         with self._mutex:
@@ -657,7 +664,7 @@ class MemoryStateStore(StateStore):
     def _claim(
         self, targets: Sequence[str], owner: str, lease: timedelta, status: JobStatus
     ) -> Job | None:
-        scope = parse_targets(targets)
+        scope = parse_claim_targets(targets)
         if not scope:
             return None
         with self._mutex:
