@@ -2,11 +2,17 @@
 
 Every error the package raises on purpose derives from :class:`JobStateError`, so a host
 can catch the whole family at once. Bad input errors also derive from ``ValueError`` or
-``TypeError`` so generic validation code keeps working. Do not raise ``JobStateError``
-directly; raise the subclass that names the failure.
+``TypeError`` so generic validation code keeps working, and store failures
+(:class:`StoreError` and its subclasses) from Django's ``DatabaseError`` so generic
+database error handling does. Do not raise ``JobStateError`` directly; raise the subclass
+that names the failure.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
+
+from django.db import DatabaseError
 
 
 class JobStateError(Exception):
@@ -22,9 +28,59 @@ class InvalidJobState(JobStateError, ValueError):
     """An argument names a status, duration or instant the operation cannot accept."""
 
 
-class StoreError(JobStateError):
+class StoreError(JobStateError, DatabaseError):
     """The store failed for a reason other than a documented conflict (connection lost,
-    serialization failure, unexpected constraint). The original error is the cause."""
+    serialization failure, unexpected constraint). The original error is the cause.
+
+    The database stores raise one of the subclasses below when the cause is known, and
+    this class itself for anything else (an unexpected constraint, a data error, a
+    programming error); ``retryable`` says whether trying again can help. It also derives
+    from Django's ``DatabaseError``, so host code that already handles database errors
+    around store calls keeps working. The message names the operation, the kind of
+    failure and the SQLSTATE, never the values involved; the driver's own message is on
+    the chained cause. ``sqlstate`` is the five-character code, when the driver gave one.
+    """
+
+    retryable: ClassVar[bool] = False
+    """Whether trying the operation again can succeed without changing anything."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached or the connection was lost: refused or failed
+    connection (SQLSTATE class 08), the server shutting down or starting up (57P01,
+    57P02, 57P03), too many connections (53300), a session killed for idling (25P03,
+    57P05), or a closed connection.
+
+    Whatever the call was writing was not committed unless its commit reached the
+    server just before the connection died; its transitions are conditional, so trying
+    again is safe and answers from the current state. Outside a transaction the store
+    has already dropped the dead connection, so the next call on the same thread
+    reconnects. Inside the host's ``transaction.atomic()`` block the whole block is lost:
+    it rolls back, and Django drops the connection when the block ends."""
+
+    retryable = True
+
+
+class StoreConflict(StoreError):
+    """The database aborted the transaction to resolve a conflict with a concurrent one:
+    a deadlock (40P01) or a serialization failure (40001) under REPEATABLE READ or
+    SERIALIZABLE isolation. Nothing of the transaction was written; retry the whole
+    transaction (the host's ``atomic()`` block when the call ran inside one)."""
+
+    retryable = True
+
+
+class StoreTimeout(StoreError):
+    """The statement ran out of time: ``statement_timeout`` cancelled it (57014) or a lock
+    could not be taken within ``lock_timeout`` or ``NOWAIT`` (55P03); on SQLite, the
+    database stayed locked for the whole busy timeout. Nothing was written; retry later,
+    when the lock holder or the load is gone."""
+
+    retryable = True
 
 
 class UnknownOperationsJob(JobStateError, LookupError):

@@ -15,6 +15,11 @@ Guarantees:
   taken over) is sent again, with the same idempotency key for the receiver to drop.
 - **No transaction spans a send.** The relay refuses to run inside one
   (:class:`~jobstate.exceptions.TransactionNotAllowed`).
+- **Database failures are documented errors.** A failed claim or settle raises
+  :class:`~jobstate.exceptions.StoreError` (``StoreUnavailable``, ``StoreConflict`` or
+  ``StoreTimeout`` when the cause is known, each ``retryable``), whatever outbox the
+  store hands out; a lost connection is dropped, so the next pass reconnects. The rows
+  the failed pass holds are due again when their lease ends.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import logging
 import os
 import socket
 import time
+import traceback
 import uuid
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -36,7 +43,8 @@ from jobstate.channels import Channel
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import DeliveryFailed, TransactionNotAllowed
 from jobstate.stores import get_state_store
-from jobstate.stores.base import NotificationState, StateStore
+from jobstate.stores.base import NotificationOutbox, NotificationState, StateStore
+from jobstate.stores.errors import translated_database_errors
 from jobstate.stores.validation import parse_limit, require_text, validate_duration
 
 if TYPE_CHECKING:
@@ -113,6 +121,11 @@ def deliver_notifications(
     :class:`~jobstate.exceptions.DeliveryFailed` is a bug in the channel: it is logged
     with its traceback and fails the attempt the same way, so one broken channel does not
     strand the rest of the batch.
+
+    A database failure ends the pass with :class:`~jobstate.exceptions.StoreError`. A
+    notification whose send succeeded but whose settle failed is sent again once its
+    lease ends (at least once, same idempotency key); the rows not sent yet are due again
+    then too.
     """
     store = get_state_store() if store is None else store
     using = getattr(store, "using", DEFAULT_DB_ALIAS)
@@ -131,7 +144,8 @@ def deliver_notifications(
     )
     outbox = store.notification_outbox
     claimed_at = time.monotonic()
-    rows = outbox.claim_due(relay_id=relay, limit=count, lease=duration)
+    with _translated(outbox, "claim_due", using):
+        rows = outbox.claim_due(relay_id=relay, limit=count, lease=duration)
     counts = {"delivered": 0, "retrying": 0, "dead": 0, "superseded": 0, "unsent": 0}
     channels: dict[str, Channel | str] = {}
     for index, row in enumerate(rows):
@@ -148,7 +162,11 @@ def deliver_notifications(
         started_at = timezone.now()
         error = _send(row, channels)
         if error is None:
-            if outbox.mark_delivered(notification_id=row.id, relay_id=relay, started_at=started_at):
+            with _translated(outbox, "mark_delivered", using):
+                delivered = outbox.mark_delivered(
+                    notification_id=row.id, relay_id=relay, started_at=started_at
+                )
+            if delivered:
                 counts["delivered"] += 1
             else:
                 counts["superseded"] += 1
@@ -159,9 +177,10 @@ def deliver_notifications(
                     row.id,
                 )
             continue
-        state = outbox.mark_failed(
-            notification_id=row.id, relay_id=relay, error=error, started_at=started_at
-        )
+        with _translated(outbox, "mark_failed", using):
+            state = outbox.mark_failed(
+                notification_id=row.id, relay_id=relay, error=error, started_at=started_at
+            )
         if state is None:
             counts["superseded"] += 1
         elif state == NotificationState.DEAD:
@@ -187,6 +206,14 @@ def deliver_notifications(
     return DeliveryReport(relay_id=relay, claimed=len(rows), **counts)
 
 
+def _translated(
+    outbox: NotificationOutbox, method: str, using: str
+) -> AbstractContextManager[None]:
+    """Database errors of one outbox call as documented store errors: an outbox is
+    pluggable, and the relay loop must tell a lost connection from a bug."""
+    return translated_database_errors(f"{type(outbox).__name__}.{method}", using)
+
+
 def _send(row: Notification, channels: dict[str, Channel | str]) -> str | None:
     """Send one row; ``None`` on success, else the error text to record."""
     channel = channels.get(row.channel)
@@ -205,7 +232,14 @@ def _send(row: Notification, channels: dict[str, Channel | str]) -> str | None:
         return _redact(str(exc) or type(exc).__name__)
     except Exception as exc:
         # A bug in a channel; the row must still be settled so the batch moves on.
-        logger.exception("relay: channel %r crashed on notification %s", row.channel, row.id)
+        # Logged with its traceback, masked like the stored error: a channel's own
+        # message may quote the signing key.
+        logger.error(
+            "relay: channel %r crashed on notification %s\n%s",
+            row.channel,
+            row.id,
+            _redact("".join(traceback.format_exception(exc))),
+        )
         return _redact(f"{type(exc).__name__}: {exc}")
     return None
 

@@ -23,6 +23,10 @@ run in the run store (:class:`jobstate.stores.base.JobRunStore`):
 - The body has a deadline. Python cannot stop a thread, so on the deadline the runner
   sets ``ctx.cancelled``, records TIMED_OUT and returns; a body that finishes later is
   logged and never written.
+- The runner rides out a database restart: a failed heartbeat drops its thread's dead
+  connection and the next beat reconnects; the final write is tried again on a
+  retryable :class:`StoreError` for up to ``stale_run_after``, so a run whose outcome is
+  known is not left RUNNING by a short outage.
 
 Every run ends in exactly one :class:`JobExecutionResult`; ``execute`` raises only for
 an unknown job, rejected input, a call inside a transaction, or a failing store.
@@ -61,6 +65,7 @@ from jobstate.stores.base import (
     JobRunStore,
     Trigger,
 )
+from jobstate.stores.errors import discard_broken_connection
 from jobstate.stores.validation import (
     validate_duration,
     validate_instant,
@@ -91,6 +96,10 @@ CLI_TRIGGER = Trigger("CLI")
 # How long the caller waits, after a deadline or lost claim, for a body that may have
 # finished at that very moment to report, so it is recorded with its own result.
 _ABORT_GRACE_SECONDS = 0.1
+# Waits between tries of the final write after a retryable store error: short at first
+# (a dropped connection comes back at once), never long enough to overshoot the budget.
+_COMPLETE_RETRY_FIRST_SECONDS = 0.2
+_COMPLETE_RETRY_MAX_SECONDS = 2.0
 _ERROR_TRUNCATION_MARK = "\n... (truncated)"
 
 
@@ -272,6 +281,9 @@ class _Execution:
                 exc_info=True,
                 extra=self.log_extra,
             )
+            # Django keeps a dead connection until told otherwise: drop it so the next
+            # beat from this thread reconnects.
+            _discard_connection(self.store)
             if time.monotonic() - self.last_ok_beat >= self.budget:
                 logger.warning(
                     "job heartbeat unverifiable for the full liveness budget: aborting %s (run %s)",
@@ -634,8 +646,8 @@ class JobRunner:
 
         recorded: Recorded
         try:
-            written = self.store.complete(
-                run_id=execution.run_id,
+            written, retried = self._complete(
+                execution,
                 status=status,
                 finished_at=finished_at,
                 duration_ms=duration_ms,
@@ -654,7 +666,16 @@ class JobRunner:
             recorded = "unrecorded"
         else:
             recorded = "settled" if written else "superseded"
-            if not written:
+            if not written and retried:
+                logger.warning(
+                    "job run was already settled when its final write was tried again: an "
+                    "earlier try whose answer was lost may have written it, or a reaper "
+                    "settled it: %s (run %s)",
+                    job.key,
+                    execution.run_id,
+                    extra=execution.log_extra,
+                )
+            elif not written:
                 logger.warning(
                     "job run was already settled by a reaper: this body may be a second "
                     "run: %s (run %s)",
@@ -672,6 +693,34 @@ class JobRunner:
             error=error_text,
             reason=outcome_reason,
         )
+
+    def _complete(self, execution: _Execution, **outcome: Any) -> tuple[bool, bool]:
+        """Write the outcome; ``(written, retried)``. A retryable :class:`StoreError` (the
+        database restarting, a conflict, a timeout) is tried again until
+        ``stale_run_after`` has passed: by then a reaper may settle the row anyway, and
+        the caller has waited long enough. The row is fenced by its RUNNING status, so a
+        second try never overwrites another outcome."""
+        deadline = time.monotonic() + self.stale_run_after.total_seconds()
+        delay = _COMPLETE_RETRY_FIRST_SECONDS
+        retried = False
+        while True:
+            try:
+                return self.store.complete(run_id=execution.run_id, **outcome), retried
+            except StoreError as exc:
+                if not exc.retryable or time.monotonic() + delay > deadline:
+                    raise
+                logger.warning(
+                    "job run finalize failed, trying again in %.1f s: %s (run %s): %s",
+                    delay,
+                    execution.job_key,
+                    execution.run_id,
+                    exc,
+                    extra=execution.log_extra,
+                )
+            _discard_connection(self.store)
+            time.sleep(delay)
+            delay = min(delay * 2, _COMPLETE_RETRY_MAX_SECONDS)
+            retried = True
 
     def _abort_text(self, reason: RunReason, timeout: timedelta) -> str:
         if reason is RunReason.TIMEOUT:
@@ -709,6 +758,13 @@ def _run_body(execution: _Execution, job: OperationsJob, ctx: RunContext, value:
             execution.body_finished(value=result)
     finally:
         connections.close_all()
+
+
+def _discard_connection(store: JobRunStore) -> None:
+    """Drop this thread's connection to the store's database if it no longer works."""
+    alias = getattr(store, "using", None)
+    if isinstance(alias, str):
+        discard_broken_connection(alias)
 
 
 def _exception_text(exc: BaseException) -> str:

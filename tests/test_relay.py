@@ -180,6 +180,11 @@ class BrokenChannel:
         raise RuntimeError("bug in a channel")
 
 
+class LeakyChannel:
+    def send(self, notification: Notification) -> None:
+        raise RuntimeError(f"bug quoting {SECRET}")
+
+
 @pytest.fixture(autouse=True)
 def _clear_handled() -> Iterator[None]:
     handled.clear()
@@ -547,3 +552,17 @@ def test_relay_arguments_are_checked(store: DatabaseStateStore) -> None:
     assert Notification.objects.get().state == NotificationState.PENDING
     assert default_relay_id() != default_relay_id()
     assert len(default_relay_id()) <= 200
+
+
+def test_a_crashing_channel_that_quotes_the_key_is_logged_masked(
+    store: DatabaseStateStore, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobstate(settings, CHANNELS={"leaky": "tests.test_relay.LeakyChannel"})
+    finish(store, NotificationRequest("leaky", "anywhere", {}))
+    caplog.set_level(logging.DEBUG)
+
+    assert relay(store).retrying == 1
+
+    assert "Traceback" in caplog.text and "bug quoting [redacted]" in caplog.text
+    assert SECRET not in caplog.text
+    assert SECRET not in (Notification.objects.get().last_error or "")

@@ -15,7 +15,7 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobstate.exceptions import InvalidJobState, InvalidPayload
+from jobstate.exceptions import InvalidJobState, InvalidPayload, StoreError
 from jobstate.models import JobRun
 from jobstate.stores.base import REAPED_RUN_ERROR, JobRunStatus, Trigger
 from jobstate.stores.database import DatabaseJobRunStore
@@ -279,7 +279,7 @@ def test_another_unique_violation_propagates_instead_of_reading_as_key_held(
             f"ON {quote(JobRun._meta.db_table)} ({quote('job_key')}, {quote('started_at')})"
         )
     claim(store, "reports.build", overlap_key="reports.build#1")
-    with pytest.raises(IntegrityError):
+    with pytest.raises(StoreError) as raised:
         store.claim(
             job_key="reports.build",
             overlap_key="reports.build#2",
@@ -287,6 +287,7 @@ def test_another_unique_violation_propagates_instead_of_reading_as_key_held(
             input=None,
             started_at=T0,
         )
+    assert isinstance(raised.value.__cause__, IntegrityError)
     assert JobRun.objects.count() == 1
 
 

@@ -22,8 +22,11 @@ from jobstate.stores.base import (
     JobRunStore,
     Trigger,
 )
+from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 from jobstate.stores.validation import (
+    optional_key,
+    require_text,
     validate_claim_arguments,
     validate_duration,
     validate_duration_ms,
@@ -50,6 +53,7 @@ def _check_lengths(**values: str | None) -> None:
             raise InvalidJobState(f"{name} is {len(value)} characters long; the limit is {limit}.")
 
 
+@translate_store_errors
 class DatabaseJobRunStore(JobRunStore):
     """:class:`JobRunStore` on the ``JobRun`` table of database ``using``.
 
@@ -71,8 +75,14 @@ class DatabaseJobRunStore(JobRunStore):
         started_at: datetime,
         service_revision: str | None = None,
     ) -> str | None:
-        validate_claim_arguments(job_key=job_key, overlap_key=overlap_key, trigger=trigger)
-        validate_instant(started_at, field="started_at")
+        validate_claim_arguments(
+            job_key=job_key,
+            # A claim takes a key; only a skipped run (record_skipped) holds none.
+            overlap_key=require_text(overlap_key, field="overlap_key", max_length=None),
+            trigger=trigger,
+            service_revision=service_revision,
+        )
+        started_at = validate_instant(started_at, field="started_at")
         _check_lengths(
             job_key=job_key,
             overlap_key=overlap_key,
@@ -124,7 +134,7 @@ class DatabaseJobRunStore(JobRunStore):
     ) -> bool:
         running = self._running(run_id)
         terminal = validate_terminal_status(status)
-        validate_instant(finished_at, field="finished_at")
+        finished_at = validate_instant(finished_at, field="finished_at")
         validate_duration_ms(duration_ms)
         validate_error_text(error)
         changes: dict[str, Any] = {
@@ -148,8 +158,10 @@ class DatabaseJobRunStore(JobRunStore):
         reason: str = "overlap",
         service_revision: str | None = None,
     ) -> str:
-        validate_claim_arguments(job_key=job_key, overlap_key=None, trigger=trigger)
-        validate_instant(at, field="at")
+        validate_claim_arguments(
+            job_key=job_key, overlap_key=None, trigger=trigger, service_revision=service_revision
+        )
+        at = validate_instant(at, field="at")
         validate_skip_reason(reason)
         _check_lengths(
             job_key=job_key,
@@ -183,6 +195,8 @@ class DatabaseJobRunStore(JobRunStore):
     ) -> int:
         validate_duration(stale_after, field="stale_after")
         validate_reap_limit(limit)
+        optional_key(job_key, field="job_key")
+        optional_key(overlap_key, field="overlap_key")
         vendor = connections[self.using].vendor
         if vendor == "postgresql":
             return self._reap_postgresql(stale_after, job_key, overlap_key, limit)

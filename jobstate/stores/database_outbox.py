@@ -48,6 +48,7 @@ from jobstate.stores.base import (
     NotificationState,
     StateStore,
 )
+from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 from jobstate.stores.validation import (
     JOB_CLAIM_FIELDS,
@@ -56,6 +57,7 @@ from jobstate.stores.validation import (
     parse_limit,
     parse_uuid,
     require_text,
+    text_problem,
     validate_duration,
     validate_instant,
 )
@@ -190,8 +192,10 @@ def validate_notification_requests(
 def _check_text(value: Any, *, field: str, limit: int) -> None:
     if not isinstance(value, str) or not value.strip():
         raise InvalidNotification(f"{field} must be a non-empty string, got {value!r}.")
-    if len(value) > limit or "\x00" in value:
-        raise InvalidNotification(f"{field} must be at most {limit} characters, without NUL.")
+    if len(value) > limit or text_problem(value):
+        raise InvalidNotification(
+            f"{field} must be at most {limit} characters of valid Unicode, without NUL."
+        )
 
 
 def _lease_ended() -> Q:
@@ -209,8 +213,10 @@ def _due() -> Q:
 def _clean_error(error: Any) -> str:
     if not isinstance(error, str):
         raise InvalidJobState(f"error must be a string, got {type(error).__name__}.")
-    # PostgreSQL text cannot hold NUL; the text is a diagnostic, so it is cleaned, not refused.
-    return error.replace("\x00", "\ufffd")[: jobstate_settings.ERROR_TEXT_LIMIT]
+    # PostgreSQL text cannot hold NUL, and no database a lone surrogate; the text is a
+    # diagnostic, so it is cleaned, not refused.
+    cleaned = error.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    return cleaned[: jobstate_settings.ERROR_TEXT_LIMIT]
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,7 @@ class OutboxLeaseRecovery:
         return self.rearmed + self.dead
 
 
+@translate_store_errors
 class DatabaseNotificationOutbox(NotificationOutbox):
     """:class:`~jobstate.stores.base.NotificationOutbox` on the ``Notification`` table of
     database ``using``.

@@ -35,6 +35,7 @@ from jobstate.stores.base import (
 )
 from jobstate.stores.database_outbox import DatabaseNotificationOutbox, OutboxLeaseRecovery
 from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.validation import JOB_CLAIM_FIELDS, validate_duration
 
 __all__ = [
@@ -73,6 +74,7 @@ class LeaseRecovery:
         return self.requeued + self.failed
 
 
+@translate_store_errors
 class DatabaseSweepStore:
     """Batch transitions and deletions on jobstate's tables in database ``using``.
 

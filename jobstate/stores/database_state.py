@@ -55,14 +55,17 @@ from jobstate.stores.database_continuations import (
 )
 from jobstate.stores.database_observability import DatabaseObservabilityMixin
 from jobstate.stores.database_outbox import DatabaseOutboxMixin
+from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 from jobstate.stores.validation import (
+    BIGINT_MAX,
     ENQUEUE_FIELDS,
     ENQUEUE_PAYLOAD_FIELDS,
     JOB_CLAIM_FIELDS,
     JOB_PATCH_FIELDS,
     check_same_request,
     clean_job_fields,
+    parse_claim_targets,
     parse_limit,
     parse_statuses,
     parse_targets,
@@ -71,6 +74,7 @@ from jobstate.stores.validation import (
     require_text,
     required_request_id,
     resolve_lease,
+    text_problem,
     validate_duration,
     validate_instant,
     validate_release_status,
@@ -101,7 +105,7 @@ def validate_reject_arguments(by: str, reason: str) -> str:
     require_text(by, field="by")
     if not isinstance(reason, str):
         raise InvalidJobState(f"reason must be a string, got {type(reason).__name__}.")
-    if len(reason) > REJECT_REASON_LIMIT or "\x00" in reason:
+    if len(reason) > REJECT_REASON_LIMIT or text_problem(reason):
         raise InvalidJobState(
             f"reason must be at most {REJECT_REASON_LIMIT} characters, without NUL."
         )
@@ -113,6 +117,7 @@ def reject_audit_detail(by: str, reason: str) -> dict[str, Any]:
     return {"by": by, "reason": reason, "prev_status": JobStatus.QUEUED.value}
 
 
+@translate_store_errors
 class DatabaseStateStore(
     DatabaseOutboxMixin, DatabaseContinuationMixin, DatabaseObservabilityMixin, StateStore
 ):
@@ -293,7 +298,7 @@ class DatabaseStateStore(
         owner = require_text(worker_id, field="worker_id")
         duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
         count = parse_batch_limit(limit)
-        scope = parse_targets(targets)
+        scope = parse_claim_targets(targets)
         if not scope:
             return []
         claimed: list[Job] = []
@@ -565,7 +570,7 @@ class DatabaseStateStore(
         return list(rows.order_by("ts", "id")[:count])
 
     def prune_audit_older_than(self, cutoff: datetime, *, batch_size: int | None = None) -> int:
-        validate_instant(cutoff, field="cutoff")
+        cutoff = validate_instant(cutoff, field="cutoff")
         batch = parse_limit(batch_size, default=jobstate_settings.AUDIT_PRUNE_BATCH_SIZE)
         entries = AuditEntry.objects.using(self.using)
         total = 0
@@ -678,7 +683,7 @@ class DatabaseStateStore(
     def _claim(
         self, targets: Sequence[str], owner: str, lease: timedelta, status: JobStatus
     ) -> Job | None:
-        scope = parse_targets(targets)
+        scope = parse_claim_targets(targets)
         if not scope:
             return None
         if self._is_postgresql():
@@ -701,30 +706,7 @@ class DatabaseStateStore(
         subquery; without a transaction around it the row lock lasts one statement.
         """
         connection = connections[self.using]
-        table = connection.ops.quote_name(Job._meta.db_table)
-        placeholders = ", ".join(["%s"] * len(scope))
-        dispatched = "statement_timestamp()" if status == JobStatus.DISPATCHED else "NULL"
-        sql = f"""
-            WITH picked AS (
-                SELECT c.id, c.thread_id FROM {table} AS c
-                WHERE c.status = 'queued'
-                  AND (c.run_after IS NULL OR c.run_after <= statement_timestamp())
-                  AND c.target IN ({placeholders})
-                  AND (c.thread_id IS NULL OR NOT EXISTS ({_BLOCKERS_SQL.format(table=table)}))
-                ORDER BY c.created_at, c.id
-                LIMIT 1
-                FOR UPDATE OF c SKIP LOCKED
-            ), moved AS (
-                UPDATE {table} AS j
-                SET status = %s, executor_id = %s, claimed_at = statement_timestamp(),
-                    dispatched_at = {dispatched}, lease_until = statement_timestamp() + %s,
-                    claim_token = %s, run_after = NULL, updated_at = statement_timestamp()
-                FROM picked
-                WHERE j.id = picked.id AND picked.thread_id IS NULL AND j.status = 'queued'
-                RETURNING {_returning_columns(connection, "j")}
-            )
-            SELECT picked.id, moved.* FROM picked LEFT JOIN moved ON moved.id = picked.id
-        """
+        sql = _claim_statement(connection, len(scope), status)
         params: list[Any] = [*scope, status.value, owner, lease, uuid.uuid4()]
         with _hot_cursor(connection) as cursor:
             cursor.execute(sql, params)
@@ -774,30 +756,13 @@ class DatabaseStateStore(
     ) -> dict[uuid.UUID, Job]:
         """Apply reports that patch the same ``columns`` in one fenced statement."""
         connection = connections[self.using]
-        quote = connection.ops.quote_name
-        table = quote(Job._meta.db_table)
-        fields = [_job_field(name) for name in ("id", "claim_token", "status", *columns)]
-        casts = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field in fields)
-        values = ", ".join([f"({casts})"] * len(group))
-        aliases = ", ".join(f"v{index}" for index in range(len(fields)))
-        patched = "".join(
-            f"{quote(_column(field))} = v.v{index + 3}, " for index, field in enumerate(fields[3:])
-        )
-        cleared = ", ".join(
-            f"{quote(_column(_job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS
-        )
-        statuses = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
-        sql = f"""
-            UPDATE {table} AS j
-            SET {patched}status = v.v2, {cleared}, updated_at = statement_timestamp()
-            FROM (VALUES {values}) AS v({aliases})
-            WHERE j.id = v.v0 AND j.claim_token = v.v1 AND j.status IN ({statuses})
-            RETURNING {_returning_columns(connection, "j")}
-        """
+        sql, fields = _complete_statement(connection, columns, len(group))
         params: list[Any] = []
         for pk, token, status, cleaned in group:
-            row = {"id": pk, "claim_token": token, "status": status.value, **cleaned}
-            params.extend(field.get_db_prep_save(row[field.name], connection) for field in fields)
+            params.extend((pk, token, status.value))
+            params.extend(
+                field.get_db_prep_save(cleaned[field.name], connection) for field in fields
+            )
         with _hot_cursor(connection) as cursor:
             cursor.execute(sql, params)
             fetched = cursor.fetchall()
@@ -870,8 +835,8 @@ ParsedReport = tuple[uuid.UUID, uuid.UUID, JobStatus, dict[str, Any]]
 
 def parse_batch_limit(limit: int) -> int:
     """Check the ``limit`` of a batch claim (shared by every store)."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidJobState(f"limit must be a positive int, got {limit!r}.")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BIGINT_MAX:
+        raise InvalidJobState(f"limit must be a positive 64-bit int, got {limit!r}.")
     return limit
 
 
@@ -941,6 +906,80 @@ _CONVERTERS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, Any,
 _RETURNING: dict[tuple[str, str], str] = {}
 
 
+#: The hot statements' text, built once per shape: (vendor, kind, shape) -> SQL (and the
+#: patched fields of a completion).
+_STATEMENTS: dict[tuple[Any, ...], Any] = {}
+
+
+def _claim_statement(connection: BaseDatabaseWrapper, targets: int, status: JobStatus) -> str:
+    """The one-statement claim of :meth:`DatabaseStateStore._claim_in_one_statement` for
+    ``targets`` target placeholders."""
+    key = (connection.vendor, "claim", targets, status)
+    sql = _STATEMENTS.get(key)
+    if sql is None:
+        table = connection.ops.quote_name(Job._meta.db_table)
+        placeholders = ", ".join(["%s"] * targets)
+        dispatched = "statement_timestamp()" if status == JobStatus.DISPATCHED else "NULL"
+        sql = f"""
+            WITH picked AS (
+                SELECT c.id, c.thread_id FROM {table} AS c
+                WHERE c.status = 'queued'
+                  AND (c.run_after IS NULL OR c.run_after <= statement_timestamp())
+                  AND c.target IN ({placeholders})
+                  AND (c.thread_id IS NULL OR NOT EXISTS ({_BLOCKERS_SQL.format(table=table)}))
+                ORDER BY c.created_at, c.id
+                LIMIT 1
+                FOR UPDATE OF c SKIP LOCKED
+            ), moved AS (
+                UPDATE {table} AS j
+                SET status = %s, executor_id = %s, claimed_at = statement_timestamp(),
+                    dispatched_at = {dispatched}, lease_until = statement_timestamp() + %s,
+                    claim_token = %s, run_after = NULL, updated_at = statement_timestamp()
+                FROM picked
+                WHERE j.id = picked.id AND picked.thread_id IS NULL AND j.status = 'queued'
+                RETURNING {_returning_columns(connection, "j")}
+            )
+            SELECT picked.id, moved.* FROM picked LEFT JOIN moved ON moved.id = picked.id
+        """
+        _STATEMENTS[key] = sql
+    return sql
+
+
+def _complete_statement(
+    connection: BaseDatabaseWrapper, columns: tuple[str, ...], reports: int
+) -> tuple[str, list[Field[Any, Any]]]:
+    """The fenced completion of ``reports`` reports that patch ``columns``: one
+    ``UPDATE ... FROM (VALUES ...)``, each row matched by id and claim token. Its
+    parameters per report: id, token, status, then the fields returned, in order."""
+    key = (connection.vendor, "complete", columns, reports)
+    cached = _STATEMENTS.get(key)
+    if cached is None:
+        quote = connection.ops.quote_name
+        table = quote(Job._meta.db_table)
+        fields = [_job_field(name) for name in ("id", "claim_token", "status", *columns)]
+        patched_fields = fields[3:]
+        casts = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field in fields)
+        values = ", ".join([f"({casts})"] * reports)
+        aliases = ", ".join(f"v{index}" for index in range(len(fields)))
+        patched = "".join(
+            f"{quote(_column(field))} = v.v{index + 3}, "
+            for index, field in enumerate(patched_fields)
+        )
+        cleared = ", ".join(
+            f"{quote(_column(_job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS
+        )
+        statuses = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
+        sql = f"""
+            UPDATE {table} AS j
+            SET {patched}status = v.v2, {cleared}, updated_at = statement_timestamp()
+            FROM (VALUES {values}) AS v({aliases})
+            WHERE j.id = v.v0 AND j.claim_token = v.v1 AND j.status IN ({statuses})
+            RETURNING {_returning_columns(connection, "j")}
+        """
+        cached = _STATEMENTS[key] = (sql, patched_fields)
+    return cast("tuple[str, list[Field[Any, Any]]]", cached)
+
+
 def _returning_columns(connection: BaseDatabaseWrapper, alias: str) -> str:
     """Every concrete column of ``Job`` qualified by ``alias``, in model field order (the
     order :func:`_load_jobs` expects)."""
@@ -1008,8 +1047,8 @@ def _replay(existing: Job, given: dict[str, Any]) -> Job:
 
 
 def _audit_subject(job: Job | JobId | None, request_id: str) -> tuple[uuid.UUID | None, str]:
-    if not isinstance(request_id, str) or len(request_id) > 200 or "\x00" in request_id:
-        raise InvalidJobState("request_id must be a string of at most 200 characters.")
+    if not isinstance(request_id, str) or len(request_id) > 200 or text_problem(request_id):
+        raise InvalidJobState("request_id must be a string of at most 200 characters, without NUL.")
     if job is None:
         return None, request_id
     if isinstance(job, Job):

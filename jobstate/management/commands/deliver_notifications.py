@@ -17,8 +17,15 @@ scheduled for a retry, dead-lettered, or left for the next pass); 1 the database
 store failed; 2 invalid options or settings. Dead letters do not change the status: a
 receiver that refuses a notification is the receiver's failure, recorded in the
 notification, its attempts and a ``delivery_error`` audit entry. The command prints a
-line naming them, so cron mails it. With ``--loop`` a database failure ends the loop
-with status 1, for the process supervisor to restart it.
+line naming them, so cron mails it.
+
+With ``--loop`` the relay rides out a database restart: a pass that fails with a
+retryable store error (the database unavailable, a timeout, a conflict; see
+:mod:`jobstate.stores.errors`) is reported on stderr and tried again after
+``--interval``, doubled for each failure in a row up to 30 seconds; the rows it held are
+due again when their lease ends, and the dead connection has been dropped, so the next
+pass reconnects. Any other failure ends the loop with status 1, for the process
+supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from jobstate.conf import jobstate_settings
-from jobstate.exceptions import JobStateError
+from jobstate.exceptions import JobStateError, StoreError
 from jobstate.relay import DeliveryReport, deliver_notifications
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
@@ -45,9 +52,9 @@ from ._common import (
     EXIT_USAGE,
     ProgressLine,
     command_error,
+    interval_seconds,
     known_database,
     positive_int,
-    positive_seconds,
 )
 
 #: The outcome counters of a pass, in the order a summary names them.
@@ -60,6 +67,10 @@ OUTCOMES: tuple[tuple[str, str], ...] = (
 )
 _COUNTERS = [f.name for f in fields(DeliveryReport) if f.name != "relay_id"]
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Longest wait of the loop between two failed passes (unless --interval is longer).
+_RETRY_CAP_SECONDS = 30.0
+#: Enough doublings to reach the cap from any interval worth giving.
+_BACKOFF_DOUBLINGS = 20
 
 
 def describe(counts: Mapping[str, int]) -> str:
@@ -86,7 +97,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--interval",
-            type=positive_seconds,
+            type=interval_seconds,
             metavar="SECONDS",
             help="With --loop: the wait after a pass that found less than a full batch "
             "(default: 1).",
@@ -142,7 +153,8 @@ class Command(BaseCommand):
         stop = threading.Event()
         interval = 1.0 if options["interval"] is None else options["interval"].total_seconds()
         batch = options["limit"] or jobstate_settings.OUTBOX_BATCH_SIZE
-        totals = dict.fromkeys(["passes", *_COUNTERS], 0)
+        totals = dict.fromkeys(["passes", "failed_passes", *_COUNTERS], 0)
+        failed_in_a_row = 0
         progress = ProgressLine(self.stderr, action="Relaying:")
 
         def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -157,7 +169,23 @@ class Command(BaseCommand):
             previous = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
         try:
             while not stop.is_set():
-                report = asdict(self.relay_pass(store, **options))
+                try:
+                    report = asdict(self.relay_pass(store, **options))
+                except CommandError as error:
+                    cause = error.__cause__
+                    if not (isinstance(cause, StoreError) and cause.retryable):
+                        raise
+                    # The store has already dropped a lost connection (see
+                    # jobstate.stores.errors): the next pass reconnects.
+                    totals["failed_passes"] += 1
+                    failed_in_a_row += 1
+                    backoff = interval * 2 ** min(failed_in_a_row - 1, _BACKOFF_DOUBLINGS)
+                    delay = min(backoff, max(interval, _RETRY_CAP_SECONDS))
+                    progress.clear()
+                    self.stderr.write(f"Relay pass failed; retrying in {delay:g} s: {cause}")
+                    stop.wait(delay)
+                    continue
+                failed_in_a_row = 0
                 totals["passes"] += 1
                 for name in _COUNTERS:
                     totals[name] += report[name]
@@ -179,6 +207,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(totals))
         elif options["verbosity"] >= 1:
             passes = "pass" if totals["passes"] == 1 else "passes"
+            failed = totals["failed_passes"]
+            retried = f" {failed} failed and were retried." if failed else ""
             self.stdout.write(
-                f"Relay stopped after {totals['passes']} {passes}. {describe(totals)}"
+                f"Relay stopped after {totals['passes']} {passes}.{retried} {describe(totals)}"
             )
