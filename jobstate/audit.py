@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 from jobstate.exceptions import InvalidJobState
 from jobstate.jsonvalues import ensure_json
 from jobstate.stores.base import JobStatus
-from jobstate.stores.validation import parse_choice, require_text
+from jobstate.stores.validation import parse_choice, require_text, validate_audit_text
 
 
 class AuditStage(models.TextChoices):
@@ -96,6 +96,9 @@ AUDIT_EVENTS: dict[str, AuditEventDefaults] = {
 
 AUDIT_SUMMARY_LIMIT = 500
 
+#: Joins the ``key: value`` pairs of a summary built from ``detail``.
+AUDIT_SUMMARY_SEPARATOR = " · "
+
 
 AUDIT_TITLE_LIMIT = 200
 
@@ -109,6 +112,19 @@ class AuditFields:
     title: str
     summary: str
     detail: dict[str, Any]
+
+
+def default_audit_summary(detail: dict[str, Any]) -> str:
+    """The summary an entry gets when its writer gives none: the scalar members of
+    ``detail`` as ``key: value`` pairs joined by :data:`AUDIT_SUMMARY_SEPARATOR`, in
+    order, cut to :data:`AUDIT_SUMMARY_LIMIT`. The admin masks the pairs whose key it
+    redacts (see ``jobstate.admin.redaction``), so keep this format in step with it."""
+    summary = AUDIT_SUMMARY_SEPARATOR.join(
+        f"{key}: {value}"
+        for key, value in detail.items()
+        if isinstance(value, str | int | float | bool)
+    )
+    return summary[:AUDIT_SUMMARY_LIMIT]
 
 
 def complete_audit_fields(
@@ -128,6 +144,7 @@ def complete_audit_fields(
     """
 
     event = require_text(event, field="event", max_length=100)
+    validate_audit_text(title=title, summary=summary)
     if detail is None:
         detail = {}
     if not isinstance(detail, dict):
@@ -153,11 +170,7 @@ def complete_audit_fields(
     if not title:
         title = known.title if known else event
     if not summary:
-        summary = " · ".join(
-            f"{key}: {value}"
-            for key, value in detail.items()
-            if isinstance(value, str | int | float | bool)
-        )
+        summary = default_audit_summary(detail)
     return AuditFields(
         stage=stage_value,
         severity=severity_value,

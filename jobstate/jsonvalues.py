@@ -9,10 +9,35 @@ dropped, so every store checks values here before writing anything.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import InvalidPayload
+
+#: A ``\u0000`` escape in encoded JSON that stands for a NUL character: preceded by an
+#: even number of backslashes (none, or escaped backslashes), so the six characters
+#: ``\u0000`` inside a string (encoded as ``\\u0000``) do not match.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _exact_float(literal: str) -> float:
+    """``parse_float`` of the round trip: refuse the floats PostgreSQL's ``jsonb`` would
+    give back changed. ``jsonb`` keeps numbers as decimals and prints them without an
+    exponent, so a float Python writes with a positive exponent (magnitude 1e16 or
+    more) comes back as an integer, mostly a different one (1e23 -> 10**23), and a
+    negative zero comes back as 0.0."""
+    value = float(literal)
+    if "e+" in literal.lower():
+        raise InvalidPayload(
+            f"the float {literal} cannot be stored exactly (PostgreSQL returns floats of "
+            "magnitude 1e16 or more as integers); store it as an int or a string."
+        )
+    if value == 0 and literal.startswith("-"):
+        raise InvalidPayload(
+            "the float -0.0 cannot be stored exactly (PostgreSQL drops the sign of zero)."
+        )
+    return value
 
 
 def ensure_json(value: Any, *, field: str) -> Any:
@@ -20,14 +45,17 @@ def ensure_json(value: Any, *, field: str) -> Any:
     :class:`InvalidPayload` naming ``field``.
 
     Rejected: NaN and infinities, cyclic structures, objects JSON cannot encode, values
-    that would come back different (tuples, non-string keys), NUL characters (PostgreSQL
-    ``jsonb`` cannot hold them) and encodings larger than ``MAX_PAYLOAD_BYTES``.
+    that would come back different (tuples, non-string keys, floats of magnitude 1e16
+    or more and negative zero, which PostgreSQL's ``jsonb`` turns into other numbers),
+    NUL characters (PostgreSQL ``jsonb`` cannot hold them), lone surrogates and
+    encodings larger than ``MAX_PAYLOAD_BYTES``.
     """
     try:
         encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidPayload(f"{field} is not strict JSON: {exc}") from exc
-    if "\\u0000" in encoded or "\x00" in encoded:
+    # With ensure_ascii=False a NUL is still written as the escape \u0000.
+    if "\x00" in encoded or _NUL_ESCAPE.search(encoded):
         raise InvalidPayload(f"{field} contains a NUL character, which cannot be stored.")
     limit = jobstate_settings.MAX_PAYLOAD_BYTES
     try:
@@ -39,7 +67,13 @@ def ensure_json(value: Any, *, field: str) -> Any:
             f"{field} is {size} bytes of JSON; the limit is {limit} "
             "(JOBSTATE['MAX_PAYLOAD_BYTES']).",
         )
-    if json.loads(encoded) != value:
+    try:
+        decoded = json.loads(encoded, parse_float=_exact_float)
+    except InvalidPayload as exc:
+        raise InvalidPayload(f"{field}: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # e.g. an int past Python's digit limit
+        raise InvalidPayload(f"{field} is not strict JSON: {exc}") from exc
+    if decoded != value:
         raise InvalidPayload(
             f"{field} does not survive a JSON round trip unchanged "
             "(tuples, non-string keys or other values JSON cannot represent exactly)."

@@ -27,7 +27,13 @@ from jobstate.stores.base import (
     StateStore,
 )
 from jobstate.stores.integrity import violates
-from jobstate.stores.validation import JOB_CLAIM_FIELDS, parse_statuses, parse_uuid, require_text
+from jobstate.stores.validation import (
+    JOB_CLAIM_FIELDS,
+    parse_statuses,
+    parse_uuid,
+    require_text,
+    text_problem,
+)
 
 __all__ = [
     "APPROVAL_COMMENT_LIMIT",
@@ -72,7 +78,7 @@ def validate_approval_arguments(decision_id: str, approver: str, comment: str) -
     require_text(approver, field="approver")
     if not isinstance(comment, str):
         raise InvalidJobState(f"comment must be a string, got {type(comment).__name__}.")
-    if len(comment) > APPROVAL_COMMENT_LIMIT or "\x00" in comment:
+    if len(comment) > APPROVAL_COMMENT_LIMIT or text_problem(comment):
         raise InvalidJobState(
             f"comment must be at most {APPROVAL_COMMENT_LIMIT} characters, without NUL."
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import models
@@ -39,35 +39,97 @@ def validate_terminal_status(status: str) -> JobRunStatus:
     return parsed
 
 
+#: Longest duration a store accepts. The database adds durations to its clock, and an
+#: instant past the year 9999 can be neither computed by every backend nor read back
+#: into a Python ``datetime``.
+DURATION_LIMIT = timedelta(days=365 * 1000)
+
+
+#: Largest count or size a store passes to the database (a signed 64-bit ``LIMIT``).
+BIGINT_MAX = 2**63 - 1
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored in a text column of every backend, or ``None``.
+
+    PostgreSQL text cannot hold NUL characters (SQLite can, so without this check the
+    two backends would disagree), and a lone surrogate cannot be encoded at all."""
+
+    if "\x00" in value:
+        return "contains a NUL character, which cannot be stored"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode (it holds a lone surrogate)"
+    return None
+
+
 def validate_instant(value: datetime, *, field: str) -> datetime:
-    """Recorded instants must be aware datetimes: a naive one is ambiguous across hosts."""
+    """Recorded instants must be aware datetimes: a naive one is ambiguous across hosts.
+
+    Returns the same instant in UTC, which is what a store must write: PostgreSQL
+    refuses offsets beyond 15:59:59 or finer than a second, which Python allows. The
+    instant must lie within the years 1-9999 in UTC, where every backend stores it."""
 
     if not isinstance(value, datetime):
         raise InvalidJobState(f"{field} must be a datetime, got {type(value).__name__}.")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidJobState(f"{field} must be an aware datetime (it has no time zone).")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError as exc:
+        raise InvalidJobState(
+            f"{field} ({value.isoformat()}) is outside the years 1-9999 in UTC."
+        ) from exc
 
 
 def validate_duration(value: timedelta, *, field: str, allow_zero: bool = True) -> timedelta:
+    """A non-negative (or, without ``allow_zero``, positive) ``timedelta`` of at most
+    :data:`DURATION_LIMIT`."""
 
     if not isinstance(value, timedelta):
         raise InvalidJobState(f"{field} must be a datetime.timedelta, got {type(value).__name__}.")
     if value < timedelta(0) or (not allow_zero and value == timedelta(0)):
         bound = "zero or positive" if allow_zero else "positive"
         raise InvalidJobState(f"{field} must be {bound}, got {value}.")
+    if value > DURATION_LIMIT:
+        raise InvalidJobState(f"{field} must be at most {DURATION_LIMIT.days} days, got {value}.")
     return value
 
 
-def validate_claim_arguments(*, job_key: str, overlap_key: str | None, trigger: Trigger) -> None:
+def validate_claim_arguments(
+    *,
+    job_key: str,
+    overlap_key: str | None,
+    trigger: Trigger,
+    service_revision: str | None = None,
+) -> None:
     """Shared argument checks of ``claim`` and ``record_skipped``."""
 
-    if not isinstance(job_key, str) or not job_key.strip():
-        raise InvalidJobState(f"job_key must be a non-empty string, got {job_key!r}.")
-    if overlap_key is not None and (not isinstance(overlap_key, str) or not overlap_key.strip()):
-        raise InvalidJobState(f"overlap_key must be a non-empty string, got {overlap_key!r}.")
+    require_text(job_key, field="job_key", max_length=None)
+    if overlap_key is not None:
+        require_text(overlap_key, field="overlap_key", max_length=None)
     if not isinstance(trigger, Trigger):
         raise InvalidJobState(f"trigger must be a jobstate Trigger, got {type(trigger).__name__}.")
+    for name, value in (
+        ("trigger_source", trigger.source),
+        ("triggered_by", trigger.triggered_by),
+        ("service_revision", service_revision),
+    ):
+        if value is None and name != "trigger_source":
+            continue
+        if not isinstance(value, str):
+            raise InvalidJobState(f"{name} must be a string, got {type(value).__name__}.")
+        problem = text_problem(value)
+        if problem:
+            raise InvalidJobState(f"{name} {problem}.")
+
+
+def optional_key(value: str | None, *, field: str) -> str | None:
+    """An optional narrowing key (``reap_stale``'s ``job_key`` / ``overlap_key``):
+    ``None`` or a non-empty string a text column can hold."""
+
+    return None if value is None else require_text(value, field=field, max_length=None)
 
 
 def validate_run_id(run_id: str | uuid.UUID) -> uuid.UUID:
@@ -77,15 +139,17 @@ def validate_run_id(run_id: str | uuid.UUID) -> uuid.UUID:
 
 def validate_duration_ms(value: int) -> int:
 
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidJobState(f"duration_ms must be a non-negative int, got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= BIGINT_MAX:
+        raise InvalidJobState(f"duration_ms must be a non-negative 64-bit int, got {value!r}.")
     return value
 
 
 def validate_reap_limit(limit: int | None) -> int | None:
 
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise InvalidJobState(f"limit must be a positive int or None, got {limit!r}.")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BIGINT_MAX
+    ):
+        raise InvalidJobState(f"limit must be a positive 64-bit int or None, got {limit!r}.")
     return limit
 
 
@@ -97,16 +161,27 @@ def validate_error_text(error: str | None) -> str | None:
         return None
     if not isinstance(error, str):
         raise InvalidJobState(f"error must be a string or None, got {type(error).__name__}.")
-    if "\x00" in error:
-        raise InvalidJobState("error contains a NUL character, which cannot be stored.")
+    problem = text_problem(error)
+    if problem:
+        raise InvalidJobState(f"error {problem}.")
     return error
 
 
 def validate_skip_reason(reason: str) -> str:
 
-    if not isinstance(reason, str) or not reason.strip() or "\x00" in reason:
-        raise InvalidJobState(f"reason must be a non-empty string, got {reason!r}.")
-    return reason
+    return require_text(reason, field="reason", max_length=None)
+
+
+def validate_audit_text(*, title: str, summary: str) -> None:
+    """The free-text fields of an audit entry: strings a text column can hold (longer
+    ones are cut to their column by :func:`~jobstate.audit.complete_audit_fields`)."""
+
+    for name, value in (("title", title), ("summary", summary)):
+        if not isinstance(value, str):
+            raise InvalidJobState(f"{name} must be a string, got {type(value).__name__}.")
+        problem = text_problem(value)
+        if problem:
+            raise InvalidJobState(f"{name} {problem}.")
 
 
 #: Fields ``update_job`` / ``update_job_if_status`` may write.
@@ -196,9 +271,6 @@ _JOB_JSON_FIELDS = frozenset({"input", "result", "report", "usage", "metadata"})
 _JOB_INSTANT_FIELDS = frozenset({"run_after", "claimed_at", "lease_until", "dispatched_at"})
 
 
-_BIGINT_MAX = 2**63 - 1
-
-
 _POSITIVE_INT_MAX = 2**31 - 1
 
 
@@ -240,8 +312,9 @@ def clean_job_value(name: str, value: Any) -> Any:
         limit = _JOB_TEXT_LIMITS[name]
         if not isinstance(value, str):
             raise InvalidPatch(f"{name} must be a string, got {type(value).__name__}.", field=name)
-        if "\x00" in value:
-            raise InvalidPatch(f"{name} contains a NUL character.", field=name)
+        problem = text_problem(value)
+        if problem:
+            raise InvalidPatch(f"{name} {problem}.", field=name)
         if limit is not None and len(value) > limit:
             raise InvalidPatch(f"{name} is longer than {limit} characters.", field=name)
         if name == "request_id" and not value.strip():
@@ -284,7 +357,7 @@ def parse_thread_id(value: Any) -> int:
 
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJobState(f"thread_id must be an int, got {value!r}.")
-    if not -_BIGINT_MAX - 1 <= value <= _BIGINT_MAX:
+    if not -BIGINT_MAX - 1 <= value <= BIGINT_MAX:
         raise InvalidJobState(f"thread_id must fit in 64 bits, got {value}.")
     return value
 
@@ -315,6 +388,19 @@ def parse_targets(targets: Iterable[str] | None) -> list[str] | None:
     for target in parsed:
         if not isinstance(target, str) or not target:
             raise InvalidJobState(f"every target must be a non-empty string, got {target!r}.")
+        problem = text_problem(target)
+        if problem:
+            raise InvalidJobState(f"target {target!r} {problem}.")
+    return parsed
+
+
+def parse_claim_targets(targets: Iterable[str]) -> list[str]:
+    """The targets of a claim, as :func:`parse_targets` reads them, except that ``None``
+    is refused: a claim names what it may take (an empty list takes nothing)."""
+
+    parsed = parse_targets(targets)
+    if parsed is None:
+        raise InvalidJobState("targets must be a list of target names, got None.")
     return parsed
 
 
@@ -322,18 +408,23 @@ def parse_limit(limit: int | None, *, default: int) -> int:
 
     if limit is None:
         return default
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidJobState(f"limit must be a positive int or None, got {limit!r}.")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BIGINT_MAX:
+        raise InvalidJobState(f"limit must be a positive 64-bit int or None, got {limit!r}.")
     return limit
 
 
-def require_text(value: Any, *, field: str, max_length: int = 200) -> str:
-    """A non-empty string of at most ``max_length`` characters, or ``InvalidJobState``."""
+def require_text(value: Any, *, field: str, max_length: int | None = 200) -> str:
+    """A non-empty string a text column can hold (:func:`text_problem`), of at most
+    ``max_length`` characters (``None``: the caller checks the length), or
+    ``InvalidJobState``."""
 
     if not isinstance(value, str) or not value.strip():
         raise InvalidJobState(f"{field} must be a non-empty string, got {value!r}.")
-    if len(value) > max_length or "\x00" in value:
-        raise InvalidJobState(f"{field} must be at most {max_length} characters, without NUL.")
+    if max_length is not None and len(value) > max_length:
+        raise InvalidJobState(f"{field} must be at most {max_length} characters.")
+    problem = text_problem(value)
+    if problem:
+        raise InvalidJobState(f"{field} {problem}.")
     return value
 
 

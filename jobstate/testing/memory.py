@@ -26,6 +26,8 @@ from jobstate.stores.base import (
     Trigger,
 )
 from jobstate.stores.validation import (
+    optional_key,
+    require_text,
     validate_claim_arguments,
     validate_duration,
     validate_duration_ms,
@@ -119,8 +121,14 @@ class MemoryJobRunStore(JobRunStore):
         started_at: datetime,
         service_revision: str | None = None,
     ) -> str | None:
-        validate_claim_arguments(job_key=job_key, overlap_key=overlap_key, trigger=trigger)
-        validate_instant(started_at, field="started_at")
+        validate_claim_arguments(
+            job_key=job_key,
+            # A claim takes a key; only a skipped run (record_skipped) holds none.
+            overlap_key=require_text(overlap_key, field="overlap_key", max_length=None),
+            trigger=trigger,
+            service_revision=service_revision,
+        )
+        started_at = validate_instant(started_at, field="started_at")
         stored_input = _json_copy(input, field="input")
         with self._lock:
             if self._holds_key(overlap_key):
@@ -164,7 +172,7 @@ class MemoryJobRunStore(JobRunStore):
     ) -> bool:
         key = self._key(run_id)
         terminal = validate_terminal_status(status)
-        validate_instant(finished_at, field="finished_at")
+        finished_at = validate_instant(finished_at, field="finished_at")
         validate_duration_ms(duration_ms)
         validate_error_text(error)
         stored_summary = None if summary is None else _json_copy(summary, field="summary")
@@ -192,8 +200,10 @@ class MemoryJobRunStore(JobRunStore):
         reason: str = "overlap",
         service_revision: str | None = None,
     ) -> str:
-        validate_claim_arguments(job_key=job_key, overlap_key=None, trigger=trigger)
-        validate_instant(at, field="at")
+        validate_claim_arguments(
+            job_key=job_key, overlap_key=None, trigger=trigger, service_revision=service_revision
+        )
+        at = validate_instant(at, field="at")
         validate_skip_reason(reason)
         stored_input = _json_copy(input, field="input")
         with self._lock:
@@ -220,6 +230,8 @@ class MemoryJobRunStore(JobRunStore):
     ) -> int:
         validate_duration(stale_after, field="stale_after")
         validate_reap_limit(limit)
+        optional_key(job_key, field="job_key")
+        optional_key(overlap_key, field="overlap_key")
         with self._lock:
             now = self._now()
             cutoff = now - stale_after

@@ -11,7 +11,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from jobstate.exceptions import ImproperlyConfiguredStore
+from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState
+from jobstate.stores.validation import BIGINT_MAX, DURATION_LIMIT, require_text
 
 #: Exit status of a maintenance command when the store or database failed.
 EXIT_FAILED = 1
@@ -19,15 +20,37 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-def positive_seconds(text: str) -> timedelta:
-    """``--stale-after`` / ``--time-budget``: a positive, finite number of seconds."""
+#: Longest ``--interval`` of a relay loop: a wait longer than a day is a typo, and
+#: ``threading.Event.wait`` refuses timeouts past ``threading.TIMEOUT_MAX``.
+INTERVAL_LIMIT = timedelta(days=1)
+
+
+def _seconds(text: str, *, limit: timedelta) -> timedelta:
     try:
         seconds = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not seconds > 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return timedelta(seconds=seconds)
+    if seconds > limit.total_seconds():
+        raise argparse.ArgumentTypeError(
+            f"must be at most {limit.total_seconds():.0f} seconds, got {text}"
+        )
+    duration = timedelta(seconds=seconds)
+    if not duration:
+        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {text}")
+    return duration
+
+
+def positive_seconds(text: str) -> timedelta:
+    """``--stale-after`` / ``--time-budget``: a positive, finite number of seconds, at
+    most the longest duration a store accepts."""
+    return _seconds(text, limit=DURATION_LIMIT)
+
+
+def interval_seconds(text: str) -> timedelta:
+    """``--interval``: a positive number of seconds, at most :data:`INTERVAL_LIMIT`."""
+    return _seconds(text, limit=INTERVAL_LIMIT)
 
 
 def positive_days(text: str) -> timedelta:
@@ -38,18 +61,34 @@ def positive_days(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
     if not days > 0 or days > 100_000:
         raise argparse.ArgumentTypeError(f"must be a number of days above 0, got {text}")
-    return timedelta(days=days)
+    duration = timedelta(days=days)
+    if not duration:
+        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {text}")
+    return duration
 
 
 def positive_int(text: str) -> int:
-    """``--limit`` / ``--batch-size``: an integer of at least 1."""
+    """``--limit`` / ``--batch-size``: an integer from 1 to 2**63-1 (what a database
+    ``LIMIT`` takes)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value > BIGINT_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {BIGINT_MAX}, got {value}")
     return value
+
+
+def checked_name(value: str, *, option: str) -> str:
+    """A name option (``--triggered-by``): a non-blank string of at most 200 characters
+    that every backend's text columns hold, else exit status 2. Checked in ``handle``
+    rather than by argparse, so ``call_command`` callers get status 2 as well."""
+    try:
+        return require_text(value, field=option)
+    except InvalidJobState as exc:
+        raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
 
 
 def known_database(alias: str) -> str:

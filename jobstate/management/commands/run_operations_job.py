@@ -1,7 +1,9 @@
 """``manage.py run_operations_job KEY [--input JSON]``: run one operations job now.
 
 Exit status: 0 when the run SUCCEEDED or was SKIPPED (another run held the key), 1 when
-it FAILED or TIMED_OUT or the run store failed, 2 for an unknown job or rejected input.
+it FAILED or TIMED_OUT or the run store failed, 2 for an unknown job, rejected input or
+any other bad option (a ``--database`` not in ``settings.DATABASES``, a blank or
+over-long ``--triggered-by``, ``--list`` together with a job to run).
 Quiet on success (cron-friendly) unless ``--verbosity 2`` or ``--json``.
 """
 
@@ -23,8 +25,7 @@ from jobstate.runner import JobExecutionResult, JobRunner, registry
 from jobstate.stores import get_run_store
 from jobstate.stores.base import Trigger
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from ._common import EXIT_FAILED, EXIT_USAGE, checked_name, known_database
 
 
 def _reject_constant(name: str) -> Any:
@@ -61,7 +62,9 @@ class Command(BaseCommand):
             "--input", metavar="JSON", help="The job's input as one JSON value (an object)."
         )
         parser.add_argument(
-            "--triggered-by", metavar="WHO", help="Who started the run (stored on the row)."
+            "--triggered-by",
+            metavar="WHO",
+            help="Who started the run (stored on the row; at most 200 characters).",
         )
         parser.add_argument(
             "--json", action="store_true", help="Print the result (or the job list) as JSON."
@@ -77,6 +80,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["list"]:
+            given = [
+                name
+                for name, option in (
+                    ("KEY", "key"),
+                    ("--input", "input"),
+                    ("--triggered-by", "triggered_by"),
+                )
+                if options[option] is not None
+            ]
+            if given:
+                raise CommandError(
+                    f"--list runs nothing, so it takes no {' or '.join(given)}.",
+                    returncode=EXIT_USAGE,
+                )
             self._list(as_json=options["json"])
             return
         key = options["key"]
@@ -85,9 +102,13 @@ class Command(BaseCommand):
                 "Name the job to run: run_operations_job KEY (see --list).", returncode=EXIT_USAGE
             )
         job_input = parse_input(options["input"])
-        trigger = Trigger("CLI", triggered_by=options["triggered_by"])
+        who = options["triggered_by"]
+        if who is not None:
+            checked_name(who, option="--triggered-by")
+        trigger = Trigger("CLI", triggered_by=who)
+        using = known_database(options["database"])
         try:
-            runner = JobRunner(store=get_run_store(using=options["database"]))
+            runner = JobRunner(store=get_run_store(using=using))
             result = runner.execute(key, job_input, trigger)
         except UnknownOperationsJob as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc

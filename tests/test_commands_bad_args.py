@@ -1,0 +1,84 @@
+"""Every jobstate command, run from the command line with bad arguments, exits with status
+2 and a message naming the bad argument on stderr, never a traceback, before it does any
+work.
+
+Each case is a real ``manage.py`` process (argparse exits 2 by itself only when a command
+runs from the command line, and a traceback is what an operator would see), pointed at
+a SQLite database that was never migrated: a command that got past its argument checks
+and touched a jobstate table would fail there with status 1 ("no such table"), so
+status 2 also says the arguments were refused first.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+#: (arguments, text the message on stderr must contain).
+CASES: list[tuple[list[str], str]] = [
+    (["run_operations_job", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run_operations_job"], "Name the job to run"),
+    (["run_operations_job", "nope.missing"], "'nope.missing'"),
+    (["run_operations_job", "demo.report-build", "--input", "{bad"], "--input is not valid JSON"),
+    (["run_operations_job", "demo.report-build", "--input", "NaN"], "--input is not valid JSON"),
+    (["run_operations_job", "demo.report-build", "--input", '"\\u0000"'], "NUL character"),
+    (["run_operations_job", "demo.report-build", "--triggered-by", " "], "--triggered-by"),
+    (["run_operations_job", "demo.report-build", "--triggered-by", "w" * 201], "--triggered-by"),
+    (["run_operations_job", "demo.report-build", "--database", "nope"], "--database 'nope'"),
+    (["run_operations_job", "--list", "demo.report-build"], "--list runs nothing"),
+    (["reap_stale", "--limit", "0"], "--limit"),
+    (["reap_stale", "--limit", "many"], "--limit"),
+    (["reap_stale", "--limit", "9" * 30], "--limit"),
+    (["reap_stale", "--stale-after", "-5"], "--stale-after"),
+    (["reap_stale", "--stale-after", "1e308"], "--stale-after"),
+    (["reap_stale", "--stale-after", "10"], "stale_run_after"),
+    (["reap_stale", "--batch-size", "1.5"], "--batch-size"),
+    (["reap_stale", "--time-budget", "nan"], "--time-budget"),
+    (["reap_stale", "--database", "nope"], "--database 'nope'"),
+    (["reap_stale", "runs"], "unrecognized arguments: runs"),
+    (["prune_jobstate", "--older-than", "0"], "--older-than"),
+    (["prune_jobstate", "--older-than", "forever"], "--older-than"),
+    (["prune_jobstate", "--older-than", "1e-13"], "--older-than"),
+    (["prune_jobstate", "--dry-run", "--batch-size", "-1"], "--batch-size"),
+    (["deliver_notifications", "--interval", "5"], "--interval needs --loop"),
+    (["deliver_notifications", "--loop", "--interval", "1e12"], "--interval"),
+    (["deliver_notifications", "--limit", "0"], "--limit"),
+    (["deliver_notifications", "--relay-id", "   "], "relay_id must be a non-empty"),
+    (["deliver_notifications", "--database", "nope"], "--database 'nope'"),
+    (["jobstate_metrics", "--database", "nope"], "--database 'nope'"),
+    (["jobstate_metrics", "--format", "xml"], "unrecognized arguments: --format"),
+    (["jobstate_ready", "--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arguments", "message"), CASES, ids=[" ".join(args)[:60] for args, _ in CASES]
+)
+def test_bad_arguments_exit_2_with_a_message_and_no_traceback(
+    arguments: list[str], message: str, tmp_path: Path
+) -> None:
+    database = tmp_path / "never-migrated.sqlite3"
+    base = Path(settings.BASE_DIR)
+    process = subprocess.run(
+        [sys.executable, str(base / "manage.py"), *arguments],
+        cwd=base,
+        env={
+            **os.environ,
+            "DATABASE_URL": f"sqlite:///{database}",
+            "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = process.stdout + process.stderr
+    assert process.returncode == 2, output
+    assert message in process.stderr
+    assert "Traceback" not in output
+    assert process.stdout == ""
