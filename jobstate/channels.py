@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 from django.core.mail import EmailMultiAlternatives
 from django.core.mail.utils import DNS_NAME
 from django.utils.module_loading import import_string
+from django.views.decorators.debug import sensitive_variables
 
 from jobstate import __version__
 from jobstate.conf import jobstate_settings
@@ -92,6 +93,13 @@ def webhook_body(payload: Any) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+# Every function that holds the signing key marks it with @sensitive_variables: when a
+# receiver's verification or a signature crashes, Django's error reports (the e-mail to
+# ADMINS, and trackers that read frame variables through Django's reporter filter) show
+# stars for it instead of the key.
+
+
+@sensitive_variables("secret")
 def _key_bytes(secret: str | bytes) -> bytes:
     if isinstance(secret, bytes):
         return secret
@@ -100,11 +108,13 @@ def _key_bytes(secret: str | bytes) -> bytes:
     raise TypeError(f"a webhook secret must be str or bytes, got {type(secret).__name__}.")
 
 
+@sensitive_variables("secret")
 def _digest(secret: str | bytes, body: bytes, timestamp: int) -> str:
     signed = str(timestamp).encode("ascii") + b"." + body
     return hmac.new(_key_bytes(secret), signed, hashlib.sha256).hexdigest()
 
 
+@sensitive_variables("secret")
 def sign_webhook(secret: str | bytes, body: bytes, *, timestamp: int | None = None) -> str:
     """The ``X-Jobstate-Signature`` value for ``body``: ``t=<timestamp>,v1=<hex>``, where
     ``<hex>`` is HMAC-SHA256 keyed with ``secret`` over ``"<timestamp>." + body``.
@@ -115,6 +125,7 @@ def sign_webhook(secret: str | bytes, body: bytes, *, timestamp: int | None = No
     return f"t={stamp},v1={_digest(secret, body, stamp)}"
 
 
+@sensitive_variables("secret", "expected")
 def verify_webhook_signature(
     secret: str | bytes,
     body: bytes,
@@ -210,6 +221,7 @@ class WebhookChannel:
     URL (webhook URLs often embed tokens) and never the secret.
     """
 
+    @sensitive_variables("secret")
     def __init__(
         self, *, secret: str | bytes | None = None, timeout: timedelta | None = None
     ) -> None:

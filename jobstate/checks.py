@@ -1,4 +1,5 @@
-"""System checks: say so when a configured database cannot give jobstate's guarantees."""
+"""System checks: refuse invalid ``JOBSTATE`` settings at start-up, and say so when a
+configured database cannot give jobstate's guarantees."""
 
 from __future__ import annotations
 
@@ -6,7 +7,23 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
+
+from jobstate.conf import DEFAULTS, jobstate_settings
+
+
+@register()
+def check_settings(**kwargs: Any) -> list[CheckMessage]:
+    """Read every ``JOBSTATE`` setting once, so a bad value (an unknown name, a zero
+    lease, an empty observability token) stops ``runserver``, ``migrate`` and ``check``
+    instead of the first request or job that needs it."""
+    try:
+        for name in DEFAULTS:
+            getattr(jobstate_settings, name)
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="jobstate.E001")]
+    return []
 
 
 @register(Tags.compatibility)

@@ -2,16 +2,20 @@
 
 Both answer only ``GET`` / ``HEAD``, are never cached, and require ``Authorization:
 Bearer <JOBSTATE['OBSERVABILITY_TOKEN']>`` when that setting is a string (``None`` leaves
-them open, for a host that restricts them at its proxy). Neither reveals a job payload or
-an error text: readiness reasons go to the ``jobstate.readiness`` log.
+them open, for a host that restricts them at its proxy). A request without the token
+gets 401 and a body that says only that, before any query runs. Neither endpoint reveals
+a job payload or an error text: they show counts by status, ages and migration names,
+and readiness reasons go to the ``jobstate.readiness`` log.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable
 from functools import wraps
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
@@ -26,15 +30,31 @@ __all__ = ["metrics", "ready"]
 View = Callable[[HttpRequest], HttpResponse]
 
 
-def _token_matches(request: HttpRequest) -> bool:
+def _configured_token() -> bytes | None:
+    """``JOBSTATE['OBSERVABILITY_TOKEN']`` as bytes, or ``None`` when the endpoints are
+    open. An empty or non-string token is refused rather than read as "open" or as a
+    token anyone can send (``Authorization: Bearer`` with nothing after it)."""
     token = jobstate_settings.OBSERVABILITY_TOKEN
+    if token is None:
+        return None
+    if not isinstance(token, str) or not token.strip():
+        raise ImproperlyConfigured(
+            "JOBSTATE['OBSERVABILITY_TOKEN'] must be None (open endpoints) or a non-empty string."
+        )
+    return token.encode()
+
+
+def _token_matches(request: HttpRequest) -> bool:
+    token = _configured_token()
     if token is None:
         return True
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    # Constant-time comparison: the response time must not tell how much of a guess matched.
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        given.strip().encode(), token.encode()
+    # Constant time, and over fixed-length digests: the response time tells neither how
+    # much of a guess matched nor how long the token is.
+    matches = hmac.compare_digest(
+        hashlib.sha256(given.strip().encode()).digest(), hashlib.sha256(token).digest()
     )
+    return scheme.lower() == "bearer" and matches
 
 
 def observability_access(view: View) -> View:

@@ -12,7 +12,7 @@ two steps is skipped and named rather than overwritten.
 from __future__ import annotations
 
 import json
-import re
+import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -38,33 +38,36 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from jobstate.admin.paginator import EstimatedCountPaginator
+from jobstate.admin.redaction import REDACTED, Redactor
+from jobstate.admin.redaction import redactor as make_redactor
 from jobstate.audit import AuditSeverity
-from jobstate.conf import jobstate_settings
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 
 __all__ = [
     "ACTION_ROW_LIMIT",
     "REDACTED",
+    "REDACTOR_ATTRIBUTE",
     "ActionRow",
     "ActionSpec",
     "ReadOnlyAdmin",
     "admin_change_url",
     "exact_search",
     "json_block",
-    "redact",
-    "redact_summary",
     "relative_time",
+    "row_redactor",
     "run_confirmed_action",
     "short_duration",
     "status_badge",
     "text_block",
 ]
 
+logger = logging.getLogger("jobstate.admin")
+
+#: Where :meth:`ScaledAdmin.redactor_for` keeps a row's redactor on the row object.
+REDACTOR_ATTRIBUTE = "_jobstate_redactor"
+
 #: The most rows one action may touch; a larger selection is refused, nothing changes.
 ACTION_ROW_LIMIT = 500
-
-#: What a redacted JSON value is shown as.
-REDACTED = "••••"
 
 #: Text longer than this (lines or characters) is folded in a ``<details>`` element.
 FOLD_LINES = 20
@@ -116,46 +119,6 @@ def choice_badge(value: str, label: str | Promise) -> SafeString:
 # --- JSON and long text ----------------------------------------------------------------
 
 
-def _redacted_keys() -> frozenset[str]:
-    keys = jobstate_settings.ADMIN_REDACTED_KEYS
-    if not isinstance(keys, list | tuple) or not all(isinstance(key, str) for key in keys):
-        raise ImproperlyConfigured(
-            f"JOBSTATE['ADMIN_REDACTED_KEYS'] must be a list of strings, got {keys!r}."
-        )
-    return frozenset(key.casefold() for key in keys)
-
-
-def redact(value: Any, keys: frozenset[str] | None = None) -> Any:
-    """A copy of ``value`` in which every object member whose key is one of
-    ``JOBSTATE['ADMIN_REDACTED_KEYS']`` (compared case-insensitively, at any depth)
-    has its value replaced by :data:`REDACTED`. ``value`` itself is not changed."""
-    hidden = _redacted_keys() if keys is None else keys
-    if isinstance(value, dict):
-        return {
-            key: REDACTED
-            if isinstance(key, str) and key.casefold() in hidden
-            else redact(item, hidden)
-            for key, item in value.items()
-        }
-    if isinstance(value, list):
-        return [redact(item, hidden) for item in value]
-    return value
-
-
-def redact_summary(text: str) -> str:
-    """``text`` with the value of every ``key: value`` pair whose key is redacted
-    replaced by :data:`REDACTED`. Audit summaries left to the store list the scalar
-    members of ``detail`` that way (``"token: abc · code: 503"``), so a redacted
-    member would otherwise show through the summary."""
-    hidden = _redacted_keys()
-    if not text or not hidden:
-        return text
-    pattern = "|".join(re.escape(key) for key in sorted(hidden, key=len, reverse=True))
-    return re.sub(
-        rf"(?i)(^|· )({pattern}): .*?(?= · |$)", rf"\1\2: {REDACTED}", text, flags=re.MULTILINE
-    )
-
-
 def _folded(text: str, css_class: str, preview: str) -> SafeString:
     lines = text.count("\n") + 1
     if lines <= FOLD_LINES and len(text) <= FOLD_CHARS:
@@ -176,20 +139,23 @@ def _folded(text: str, css_class: str, preview: str) -> SafeString:
     )
 
 
-def json_block(value: Any) -> SafeString | str:
-    """``value`` as indented JSON in a ``<pre>``, redacted (see :func:`redact`), and
-    folded in a ``<details>`` element when long. ``None`` shows as a dash."""
+def json_block(value: Any, redactor: Redactor | None = None) -> SafeString | str:
+    """``value`` as indented JSON in a ``<pre>``, redacted (by ``redactor``, default the
+    redactor of ``value`` itself; see :mod:`jobstate.admin.redaction`), and folded in a
+    ``<details>`` element when long. ``None`` shows as a dash."""
     if value is None:
         return "—"
-    shown = redact(value)
+    shown = (redactor or make_redactor(value)).json(value)
     text = json.dumps(shown, indent=2, ensure_ascii=False)
     return _folded(text, "jobstate-json", json.dumps(shown, ensure_ascii=False))
 
 
-def text_block(text: str | None) -> SafeString | str:
-    """Multi-line text (an error, a traceback) in a ``<pre>``, folded when long."""
+def text_block(text: str | None, redactor: Redactor | None = None) -> SafeString | str:
+    """Multi-line text (an error, a traceback) in a ``<pre>``, folded when long, with
+    the hidden values of ``redactor`` (default: the configured secrets) masked."""
     if not text:
         return "—"
+    text = (redactor or make_redactor()).text(text)
     return _folded(text, "jobstate-text", text.split("\n", 1)[0])
 
 
@@ -267,6 +233,16 @@ def exact_search(
     return queryset.filter(condition)
 
 
+def row_redactor(obj: Any, build: Callable[[], Redactor]) -> Redactor:
+    """The redactor of one row, built by ``build`` on first use and kept on the row
+    object (under :data:`REDACTOR_ATTRIBUTE`), so the page's fields share it."""
+    cached: Redactor | None = getattr(obj, REDACTOR_ATTRIBUTE, None)
+    if cached is None:
+        cached = build()
+        setattr(obj, REDACTOR_ATTRIBUTE, cached)
+    return cached
+
+
 # --- read-only bases -------------------------------------------------------------------
 
 
@@ -290,12 +266,57 @@ class ScaledAdmin(admin.ModelAdmin):
         """Narrow ``queryset`` to ``term``; subclasses call :func:`exact_search`."""
         return queryset
 
+    #: The JSON fields of a row whose members under redacted keys are hidden, and whose
+    #: values are masked in the row's text fields (see :mod:`jobstate.admin.redaction`).
+    redaction_sources: tuple[str, ...] = ()
+
+    def redactor_for(self, obj: Any) -> Redactor:
+        """The redactor of ``obj``'s page, built once per row object."""
+        return row_redactor(obj, lambda: self.build_redactor(obj))
+
+    def build_redactor(self, obj: Any) -> Redactor:
+        """The redactor of ``obj`` from its :attr:`redaction_sources`."""
+        return make_redactor(*(getattr(obj, name) for name in self.redaction_sources))
+
     def user_can(self, request: HttpRequest, codename: str) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
 
     def operator(self, request: HttpRequest) -> str:
         """The name audit entries give the signed-in user."""
         return str(request.user.get_username())
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Refuse a POST naming an action the user may not run: an error message, the
+        list again, nothing changed, and a warning in the ``jobstate.admin`` log.
+
+        Django alone would answer "No action selected" (or just the list, when the
+        user may run no action at all), which reads like an operator's slip rather
+        than a refusal. Each action also checks its permission again when it runs."""
+        if request.method == "POST":
+            allowed = self.get_actions(request)
+            # Cut: the value is whatever the request sent, and it goes to a log line.
+            refused = [
+                name[:100]
+                for name in request.POST.getlist("action")
+                if name and name not in allowed
+            ]
+            if refused:
+                logger.warning(
+                    "admin: %s posted the action %r on %s without its permission",
+                    self.operator(request),
+                    refused[0],
+                    self.opts.label,
+                )
+                self.message_user(
+                    request,
+                    _("You may not run the action “%(action)s”; nothing was changed.")
+                    % {"action": refused[0]},
+                    messages.ERROR,
+                )
+                return HttpResponseRedirect(request.get_full_path())
+        return super().changelist_view(request, extra_context)
 
 
 class ReadOnlyAdmin(ScaledAdmin):

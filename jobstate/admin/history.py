@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy
 
 from jobstate.admin.common import (
+    REDACTOR_ATTRIBUTE,
     ReadOnlyAdmin,
     admin_change_url,
     choice_badge,
     exact_search,
     json_block,
-    redact_summary,
 )
 from jobstate.admin.filters import AuditEventFilter
+from jobstate.admin.redaction import Redactor
 from jobstate.audit import AuditSeverity
 from jobstate.models import ApprovalDecision, AuditEntry, DeliveryReplay, Job, Notification
 
@@ -38,6 +42,29 @@ class LedgerAdmin(ReadOnlyAdmin):
         return format_html('<a href="{}">{}</a>', url, text or str(pk)[:8])
 
 
+def _notification_id(entry: AuditEntry) -> str | None:
+    """The notification an entry is about, as the outbox's entries name it."""
+    detail = entry.detail if isinstance(entry.detail, dict) else {}
+    named = detail.get("notification_id")
+    return named if isinstance(named, str) else None
+
+
+def notification_payloads(entries: list[AuditEntry]) -> dict[str, Any]:
+    """The payloads of the notifications ``entries`` name, by id (one query, none when
+    no entry names one; a pruned notification is simply absent)."""
+    named = {pk for pk in map(_notification_id, entries) if pk is not None}
+    valid = []
+    for pk in named:
+        try:
+            valid.append(uuid.UUID(pk))
+        except ValueError:
+            continue  # a host's own entry may use the key for something else
+    if not valid:
+        return {}
+    rows = Notification.objects.filter(id__in=valid).values_list("id", "payload")
+    return {str(pk): payload for pk, payload in rows}
+
+
 _AUDIT_ENTRY_FIELDS: tuple[str, ...] = (
     "id",
     "ts",
@@ -46,7 +73,7 @@ _AUDIT_ENTRY_FIELDS: tuple[str, ...] = (
     "event",
     "stage",
     "severity_display",
-    "title",
+    "title_text",
     "summary_text",
     "detail_json",
 )
@@ -59,7 +86,7 @@ class AuditEntryAdmin(LedgerAdmin):
         "event",
         "stage",
         "severity_display",
-        "title",
+        "title_text",
         "summary_short",
         "request_id",
         "job_link",
@@ -71,23 +98,47 @@ class AuditEntryAdmin(LedgerAdmin):
     ordering = ["-ts", "-id"]
     fields = _AUDIT_ENTRY_FIELDS
     readonly_fields = _AUDIT_ENTRY_FIELDS
+    redaction_sources = ("detail",)
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         return exact_search(
             queryset, term, uuid_fields=["job_id"], text_fields=["request_id", "event"]
         )
 
+    def build_redactor(self, obj: Any) -> Redactor:
+        """An entry about a notification (a delivery error, a replay) also hides the
+        values under redacted keys of that notification's payload: a channel's error
+        text, kept in ``detail``, may quote them."""
+        return super().build_redactor(obj).including(*notification_payloads([obj]).values())
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """The list's page of entries, each with its redactor: the payloads of the
+        notifications the page names are read in one query, not one per row."""
+        changelist = super().get_changelist_instance(request)
+        entries = list(changelist.result_list)
+        payloads = notification_payloads(entries)
+        for entry in entries:
+            named = _notification_id(entry)
+            own = [payloads[named]] if named in payloads else []
+            setattr(entry, REDACTOR_ATTRIBUTE, super().build_redactor(entry).including(*own))
+        changelist.result_list = entries
+        return changelist
+
     @admin.display(description=gettext_lazy("severity"), ordering="severity")
     def severity_display(self, entry: AuditEntry) -> SafeString:
         return choice_badge(entry.severity, AuditSeverity(entry.severity).label)
 
+    @admin.display(description=gettext_lazy("title"))
+    def title_text(self, entry: AuditEntry) -> str:
+        return self.redactor_for(entry).text(entry.title)
+
     @admin.display(description=gettext_lazy("summary"))
     def summary_short(self, entry: AuditEntry) -> str:
-        return Truncator(redact_summary(entry.summary)).chars(120)
+        return Truncator(self.redactor_for(entry).summary(entry.summary, entry.detail)).chars(120)
 
     @admin.display(description=gettext_lazy("summary"))
     def summary_text(self, entry: AuditEntry) -> str:
-        return redact_summary(entry.summary)
+        return self.redactor_for(entry).summary(entry.summary, entry.detail)
 
     @admin.display(description=gettext_lazy("job"))
     def job_link(self, entry: AuditEntry) -> Any:
@@ -95,14 +146,14 @@ class AuditEntryAdmin(LedgerAdmin):
 
     @admin.display(description=gettext_lazy("detail"))
     def detail_json(self, entry: AuditEntry) -> SafeString | str:
-        return json_block(entry.detail)
+        return json_block(entry.detail, self.redactor_for(entry))
 
 
 _APPROVAL_DECISION_FIELDS: tuple[str, ...] = (
     "decision_id",
     "job_link",
     "approver",
-    "comment",
+    "comment_text",
     "created_at",
 )
 
@@ -127,7 +178,11 @@ class ApprovalDecisionAdmin(LedgerAdmin):
 
     @admin.display(description=gettext_lazy("comment"))
     def comment_short(self, decision: ApprovalDecision) -> str:
-        return Truncator(decision.comment).chars(80)
+        return Truncator(self.comment_text(decision)).chars(80)
+
+    @admin.display(description=gettext_lazy("comment"))
+    def comment_text(self, decision: ApprovalDecision) -> str:
+        return self.redactor_for(decision).text(decision.comment)
 
 
 _DELIVERY_REPLAY_FIELDS: tuple[str, ...] = (

@@ -9,7 +9,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -19,13 +19,13 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from jobstate.admin.common import (
+    REDACTOR_ATTRIBUTE,
     ActionRow,
     ActionSpec,
     ReadOnlyAdmin,
     choice_badge,
     exact_search,
     json_block,
-    redact_summary,
     relative_time,
     run_confirmed_action,
     text_block,
@@ -103,7 +103,7 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
             "claim_token",
         ),
     ),
-    (gettext_lazy("Input"), ("input_preview", "input_json")),
+    (gettext_lazy("Input"), ("input_preview_text", "input_json")),
     (
         gettext_lazy("Outcome"),
         ("result_json", "report_json", "usage_json", "error_text", "metadata_json"),
@@ -169,6 +169,7 @@ class JobAdmin(ReadOnlyAdmin):
     actions = ["requeue_jobs", "reject_jobs", "approve_and_requeue_jobs"]
     fieldsets = [(title, {"fields": names}) for title, names in _JOB_PAGE]
     readonly_fields = [name for _title, names in _JOB_PAGE for name in names]
+    redaction_sources = ("input", "result", "report", "usage", "metadata")
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         return exact_search(
@@ -202,27 +203,31 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("input"))
     def input_json(self, job: Job) -> SafeString | str:
-        return json_block(job.input)
+        return json_block(job.input, self.redactor_for(job))
 
     @admin.display(description=gettext_lazy("result"))
     def result_json(self, job: Job) -> SafeString | str:
-        return json_block(job.result)
+        return json_block(job.result, self.redactor_for(job))
 
     @admin.display(description=gettext_lazy("report"))
     def report_json(self, job: Job) -> SafeString | str:
-        return json_block(job.report)
+        return json_block(job.report, self.redactor_for(job))
 
     @admin.display(description=gettext_lazy("usage"))
     def usage_json(self, job: Job) -> SafeString | str:
-        return json_block(job.usage)
+        return json_block(job.usage, self.redactor_for(job))
 
     @admin.display(description=gettext_lazy("metadata"))
     def metadata_json(self, job: Job) -> SafeString | str:
-        return json_block(job.metadata)
+        return json_block(job.metadata, self.redactor_for(job))
+
+    @admin.display(description=gettext_lazy("input preview"))
+    def input_preview_text(self, job: Job) -> SafeString | str:
+        return text_block(job.input_preview, self.redactor_for(job))
 
     @admin.display(description=gettext_lazy("error"))
     def error_text(self, job: Job) -> SafeString | str:
-        return text_block(job.error)
+        return text_block(job.error, self.redactor_for(job))
 
     # --- permissions -----------------------------------------------------------------
 
@@ -402,15 +407,25 @@ class JobAdmin(ReadOnlyAdmin):
 
     def job_page_context(self, request: HttpRequest, job: Job) -> dict[str, Any]:
         """The audit trail, the notifications with their attempts, and the action
-        buttons the operator may use on this job."""
+        buttons the operator may use on this job.
+
+        The whole page shares one redactor: the job's own JSON, its notifications'
+        payloads and its audit details, so a value hidden in one (a token in a
+        payload) is masked where another quotes it (a delivery error)."""
         newest = list(
             AuditEntry.objects.filter(job_id=job.pk).order_by("-ts", "-id")[: TRAIL_LIMIT + 1]
         )
+        trail = list(reversed(newest[:TRAIL_LIMIT]))
         notifications = list(
             Notification.objects.filter(job_id=job.pk)
             .order_by("created_at")
             .prefetch_related("delivery_attempts")[:NOTIFICATIONS_LIMIT]
         )
+        page = self.build_redactor(job).including(
+            *(notification.payload for notification in notifications),
+            *(entry.detail for entry in trail),
+        )
+        setattr(job, REDACTOR_ATTRIBUTE, page)
         buttons = []
         candidates = [
             ("requeue", "requeue_jobs", _("Requeue…"), self.requeue_spec(request)),
@@ -429,19 +444,31 @@ class JobAdmin(ReadOnlyAdmin):
         return {
             "jobstate_job_page": True,
             "audit_trail": [
-                (
-                    entry,
-                    redact_summary(entry.summary),
-                    json_block(entry.detail) if entry.detail else "",
-                )
-                for entry in reversed(newest[:TRAIL_LIMIT])
+                {
+                    "entry": entry,
+                    "title": page.text(entry.title),
+                    "summary": page.summary(entry.summary, entry.detail),
+                    "detail": json_block(entry.detail, page) if entry.detail else "",
+                }
+                for entry in trail
             ],
             "audit_trail_truncated": len(newest) > TRAIL_LIMIT,
             "audit_changelist_url": reverse(
                 f"{self.admin_site.name}:jobstate_auditentry_changelist"
             )
             + f"?q={job.pk}",
-            "job_notifications": [(n, json_block(n.payload)) for n in notifications],
+            "job_notifications": [
+                {
+                    "notification": notification,
+                    "payload": json_block(notification.payload, page),
+                    "last_error": page.text(notification.last_error or ""),
+                    "attempts": [
+                        (attempt, page.text(attempt.error or ""))
+                        for attempt in notification.delivery_attempts.all()
+                    ],
+                }
+                for notification in notifications
+            ],
             "job_action_buttons": buttons,
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }
@@ -456,11 +483,14 @@ class JobAdmin(ReadOnlyAdmin):
         )
         return [operations, *super().get_urls()]
 
-    def operations_view(self, request: HttpRequest) -> TemplateResponse:
+    def operations_view(self, request: HttpRequest) -> HttpResponse:
         """The metrics snapshot as cards, jobs finished per minute over the last hour
-        and the queue's depth by target. Needs the view permission on jobs."""
+        and the queue's depth by target. Needs the view permission on jobs; answers
+        only ``GET`` and ``HEAD`` (it changes nothing, so it takes no form)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
         snapshot = get_state_store().operational_metrics_snapshot()
         status_cards, health_cards = cards(snapshot)
         context = {

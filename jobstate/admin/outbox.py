@@ -23,10 +23,12 @@ from jobstate.admin.common import (
     choice_badge,
     exact_search,
     json_block,
+    row_redactor,
     run_confirmed_action,
     text_block,
 )
 from jobstate.admin.filters import ChannelFilter
+from jobstate.admin.redaction import Redactor, redactor
 from jobstate.models import DeliveryAttempt, DeliveryReplay, Job, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import DeliveryRequeueOutcome, NotificationState
@@ -40,8 +42,14 @@ _DELIVERY_ATTEMPT_FIELDS: tuple[str, ...] = (
     "started_at",
     "finished_at",
     "succeeded",
-    "error",
+    "error_text",
 )
+
+
+def notification_redactor(notification: Notification) -> Redactor:
+    """The redactor of a notification's page: its payload's redacted members, whose
+    values are also masked in its error texts."""
+    return row_redactor(notification, lambda: redactor(notification.payload))
 
 
 class DeliveryAttemptInline(ReadOnlyInline):
@@ -49,6 +57,16 @@ class DeliveryAttemptInline(ReadOnlyInline):
     fields = _DELIVERY_ATTEMPT_FIELDS
     readonly_fields = _DELIVERY_ATTEMPT_FIELDS
     ordering = ["number"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[DeliveryAttempt]:
+        # Each attempt's error is masked with its notification's redactor.
+        return super().get_queryset(request).select_related("notification")
+
+    @admin.display(description=gettext_lazy("error"))
+    def error_text(self, attempt: DeliveryAttempt) -> str:
+        if not attempt.error:
+            return "—"
+        return notification_redactor(attempt.notification).text(attempt.error)
 
 
 _DELIVERY_REPLAY_FIELDS: tuple[str, ...] = ("dlq_key", "requested_by", "created_at")
@@ -111,6 +129,7 @@ class NotificationAdmin(ReadOnlyAdmin):
     inlines = [DeliveryAttemptInline, DeliveryReplayInline]
     fields = _NOTIFICATION_FIELDS
     readonly_fields = _NOTIFICATION_FIELDS
+    redaction_sources = ("payload",)
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         return exact_search(
@@ -139,11 +158,11 @@ class NotificationAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("payload"))
     def payload_json(self, notification: Notification) -> SafeString | str:
-        return json_block(notification.payload)
+        return json_block(notification.payload, self.redactor_for(notification))
 
     @admin.display(description=gettext_lazy("last error"))
     def last_error_text(self, notification: Notification) -> SafeString | str:
-        return text_block(notification.last_error)
+        return text_block(notification.last_error, self.redactor_for(notification))
 
     def has_replay_notification_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "replay_notification")

@@ -75,6 +75,7 @@ class JobRunAdmin(ReadOnlyAdmin):
     actions = ["reap_stale_runs"]
     fields = _JOB_RUN_FIELDS
     readonly_fields = _JOB_RUN_FIELDS
+    redaction_sources = ("input", "summary")
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         return exact_search(
@@ -112,15 +113,15 @@ class JobRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("input"))
     def input_json(self, run: JobRun) -> SafeString | str:
-        return json_block(run.input)
+        return json_block(run.input, self.redactor_for(run))
 
     @admin.display(description=gettext_lazy("summary"))
     def summary_json(self, run: JobRun) -> SafeString | str:
-        return json_block(run.summary)
+        return json_block(run.summary, self.redactor_for(run))
 
     @admin.display(description=gettext_lazy("error"))
     def error_text(self, run: JobRun) -> SafeString | str:
-        return text_block(run.error)
+        return text_block(run.error, self.redactor_for(run))
 
     def has_reap_runs_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "reap_runs")
