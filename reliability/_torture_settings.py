@@ -1,0 +1,73 @@
+"""Django settings of the torture run's processes (controller, reaper, workers).
+
+Everything run-specific comes from the environment, set by
+:func:`reliability._torture_config.setup_django`: the database, the process name (the
+PostgreSQL ``application_name``), the worker lease and the stale-run threshold. The
+liveness settings are seconds, not minutes, so that a killed worker's work comes back
+within a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from urllib.parse import unquote, urlsplit
+
+from reliability._torture_config import (
+    DEFAULT_DATABASE,
+    DEFAULT_SERVER,
+    ENV_ATTEMPT_LIMIT,
+    ENV_DATABASE_URL,
+    ENV_LEASE,
+    ENV_PROCESS_NAME,
+    ENV_STALE_AFTER,
+)
+
+_url = urlsplit(os.environ.get(ENV_DATABASE_URL, DEFAULT_SERVER + DEFAULT_DATABASE))
+_stale_after = timedelta(seconds=float(os.environ.get(ENV_STALE_AFTER, "2")))
+
+SECRET_KEY = "torture-run-only"
+# DEBUG would keep every query of a long run in memory.
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "jobstate",
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(_url.path.lstrip("/")),
+        "USER": unquote(_url.username or "postgres"),
+        "PASSWORD": unquote(_url.password or ""),
+        "HOST": _url.hostname or "127.0.0.1",
+        "PORT": str(_url.port or 5432),
+        "CONN_MAX_AGE": None,
+        "OPTIONS": {"application_name": os.environ.get(ENV_PROCESS_NAME, "torture")},
+    }
+}
+
+JOBSTATE = {
+    "OPERATIONS_JOB_MODULES": ["reliability._torture_ops"],
+    "WORKER_LEASE": timedelta(seconds=float(os.environ.get(ENV_LEASE, "2"))),
+    "STALE_RUN_AFTER": _stale_after,
+    "HEARTBEAT_INTERVAL": _stale_after / 4,
+    "DEFAULT_JOB_TIMEOUT": timedelta(minutes=1),
+    "WORKER_ATTEMPT_LIMIT": int(os.environ.get(ENV_ATTEMPT_LIMIT, "5")),
+    # A long run keeps jobs queued for a long time; they must not expire mid-run.
+    "QUEUED_TTL": timedelta(days=7),
+}
+
+# Skipped runs and lost claims are the point of the exercise, and jobstate logs each one
+# as a warning; only errors reach the terminal.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["stderr"], "level": "ERROR"},
+}
