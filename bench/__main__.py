@@ -87,6 +87,7 @@ def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         rows=args.rows,
         stale=args.stale,
         audit=args.audit,
+        baseline=args.baseline,
         log=lambda line: print(line, flush=True),
     )
     result["sweeps"]["targets"] = sweeps.targets(result["sweeps"])
@@ -138,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--rows", type=int, default=1_000_000, help="jobs table size")
         sub.add_argument("--stale", type=int, default=100_000, help="expired leases among them")
         sub.add_argument("--audit", type=int, default=1_000_000, help="audit rows to prune")
+        sub.add_argument(
+            "--baseline",
+            type=float,
+            default=10.0,
+            help="seconds the traffic runs alone before each sweep (its p99 reference)",
+        )
     args = parser.parse_args(argv)
     url = database_url(args.server, args.database)
     try:

@@ -63,7 +63,6 @@ DEFAULTS: dict[str, Any] = {
     # Maintenance sweeps and retention.
     "SWEEP_BATCH_SIZE": 1000,  # rows one sweep statement moves or deletes
     "SWEEP_TIME_BUDGET": timedelta(seconds=30),  # one sweep call stops starting batches after this
-    "SWEEP_BATCH_PAUSE": timedelta(milliseconds=20),  # rest between two batches; 0 = none
     "WORKER_ATTEMPT_LIMIT": 3,  # expired in-process leases requeue until this many attempts
     "AUDIT_RETENTION": timedelta(days=30),
     "FINISHED_JOB_RETENTION": timedelta(days=14),
@@ -74,8 +73,6 @@ DEFAULTS: dict[str, Any] = {
     "ADMIN_REDACTED_KEYS": ["password", "secret", "token", "api_key", "authorization"],
 }
 
-# Durations that may also be zero.
-_NON_NEGATIVE_DURATIONS = {"SWEEP_BATCH_PAUSE"}
 _DURATIONS = {
     "HEARTBEAT_INTERVAL",
     "STALE_RUN_AFTER",
@@ -145,7 +142,6 @@ class JobStateSettings:
     OBSERVABILITY_TOKEN: str | None
     SWEEP_BATCH_SIZE: int
     SWEEP_TIME_BUDGET: timedelta
-    SWEEP_BATCH_PAUSE: timedelta
     WORKER_ATTEMPT_LIMIT: int
     AUDIT_RETENTION: timedelta
     FINISHED_JOB_RETENTION: timedelta
@@ -176,13 +172,6 @@ class JobStateSettings:
             if name in _DURATIONS and not (isinstance(value, timedelta) and value > timedelta(0)):
                 raise ImproperlyConfigured(
                     f"JOBSTATE[{name!r}] must be a positive datetime.timedelta, got {value!r}."
-                )
-            if name in _NON_NEGATIVE_DURATIONS and not (
-                isinstance(value, timedelta) and value >= timedelta(0)
-            ):
-                raise ImproperlyConfigured(
-                    f"JOBSTATE[{name!r}] must be a datetime.timedelta of zero or more, "
-                    f"got {value!r}."
                 )
             if (
                 name in _POSITIVE_INTS

@@ -197,12 +197,10 @@ def _run_batches(
     on_batch: SweepProgress | None,
 ) -> SweepResult:
     """Call ``step(n)`` (move at most ``n`` rows, return how many moved) until a batch
-    comes back short, ``limit`` rows have moved, or the time budget has passed, pausing
-    ``SWEEP_BATCH_PAUSE`` between two batches."""
+    comes back short, ``limit`` rows have moved, or the time budget has passed."""
     batch = _batch_size(batch_size)
     budget = _time_budget(time_budget)
     cap = _positive_int(limit, field="limit", default=None)
-    pause = jobstate_settings.SWEEP_BATCH_PAUSE.total_seconds()
     deadline = time.monotonic() + budget.total_seconds()
     total = batches = 0
     while True:
@@ -216,7 +214,7 @@ def _run_batches(
         # to a concurrent sweeper that holds it.
         if moved < want:
             return SweepResult(sweep, total, batches, complete=True)
-        if (cap is not None and total >= cap) or time.monotonic() + pause >= deadline:
+        if (cap is not None and total >= cap) or time.monotonic() >= deadline:
             logger.info(
                 "sweep %s stopped after %d rows in %d batches (limit or time budget); "
                 "the next call continues",
@@ -225,9 +223,6 @@ def _run_batches(
                 batches,
             )
             return SweepResult(sweep, total, batches, complete=False)
-        # Between two full batches: the rows just committed leave the write-ahead log
-        # and the disk to the live traffic for a moment, which keeps its latency flat.
-        time.sleep(pause)
 
 
 def _dry_run(sweep: str, candidates: QuerySet[Any], limit: int | None) -> SweepResult:

@@ -100,7 +100,7 @@ def test_the_sweeps_run_reaps_and_prunes_every_row_and_reports_its_targets(
         [
             *(sys.executable, "-m", "bench", "--server", _server_url(), "--database", name),
             *("--output", str(out), "sweeps", "--rows", "3000", "--stale", "300"),
-            *("--audit", "2000"),
+            *("--audit", "2000", "--baseline", "1"),
         ],
         cwd=ROOT,
         env=env,

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,27 +249,6 @@ def test_the_time_budget_and_batch_size_default_to_the_settings(settings: Any) -
     }
     seed_audit(20)
     assert maintenance.prune_audit().count == 5
-
-
-@pytest.mark.django_db
-def test_a_sweep_rests_between_batches_but_not_after_the_last(settings: Any) -> None:
-    settings.JOBSTATE = {
-        **settings.JOBSTATE,
-        "SWEEP_BATCH_SIZE": 5,
-        "SWEEP_BATCH_PAUSE": timedelta(milliseconds=150),
-    }
-    seed_audit(10)  # two full batches, then a short (empty) third: two rests
-    begin = time.monotonic()
-    result = maintenance.prune_audit()
-    assert (result.count, result.batches, result.complete) == (10, 3, True)
-    assert time.monotonic() - begin >= 0.3
-    # A budget that the next rest would overrun stops the sweep instead of sleeping.
-    settings.JOBSTATE = {**settings.JOBSTATE, "SWEEP_BATCH_PAUSE": timedelta(seconds=60)}
-    seed_audit(10)
-    begin = time.monotonic()
-    result = maintenance.prune_audit(time_budget=timedelta(seconds=5))
-    assert (result.count, result.complete) == (5, False)
-    assert time.monotonic() - begin < 30
 
 
 # --- what each reaping sweep writes ---------------------------------------------------

@@ -77,8 +77,6 @@ def test_get_state_store_refuses_what_is_not_a_state_store(settings, path, messa
         ("METRICS_EXACT_LIMIT", 0),
         ("MAX_PAYLOAD_BYTES", "1MB"),
         ("ERROR_TEXT_LIMIT", 0),
-        ("SWEEP_BATCH_PAUSE", timedelta(seconds=-1)),
-        ("SWEEP_BATCH_PAUSE", 0.02),
         ("OBSERVABILITY_TOKEN", ""),
         ("OBSERVABILITY_TOKEN", 1234),
         ("ADMIN_REDACTED_KEYS", "password"),
