@@ -10,9 +10,10 @@ task, which with Django's default ``CONN_MAX_AGE = 0`` would reconnect every tim
 from __future__ import annotations
 
 import os
-from urllib.parse import unquote, urlsplit
 
-_url = urlsplit(
+import environ
+
+_database = environ.Env.db_url_config(
     os.environ.get(
         "JOBSTATE_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobstate_bench"
     )
@@ -37,12 +38,7 @@ INSTALLED_APPS = [
 
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(_url.path.lstrip("/")),
-        "USER": unquote(_url.username or "postgres"),
-        "PASSWORD": unquote(_url.password or ""),
-        "HOST": _url.hostname or "127.0.0.1",
-        "PORT": str(_url.port or 5432),
+        **_database,
         "CONN_MAX_AGE": None,
         # psycopg's own default (raw psycopg and procrastinate's pool use it): a statement
         # run 5 times on a connection is prepared. Django turns this off unless asked.

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from urllib.parse import unquote, urlsplit
+
+import environ
 
 from reliability._restart_common import (
     ENV_DATABASE_URL,
@@ -21,7 +22,9 @@ from reliability._restart_common import (
     STALE_RUN_AFTER,
 )
 
-_url = urlsplit(os.environ.get(ENV_DATABASE_URL, "postgres://postgres@127.0.0.1:5432/restart"))
+_database = environ.Env.db_url_config(
+    os.environ.get(ENV_DATABASE_URL, "postgres://postgres@127.0.0.1:5432/restart")
+)
 
 SECRET_KEY = "restart-run-only"
 # DEBUG would keep every query of a long run in memory.
@@ -38,12 +41,7 @@ INSTALLED_APPS = [
 
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(_url.path.lstrip("/")),
-        "USER": unquote(_url.username or "postgres"),
-        "PASSWORD": unquote(_url.password or ""),
-        "HOST": _url.hostname or "127.0.0.1",
-        "PORT": str(_url.port or 5432),
+        **_database,
         # Long-lived processes keep their connection; a restart kills it under them.
         "CONN_MAX_AGE": None,
         # Connecting to a server that is restarting must fail fast, not hang.

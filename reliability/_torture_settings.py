@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from urllib.parse import unquote, urlsplit
+
+import environ
 
 from reliability._torture_config import (
     DEFAULT_DATABASE,
@@ -23,7 +24,9 @@ from reliability._torture_config import (
     ENV_STALE_AFTER,
 )
 
-_url = urlsplit(os.environ.get(ENV_DATABASE_URL, DEFAULT_SERVER + DEFAULT_DATABASE))
+_database = environ.Env.db_url_config(
+    os.environ.get(ENV_DATABASE_URL, DEFAULT_SERVER + DEFAULT_DATABASE)
+)
 _stale_after = timedelta(seconds=float(os.environ.get(ENV_STALE_AFTER, "2")))
 
 SECRET_KEY = "torture-run-only"
@@ -41,12 +44,7 @@ INSTALLED_APPS = [
 
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(_url.path.lstrip("/")),
-        "USER": unquote(_url.username or "postgres"),
-        "PASSWORD": unquote(_url.password or ""),
-        "HOST": _url.hostname or "127.0.0.1",
-        "PORT": str(_url.port or 5432),
+        **_database,
         "CONN_MAX_AGE": None,
         "OPTIONS": {"application_name": os.environ.get(ENV_PROCESS_NAME, "torture")},
     }

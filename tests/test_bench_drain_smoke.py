@@ -10,26 +10,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import quote
 
 import psycopg
 import pytest
-from django.db import connection
 
 from bench.contenders import CONTENDERS
 from bench.pg import BenchError, recreate_database
+from tests.servers import postgres_server_url
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = 200
-
-
-def _server_url() -> str:
-    settings = connection.settings_dict
-    user = quote(settings["USER"] or "postgres")
-    password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
-    host = settings["HOST"] or "127.0.0.1"
-    port = settings["PORT"] or 5432
-    return f"postgres://{user}{password}@{host}:{port}/"
 
 
 @pytest.mark.postgres
@@ -44,7 +34,7 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
             "-m",
             "bench",
             "--server",
-            _server_url(),
+            postgres_server_url(),
             "--database",
             name,
             "--output",
@@ -83,7 +73,7 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
     assert manifest["postgresql_settings"]["synchronous_commit"] in {"on", "off", "local"}
     assert "| jobstate | 2 |" in result.stdout
     assert "jobstate-batch / jobstate at 2 workers" in result.stdout
-    with psycopg.connect(_server_url() + "postgres") as conn:
+    with psycopg.connect(postgres_server_url() + "postgres") as conn:
         left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
     assert left is None, "the benchmark left its database behind"
 
@@ -98,7 +88,7 @@ def test_the_sweeps_run_reaps_and_prunes_every_row_and_reports_its_targets(
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "bench", "--server", _server_url(), "--database", name),
+            *(sys.executable, "-m", "bench", "--server", postgres_server_url(), "--database", name),
             *("--output", str(out), "sweeps", "--rows", "3000", "--stale", "300"),
             *("--audit", "2000", "--baseline", "1"),
         ],

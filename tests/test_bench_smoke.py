@@ -9,26 +9,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import quote
 
 import psycopg
 import pytest
-from django.db import connection
 
 from bench.admin_scale import main
 from bench.pg import BenchError
+from tests.servers import postgres_server_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = {"jobs", "jobs_error", "audit", "dashboard"}
-
-
-def _server_url(database: str) -> str:
-    settings = connection.settings_dict
-    user = quote(settings["USER"] or "postgres")
-    password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
-    host = settings["HOST"] or "127.0.0.1"
-    port = settings["PORT"] or 5432
-    return f"postgres://{user}{password}@{host}:{port}/{database}"
 
 
 def _database_exists(url: str, name: str) -> bool:
@@ -44,7 +34,7 @@ def test_quick_run_measures_every_page_on_both_configurations_and_drops_its_data
     tmp_path: Path,
 ) -> None:
     name = f"jobstate_bench_smoke_{os.getpid()}"
-    url = _server_url(name)
+    url = postgres_server_url(name)
     out = tmp_path / "admin-scale.json"
     result = subprocess.run(
         [

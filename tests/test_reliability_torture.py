@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -32,23 +31,15 @@ from reliability._torture_checks import (
 from reliability._torture_config import TARGET
 from reliability._torture_db import LEDGER_DDL, LEDGER_TABLES, drop_database
 from reliability._torture_monitor import How, MonitorResult, Orphan
+from tests.servers import postgres_server_url
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _server_url() -> str:
-    settings = connection.settings_dict
-    user = quote(settings["USER"] or "postgres")
-    password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
-    host = settings["HOST"] or "127.0.0.1"
-    port = settings["PORT"] or 5432
-    return f"postgres://{user}{password}@{host}:{port}/"
 
 
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_a_short_torture_run_loses_nothing_and_completes_nothing_twice(tmp_path: Path) -> None:
-    url = _server_url() + f"jobstate_torture_test_{os.getpid()}"
+    url = postgres_server_url() + f"jobstate_torture_test_{os.getpid()}"
     report_path = tmp_path / "torture.json"
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     try:
