@@ -1,5 +1,5 @@
 # Sourced by scripts/test and scripts/demo: make (once) and activate the virtual
-# environment .venv-<python version> with the project and its dev dependency group.
+# environment .venv-<python version> with the project and its dev and bench dependency groups.
 # PYTHON picks the interpreter (default python3).
 PYTHON=${PYTHON:-python3}
 version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
