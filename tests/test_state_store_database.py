@@ -276,6 +276,33 @@ def test_a_claim_passes_over_a_row_another_transaction_holds(store) -> None:
     assert Job.objects.get(id=first.id).status == JobStatus.QUEUED
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_claimed_and_completed_jobs_read_back_as_the_orm_reads_them(
+    store, settings, use_tz
+) -> None:
+    """The one-statement claim and report build their ``Job`` from the rows they
+    return, with their own cursor; every field must come back as a queryset loads it:
+    same values, same types, same time zone (aware UTC with ``USE_TZ``, naive
+    without)."""
+    settings.USE_TZ = use_tz
+    store.create_job(request_id="r", target="t", input={"n": 1}, metadata={"m": [1, 2]})
+    claimed = store.claim_next_inhub_job(["t"], "w")
+    assert claimed is not None and claimed.claim_token is not None
+    as_stored = Job.objects.get(id=claimed.id)
+    completed = store.complete_claimed_job(
+        claimed.id, claimed.claim_token, "done", result={"ok": True}
+    ).job
+    assert completed is not None
+    for loaded, expected in ((claimed, as_stored), (completed, Job.objects.get(id=claimed.id))):
+        for field in Job._meta.concrete_fields:
+            got, want = getattr(loaded, field.attname), getattr(expected, field.attname)
+            assert (got, type(got)) == (want, type(want)), field.name
+            if isinstance(want, datetime):
+                assert got.tzinfo is want.tzinfo, field.name
+    assert (claimed.claimed_at.tzinfo is not None) is use_tz
+
+
 def test_malformed_job_ids_never_reach_the_database(store) -> None:
     with CaptureQueriesContext(connection) as queries, pytest.raises(ValueError):
         store.update_job("12345", error="x")

@@ -870,18 +870,43 @@ def _hot_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
     the server, so the statement text is constant and PostgreSQL can reuse its plan
     when the host enables prepared statements (``OPTIONS["prepare_threshold"]``, off
     by default because of transaction-mode poolers). It goes through Django's cursor
-    wrapper, so query logging and execute wrappers still see the statement."""
+    wrapper, so query logging and execute wrappers still see the statement.
+
+    One such cursor is kept per connection, with psycopg's compiled ``timestamptz``
+    loader instead of the Python one Django installs (the claim and the report each
+    return several timestamps); :func:`_load_jobs` then applies Django's time zone
+    itself. Creating a cursor, and its adapters, for every call cost more than the
+    statement's own Python work."""
     binding = _server_binding_cursor()
     if binding is None:
         with connection.cursor() as cursor:
             yield cursor
         return
     connection.ensure_connection()
+    raw = connection.connection
+    cursor = _HOT_CURSORS.get(connection)
+    if cursor is None or cursor.connection is not raw or cursor.closed:
+        cursor = binding(raw)
+        cursor.adapters.register_loader("timestamptz", _compiled_timestamptz_loader())
+        _HOT_CURSORS[connection] = cursor
     # Django wraps its own cursors the same way (``_prepare_cursor``): debug logging,
-    # execute wrappers and thread-sharing checks apply unchanged.
+    # execute wrappers and thread-sharing checks apply unchanged. The wrapper is not
+    # closed: the psycopg cursor is reused by the next call on this connection.
     wrapper: Any = connection
-    with wrapper._prepare_cursor(binding(connection.connection)) as cursor:
-        yield cursor
+    yield wrapper._prepare_cursor(cursor)
+
+
+#: Per connection: its reusable hot-path cursor (see :func:`_hot_cursor`).
+_HOT_CURSORS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, Any] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def _compiled_timestamptz_loader() -> type[Any]:
+    """psycopg's own ``timestamptz`` text loader (registering it picks the compiled
+    version when psycopg has one)."""
+    from psycopg.types.datetime import TimestamptzLoader
+
+    return TimestamptzLoader
 
 
 @functools.cache
@@ -1018,6 +1043,8 @@ def _load_jobs(
                 *connection.ops.get_db_converters(column),
                 *column.get_db_converters(connection),
             ]
+            if field.get_internal_type() == "DateTimeField":
+                functions.insert(0, _in_connection_time_zone)
             if functions:
                 converters.append((position, column, functions))
         _CONVERTERS[connection] = converters
@@ -1032,6 +1059,17 @@ def _load_jobs(
             values[position] = value
         jobs.append(Job.from_db(using, names, values))
     return jobs
+
+
+def _in_connection_time_zone(
+    value: datetime | None, expression: Any, connection: BaseDatabaseWrapper
+) -> datetime | None:
+    """What Django's own ``timestamptz`` loader does to a loaded timestamp: keep the
+    wall time in the session's time zone and attach ``connection.timezone`` (UTC with
+    ``USE_TZ``, naive without)."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=connection.timezone)
 
 
 def _thread_lock_key(thread_id: int) -> int:
