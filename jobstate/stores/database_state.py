@@ -884,16 +884,16 @@ def _hot_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
         return
     connection.ensure_connection()
     raw = connection.connection
-    cursor = _HOT_CURSORS.get(connection)
-    if cursor is None or cursor.connection is not raw or cursor.closed:
-        cursor = binding(raw)
-        cursor.adapters.register_loader("timestamptz", _compiled_timestamptz_loader())
-        _HOT_CURSORS[connection] = cursor
+    reused = _HOT_CURSORS.get(connection)
+    if reused is None or reused.connection is not raw or reused.closed:
+        reused = binding(raw)
+        reused.adapters.register_loader("timestamptz", _compiled_timestamptz_loader())
+        _HOT_CURSORS[connection] = reused
     # Django wraps its own cursors the same way (``_prepare_cursor``): debug logging,
     # execute wrappers and thread-sharing checks apply unchanged. The wrapper is not
     # closed: the psycopg cursor is reused by the next call on this connection.
     wrapper: Any = connection
-    yield wrapper._prepare_cursor(cursor)
+    yield wrapper._prepare_cursor(reused)
 
 
 #: Per connection: its reusable hot-path cursor (see :func:`_hot_cursor`).
