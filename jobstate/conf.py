@@ -40,7 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "QUEUED_TTL": timedelta(minutes=30),  # expire_stale_queued
     "THREAD_INFLIGHT_QUOTA": None,  # max queued+running+dispatched jobs per thread; None = off
     "LIST_LIMIT": 500,  # rows one list_* call returns at most
-    "AUDIT_PRUNE_BATCH_SIZE": 1000,  # rows one prune transaction deletes
+    "AUDIT_PRUNE_BATCH_SIZE": 250,  # rows one prune transaction deletes
     # Notification outbox and relay.
     "OUTBOX_MAX_ATTEMPTS": 8,  # a row is dead-lettered after this many failed attempts
     "OUTBOX_BACKOFF_BASE": timedelta(seconds=10),  # first retry delay, doubled per attempt
@@ -61,7 +61,10 @@ DEFAULTS: dict[str, Any] = {
     # Readiness and metrics endpoints: None = open, else the bearer token they require.
     "OBSERVABILITY_TOKEN": None,
     # Maintenance sweeps and retention.
-    "SWEEP_BATCH_SIZE": 1000,  # rows one sweep statement moves or deletes
+    "SWEEP_BATCH_SIZE": 1000,  # rows one reaping-sweep statement moves or deletes
+    # Rows one retention-sweep transaction deletes: smaller, because a deleting batch
+    # competes with live inserts for the write-ahead log (docs/benchmarks.md).
+    "RETENTION_BATCH_SIZE": 250,
     "SWEEP_TIME_BUDGET": timedelta(seconds=30),  # one sweep call stops starting batches after this
     "WORKER_ATTEMPT_LIMIT": 3,  # expired in-process leases requeue until this many attempts
     "AUDIT_RETENTION": timedelta(days=30),
@@ -100,6 +103,7 @@ _POSITIVE_INTS = {
     "OUTBOX_MAX_ATTEMPTS",
     "OUTBOX_BATCH_SIZE",
     "SWEEP_BATCH_SIZE",
+    "RETENTION_BATCH_SIZE",
     "WORKER_ATTEMPT_LIMIT",
     "METRICS_EXACT_LIMIT",
     "MAX_PAYLOAD_BYTES",
@@ -141,6 +145,7 @@ class JobStateSettings:
     METRICS_EXACT_LIMIT: int | None
     OBSERVABILITY_TOKEN: str | None
     SWEEP_BATCH_SIZE: int
+    RETENTION_BATCH_SIZE: int
     SWEEP_TIME_BUDGET: timedelta
     WORKER_ATTEMPT_LIMIT: int
     AUDIT_RETENTION: timedelta

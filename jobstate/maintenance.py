@@ -5,7 +5,8 @@ demo's loop.
 its retention. Every sweep
 
 - is **bounded**: each statement moves or deletes at most ``batch_size`` rows (default
-  ``JOBSTATE['SWEEP_BATCH_SIZE']``) in its own short transaction, and one call starts
+  ``JOBSTATE['SWEEP_BATCH_SIZE']`` for reaping, ``JOBSTATE['RETENTION_BATCH_SIZE']`` for
+  retention) in its own short transaction, and one call starts
   no new batch once ``time_budget`` (default ``JOBSTATE['SWEEP_TIME_BUDGET']``) has
   passed; ``limit`` optionally caps the rows of one call;
 - is **idempotent**: a second call finds nothing left to do;
@@ -166,9 +167,11 @@ def _positive_int(value: int | None, *, field: str, default: int | None) -> int 
     return value
 
 
-def _batch_size(value: int | None) -> int:
-    size = _positive_int(value, field="batch_size", default=jobstate_settings.SWEEP_BATCH_SIZE)
-    assert size is not None  # the setting is validated as a positive int
+def _batch_size(value: int | None, default: int | None = None) -> int:
+    if default is None:
+        default = jobstate_settings.SWEEP_BATCH_SIZE
+    size = _positive_int(value, field="batch_size", default=default)
+    assert size is not None  # the settings are validated as positive ints
     return size
 
 
@@ -195,10 +198,12 @@ def _run_batches(
     time_budget: timedelta | None,
     limit: int | None,
     on_batch: SweepProgress | None,
+    default_batch_size: int | None = None,
 ) -> SweepResult:
     """Call ``step(n)`` (move at most ``n`` rows, return how many moved) until a batch
-    comes back short, ``limit`` rows have moved, or the time budget has passed."""
-    batch = _batch_size(batch_size)
+    comes back short, ``limit`` rows have moved, or the time budget has passed.
+    ``batch_size`` defaults to ``default_batch_size``, else ``SWEEP_BATCH_SIZE``."""
+    batch = _batch_size(batch_size, default_batch_size)
     budget = _time_budget(time_budget)
     cap = _positive_int(limit, field="limit", default=None)
     deadline = time.monotonic() + budget.total_seconds()
@@ -479,6 +484,7 @@ def prune_audit(
         "audit",
         lambda n: store.prune_audit_batch(older_than=age, limit=n),
         batch_size=batch_size,
+        default_batch_size=jobstate_settings.RETENTION_BATCH_SIZE,
         time_budget=time_budget,
         limit=limit,
         on_batch=on_batch,
@@ -506,6 +512,7 @@ def prune_finished_jobs(
         "jobs",
         lambda n: store.prune_finished_jobs_batch(older_than=age, limit=n),
         batch_size=batch_size,
+        default_batch_size=jobstate_settings.RETENTION_BATCH_SIZE,
         time_budget=time_budget,
         limit=limit,
         on_batch=on_batch,
@@ -532,6 +539,7 @@ def prune_finished_runs(
         "runs",
         lambda n: store.prune_finished_runs_batch(older_than=age, limit=n),
         batch_size=batch_size,
+        default_batch_size=jobstate_settings.RETENTION_BATCH_SIZE,
         time_budget=time_budget,
         limit=limit,
         on_batch=on_batch,
@@ -563,6 +571,7 @@ def prune_delivered_notifications(
         "notifications",
         lambda n: store.prune_delivered_notifications_batch(older_than=age, limit=n),
         batch_size=batch_size,
+        default_batch_size=jobstate_settings.RETENTION_BATCH_SIZE,
         time_budget=time_budget,
         limit=limit,
         on_batch=on_batch,

@@ -239,12 +239,16 @@ def test_a_sweep_honours_its_limit_and_its_dry_run_writes_nothing(name: str) -> 
 
 @pytest.mark.django_db
 def test_the_time_budget_and_batch_size_default_to_the_settings(settings: Any) -> None:
-    settings.JOBSTATE = {**settings.JOBSTATE, "SWEEP_BATCH_SIZE": 7}
+    # Retention sweeps delete RETENTION_BATCH_SIZE rows per batch, reaping sweeps move
+    # SWEEP_BATCH_SIZE.
+    settings.JOBSTATE = {**settings.JOBSTATE, "SWEEP_BATCH_SIZE": 4, "RETENTION_BATCH_SIZE": 7}
     seed_audit(20)
+    seed_runs(10)
     assert maintenance.prune_audit().batches == 3
+    assert maintenance.reap_stale_runs().batches == 3
     settings.JOBSTATE = {
         **settings.JOBSTATE,
-        "SWEEP_BATCH_SIZE": 5,
+        "RETENTION_BATCH_SIZE": 5,
         "SWEEP_TIME_BUDGET": timedelta(microseconds=1),
     }
     seed_audit(20)

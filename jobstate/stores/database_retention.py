@@ -33,6 +33,7 @@ from jobstate.stores.base import (
     JobStatus,
     NotificationState,
 )
+from jobstate.stores.batched_delete import BatchedDeleter
 from jobstate.stores.database_outbox import DatabaseNotificationOutbox, OutboxLeaseRecovery
 from jobstate.stores.database_state import DatabaseStateStore
 from jobstate.stores.errors import translate_store_errors
@@ -89,6 +90,8 @@ class DatabaseSweepStore:
         self.using = using
         self.state = DatabaseStateStore(using=using) if state is None else state
         self.outbox = DatabaseNotificationOutbox(using, store=self.state)
+        # Each retention sweep resumes after the last key it deleted (see BatchedDeleter).
+        self._deleter = BatchedDeleter(using)
 
     # --- candidates (also what a dry run counts) --------------------------------------
 
@@ -279,7 +282,7 @@ class DatabaseSweepStore:
     def release_expired_locks_batch(self, *, limit: int) -> int:
         """Delete up to ``limit`` runtime locks whose ``expires_at`` has passed. A lock
         renewed or taken over meanwhile is kept. Returns the locks deleted."""
-        return self._delete_batch(self.expired_locks(), "expires_at", limit)
+        return self._deleter.delete_batch(self.expired_locks(), "expires_at", limit)
 
     def rearm_outbox_leases_batch(self, *, limit: int) -> OutboxLeaseRecovery:
         """Hand back up to ``limit`` notifications whose relay lease ended: pending
@@ -291,21 +294,21 @@ class DatabaseSweepStore:
 
     def prune_audit_batch(self, *, older_than: timedelta, limit: int) -> int:
         """Delete up to ``limit`` audit entries older than ``older_than``."""
-        return self._delete_batch(self.old_audit(older_than=older_than), "ts", limit)
+        return self._deleter.delete_batch(self.old_audit(older_than=older_than), "ts", limit)
 
     def prune_finished_jobs_batch(self, *, older_than: timedelta, limit: int) -> int:
         """Delete up to ``limit`` finished jobs last written more than ``older_than`` ago.
 
         Their audit entries, approval markers and undelivered notifications are kept
         (the notifications lose only their link to the job)."""
-        return self._delete_batch(
+        return self._deleter.delete_batch(
             self.old_finished_jobs(older_than=older_than), "updated_at", limit
         )
 
     def prune_finished_runs_batch(self, *, older_than: timedelta, limit: int) -> int:
         """Delete up to ``limit`` runs that finished more than ``older_than`` ago;
         RUNNING runs are never deleted."""
-        return self._delete_batch(
+        return self._deleter.delete_batch(
             self.old_finished_runs(older_than=older_than), "finished_at", limit
         )
 
@@ -313,7 +316,7 @@ class DatabaseSweepStore:
         """Delete up to ``limit`` notifications delivered more than ``older_than`` ago,
         with their ``DeliveryAttempt`` history (by cascade). Pending, delivering and
         dead rows are never deleted, nor are replay markers."""
-        return self._delete_batch(
+        return self._deleter.delete_batch(
             self.old_delivered_notifications(older_than=older_than), "updated_at", limit
         )
 
@@ -329,17 +332,6 @@ class DatabaseSweepStore:
             raise ValueError(f"limit must be a positive int, got {limit!r}.")
         locked = candidates.select_for_update(skip_locked=True).order_by(order, "pk")
         return locked[:limit]
-
-    def _delete_batch(self, candidates: models.QuerySet[_M], order: str, limit: int) -> int:
-        # DELETE ... WHERE pk IN (picked) AND <condition>: one short transaction per batch,
-        # so a large backlog never holds locks on the whole table.
-        model = candidates.model
-        with transaction.atomic(using=self.using):
-            picked = list(self._pick(candidates, order, limit).values_list("pk", flat=True))
-            if not picked:
-                return 0
-            _, per_model = candidates.filter(pk__in=picked).delete()
-        return per_model.get(model._meta.label, 0)
 
     def _audit_moved(
         self,

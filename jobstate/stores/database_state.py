@@ -49,6 +49,7 @@ from jobstate.stores.base import (
     JobStatus,
     StateStore,
 )
+from jobstate.stores.batched_delete import BatchedDeleter
 from jobstate.stores.database_continuations import (
     DatabaseContinuationMixin,
     validate_requeue_arguments,
@@ -572,14 +573,13 @@ class DatabaseStateStore(
     def prune_audit_older_than(self, cutoff: datetime, *, batch_size: int | None = None) -> int:
         cutoff = validate_instant(cutoff, field="cutoff")
         batch = parse_limit(batch_size, default=jobstate_settings.AUDIT_PRUNE_BATCH_SIZE)
-        entries = AuditEntry.objects.using(self.using)
+        entries = AuditEntry.objects.using(self.using).older_than(cutoff)
+        # Each batch its own short transaction, starting after the last entry deleted, so
+        # a large backlog never holds locks on the whole table nor rescans what is gone.
+        deleter = BatchedDeleter(self.using)
         total = 0
         while True:
-            # DELETE ... WHERE id IN (SELECT id ... LIMIT n), each batch its own short
-            # transaction, so a large backlog never holds locks on the whole table.
-            with transaction.atomic(using=self.using):
-                ids = entries.older_than(cutoff).order_by().values("id")[:batch]
-                deleted, _ = entries.filter(id__in=ids).delete()
+            deleted = deleter.delete_batch(entries, "ts", batch)
             total += deleted
             if deleted < batch:
                 return total

@@ -147,15 +147,17 @@ class ProgressLine:
             self.shown = False
 
 
-def add_sweep_options(parser: argparse.ArgumentParser, *, rows: str, would: str) -> None:
+def add_sweep_options(
+    parser: argparse.ArgumentParser, *, rows: str, would: str, batch_setting: str
+) -> None:
     """The options every sweep command takes: ``--batch-size`` (``rows`` says what one
-    batch is), ``--time-budget``, ``--dry-run`` (``would`` names what it counts),
-    ``--json`` and ``--database``."""
+    batch is, ``batch_setting`` names its default), ``--time-budget``, ``--dry-run``
+    (``would`` names what it counts), ``--json`` and ``--database``."""
     parser.add_argument(
         "--batch-size",
         type=positive_int,
         metavar="N",
-        help=f"{rows} (default: JOBSTATE['SWEEP_BATCH_SIZE']).",
+        help=f"{rows} (default: JOBSTATE['{batch_setting}']).",
     )
     parser.add_argument(
         "--time-budget",

@@ -66,7 +66,9 @@ class Command(BaseCommand):
             help="Delete what is older than DAYS days (fractions allowed), instead of each "
             "kind's retention setting.",
         )
-        add_sweep_options(parser, rows="Rows per DELETE", would="deleted")
+        add_sweep_options(
+            parser, rows="Rows per DELETE", would="deleted", batch_setting="RETENTION_BATCH_SIZE"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         progress = ProgressLine(self.stderr, action="Pruning")

@@ -122,7 +122,9 @@ class Command(BaseCommand):
             help="Move at most N rows per sweep in this run (default: no cap beyond the "
             "time budget).",
         )
-        add_sweep_options(parser, rows="Rows per statement", would="reaped")
+        add_sweep_options(
+            parser, rows="Rows per statement", would="reaped", batch_setting="SWEEP_BATCH_SIZE"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         progress = ProgressLine(self.stderr, action="Reaping")
