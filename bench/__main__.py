@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.contenders import CONTENDERS
 from bench.pg import (
     DEFAULT_SERVER,
     BenchError,
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--batch", type=int, default=50, help="k of the batch contenders")
         sub.add_argument(
             "--contenders",
-            default="raw,raw-batch,jobstate,jobstate-batch,procrastinate,django-tasks-db",
+            default=",".join(CONTENDERS),
         )
         sub.add_argument(
             "--memory-every",

@@ -249,6 +249,48 @@ def prepare_raw_batch(url: str, index: int, batch: int) -> Callable[[Callable[[i
     return drain
 
 
+def prepare_raw_jobstate_sql(
+    url: str, index: int, batch: int
+) -> Callable[[Callable[[int], None]], int]:
+    """jobstate's own claim and report statements (the text its store sends), run by raw
+    psycopg on jobstate's table, returning every column but building no ``Job``: what
+    the schema and the SQL cost without jobstate's and Django's Python around them."""
+    from datetime import timedelta
+
+    from django.db import connections
+
+    from jobstate.models import Job, JobStatus
+    from jobstate.stores.database_state import _claim_statement, _complete_statement
+
+    django_connection = connections["default"]
+    claim = _claim_statement(django_connection, 1, JobStatus.RUNNING)
+    complete, _ = _complete_statement(django_connection, (), 1)
+    # The claim returns the picked id, then every column in model order.
+    token_at = 1 + [field.attname for field in Job._meta.concrete_fields].index("claim_token")
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("SET TimeZone = 'UTC'")
+    worker = f"raw-jobstate-sql-{index}"
+    lease = timedelta(minutes=20)
+
+    def drain(tick: Callable[[int], None]) -> int:
+        done = 0
+        with conn:
+            while True:
+                params = [TARGET, JobStatus.RUNNING.value, worker, lease, uuid.uuid4()]
+                row = conn.execute(claim, params).fetchone()
+                if row is None:
+                    return done
+                if row[1] is None:
+                    raise RuntimeError("the bench jobs have no thread; nothing should be gated")
+                written = conn.execute(complete, [row[1], row[token_at], "done"]).fetchall()
+                if not written:
+                    raise RuntimeError("a fresh claim's report bounced")
+                done += 1
+                tick(done)
+
+    return drain
+
+
 def prepare_jobstate(url: str, index: int, batch: int) -> Callable[[Callable[[int], None]], int]:
     from django.db import connection
 
@@ -371,6 +413,14 @@ CONTENDERS: dict[str, Contender] = {
             f"SELECT count(*) FROM {RAW_TABLE} WHERE status = 'done'",
             load_raw,
             prepare_raw_batch,
+        ),
+        Contender(
+            "raw-jobstate-sql",
+            "raw psycopg running jobstate's own claim and report statements on its table",
+            "jobstate_job",
+            "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
+            load_jobstate,
+            prepare_raw_jobstate_sql,
         ),
         Contender(
             "jobstate",

@@ -202,12 +202,17 @@ def _timed_sweep(run: Any) -> dict[str, Any]:
     with connection.execute_wrapper(timer):
         result = run(on_batch)
     batches = [b - a for a, b in zip([begin, *marks], marks, strict=False)]
+    # Whether later batches cost more than early ones (a sweep that rescans what it has
+    # already deleted slows down as it goes): the median of the first and last tenth.
+    tenth = max(len(batches) // 10, 1)
     return {
         "rows": result.count,
         "batches": result.batches,
         "complete": result.complete,
         "longest_statement_ms": max(statements) * 1000 if statements else 0.0,
         "longest_batch_transaction_ms": max(batches) * 1000 if batches else 0.0,
+        "first_tenth_batch_ms": percentile(batches[:tenth], 0.5) * 1000 if batches else 0.0,
+        "last_tenth_batch_ms": percentile(batches[-tenth:], 0.5) * 1000 if batches else 0.0,
         "statements": len(statements),
     }
 
