@@ -84,13 +84,16 @@ class DatabaseSweepStore:
     (default: ``DatabaseStateStore(using)``), because the recovery runs it inside its
     own transaction, under the row lock it took on the job. ``outbox`` is the
     notification outbox on the same database; its lease re-arm is the outbox sweep.
+
+    The deleting batches of one instance resume after the last row the previous batch
+    of the same kind deleted (:class:`~jobstate.stores.batched_delete.BatchedDeleter`),
+    so use one instance per sweep, as :mod:`jobstate.maintenance` does.
     """
 
     def __init__(self, using: str = "default", *, state: DatabaseStateStore | None = None) -> None:
         self.using = using
         self.state = DatabaseStateStore(using=using) if state is None else state
         self.outbox = DatabaseNotificationOutbox(using, store=self.state)
-        # Each retention sweep resumes after the last key it deleted (see BatchedDeleter).
         self._deleter = BatchedDeleter(using)
 
     # --- candidates (also what a dry run counts) --------------------------------------
