@@ -6,9 +6,9 @@ its retention. Every sweep
 
 - is **bounded**: each statement moves or deletes at most ``batch_size`` rows (default
   ``JOBSTATE['SWEEP_BATCH_SIZE']`` for reaping, ``JOBSTATE['RETENTION_BATCH_SIZE']`` for
-  retention) in its own short transaction, and one call starts
-  no new batch once ``time_budget`` (default ``JOBSTATE['SWEEP_TIME_BUDGET']``) has
-  passed; ``limit`` optionally caps the rows of one call;
+  retention) in its own short transaction, and one call starts no new batch once
+  ``time_budget`` (default ``JOBSTATE['SWEEP_TIME_BUDGET']``) has passed; ``limit``
+  optionally caps the rows of one call;
 - is **idempotent**: a second call finds nothing left to do;
 - is **safe on several machines at once**: candidates are locked with ``SKIP LOCKED``
   and every write re-checks its condition, so each row is moved and counted by exactly
