@@ -264,6 +264,13 @@ def targets(summaries: dict[tuple[str, int], Summary], workers: int = 4) -> list
         value = numerator / denominator
         verdict = "met" if value >= goal else "NOT met"
         lines.append(f"{label} at {workers} workers: {value:.2f} (target >= {goal}) - {verdict}")
+    # No target: how much of the schema-and-SQL rate the Python around it keeps.
+    ours_sql = rate("raw-jobstate-sql")
+    if ours is not None and ours_sql:
+        lines.append(
+            f"jobstate / raw-jobstate-sql at {workers} workers: {ours / ours_sql:.2f} "
+            "(the share the Python layer keeps; no target)"
+        )
     growth = [
         c.rss_growth
         for (name, _), s in summaries.items()
