@@ -4,8 +4,9 @@ A retention sweep deletes the oldest candidates first, in ``(order, pk)`` order.
 index entries of the rows a batch deletes stay in the index until ``VACUUM``, so a
 batch that searched from the start of the range again would walk past every entry the
 sweep had already deleted: each batch slower than the last, and on a million-row table
-a sweep whose later batches compete with live traffic for most of their time. Each batch
-here starts after the last key the previous batch deleted, so every batch costs the same.
+the late batches spend most of their time (and the CPU live traffic needs) walking. Each
+batch here starts after the last key the previous batch picked, so every batch costs the
+same.
 
 On PostgreSQL, when Django can delete the model's rows without loading them (no
 cascades, no delete signals: ``Collector.can_fast_delete``), a batch is one statement:
@@ -26,7 +27,7 @@ _M = TypeVar("_M", bound=models.Model)
 
 class BatchedDeleter:
     """Deletes candidates of one or more kinds (a model and its order field) batch by
-    batch on database ``using``, remembering per kind the last key it deleted. Use one
+    batch on database ``using``, remembering per kind the last key it picked. Use one
     instance per sweep: a new instance starts again from the oldest candidate."""
 
     def __init__(self, using: str) -> None:
@@ -35,7 +36,7 @@ class BatchedDeleter:
 
     def delete_batch(self, candidates: models.QuerySet[_M], order: str, limit: int) -> int:
         """Delete up to ``limit`` of the oldest ``candidates`` (by ``order``, then pk)
-        after the last key deleted so far, in one short transaction. Rows another
+        after the last key picked so far, in one short transaction. Rows another
         transaction holds are passed over (``SKIP LOCKED`` where the backend has it), and
         the delete repeats the candidate condition, so a row that changed since the pick
         is kept. Returns the rows deleted."""
