@@ -255,10 +255,9 @@ def prepare_raw_jobstate_sql(
     """jobstate's own claim and report statements (the text its store sends), run by raw
     psycopg on jobstate's table, returning every column but building no ``Job``: what
     the schema and the SQL cost without jobstate's and Django's Python around them."""
-    from datetime import timedelta
-
     from django.db import connections
 
+    from jobstate.conf import jobstate_settings
     from jobstate.models import Job, JobStatus
     from jobstate.stores.database_state import _claim_statement, _complete_statement
 
@@ -270,7 +269,7 @@ def prepare_raw_jobstate_sql(
     conn = psycopg.connect(url, autocommit=True)
     conn.execute("SET TimeZone = 'UTC'")
     worker = f"raw-jobstate-sql-{index}"
-    lease = timedelta(minutes=20)
+    lease = jobstate_settings.WORKER_LEASE  # what claim_next_inhub_job uses
 
     def drain(tick: Callable[[int], None]) -> int:
         done = 0

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import environ
 
+from reliability._base_settings import *  # noqa: F403
 from reliability._restart_common import (
     ENV_DATABASE_URL,
     ENV_PROCESS_NAME,
@@ -25,19 +26,6 @@ from reliability._restart_common import (
 _database = environ.Env.db_url_config(
     os.environ.get(ENV_DATABASE_URL, "postgres://postgres@127.0.0.1:5432/restart")
 )
-
-SECRET_KEY = "restart-run-only"
-# DEBUG would keep every query of a long run in memory.
-DEBUG = False
-USE_TZ = True
-TIME_ZONE = "UTC"
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-
-INSTALLED_APPS = [
-    "django.contrib.auth",
-    "django.contrib.contenttypes",
-    "jobstate",
-]
 
 DATABASES = {
     "default": {

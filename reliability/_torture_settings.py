@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import environ
 
+from reliability._base_settings import *  # noqa: F403
 from reliability._torture_config import (
     DEFAULT_DATABASE,
     DEFAULT_SERVER,
@@ -28,19 +29,6 @@ _database = environ.Env.db_url_config(
     os.environ.get(ENV_DATABASE_URL, DEFAULT_SERVER + DEFAULT_DATABASE)
 )
 _stale_after = timedelta(seconds=float(os.environ.get(ENV_STALE_AFTER, "2")))
-
-SECRET_KEY = "torture-run-only"
-# DEBUG would keep every query of a long run in memory.
-DEBUG = False
-USE_TZ = True
-TIME_ZONE = "UTC"
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-
-INSTALLED_APPS = [
-    "django.contrib.auth",
-    "django.contrib.contenttypes",
-    "jobstate",
-]
 
 DATABASES = {
     "default": {

@@ -25,6 +25,15 @@ from django.db.models.deletion import Collector
 _M = TypeVar("_M", bound=models.Model)
 
 
+def pick_oldest(candidates: models.QuerySet[_M], order: str, limit: int) -> models.QuerySet[_M]:
+    """The oldest ``limit`` candidates (by ``order``, then pk), locked for the current
+    transaction; rows another transaction holds are passed over. Backends without row
+    locks ignore the lock."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive int, got {limit!r}.")
+    return candidates.select_for_update(skip_locked=True).order_by(order, "pk")[:limit]
+
+
 class BatchedDeleter:
     """Deletes candidates of one or more kinds (a model and its order field) batch by
     batch on database ``using``, remembering per kind the last key it picked. Use one
@@ -40,8 +49,6 @@ class BatchedDeleter:
         transaction holds are passed over (``SKIP LOCKED`` where the backend has it), and
         the delete repeats the candidate condition, so a row that changed since the pick
         is kept. Returns the rows deleted."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be a positive int, got {limit!r}.")
         model = candidates.model
         kind = (model._meta.label, order)
         last = self._last_key.get(kind)
@@ -52,11 +59,7 @@ class BatchedDeleter:
             candidates = candidates.filter(**{f"{order}__gte": value}).filter(
                 Q(**{f"{order}__gt": value}) | Q(pk__gt=pk)
             )
-        picked = (
-            candidates.select_for_update(skip_locked=True)
-            .order_by(order, "pk")
-            .values_list(order, "pk")[:limit]
-        )
+        picked = pick_oldest(candidates, order, limit).values_list(order, "pk")
         with transaction.atomic(using=self.using):
             if self._in_one_statement(candidates):
                 keys = self._delete_in_one_statement(picked)

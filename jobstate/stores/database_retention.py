@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import models, transaction
 from django.db.models.functions import Now
@@ -33,7 +33,7 @@ from jobstate.stores.base import (
     JobStatus,
     NotificationState,
 )
-from jobstate.stores.batched_delete import BatchedDeleter
+from jobstate.stores.batched_delete import BatchedDeleter, pick_oldest
 from jobstate.stores.database_outbox import DatabaseNotificationOutbox, OutboxLeaseRecovery
 from jobstate.stores.database_state import DatabaseStateStore
 from jobstate.stores.errors import translate_store_errors
@@ -56,8 +56,6 @@ LEASE_EXPIRED_ERROR = (
 )
 
 _CLEARED_CLAIM: dict[str, Any] = dict.fromkeys(JOB_CLAIM_FIELDS)
-
-_M = TypeVar("_M", bound=models.Model)
 
 
 @dataclass(frozen=True)
@@ -164,7 +162,7 @@ class DatabaseSweepStore:
         candidates = self.stale_dispatched(dead_after=dead_after, hard_cap=hard_cap)
         with transaction.atomic(using=self.using):
             picked = dict(
-                self._pick(candidates, "lease_until", limit).values_list("id", "executor_id")
+                pick_oldest(candidates, "lease_until", limit).values_list("id", "executor_id")
             )
             if not picked:
                 return 0
@@ -208,7 +206,7 @@ class DatabaseSweepStore:
         requeued = failed = 0
         with transaction.atomic(using=self.using):
             picked = list(
-                self._pick(candidates, "lease_until", limit).values_list(
+                pick_oldest(candidates, "lease_until", limit).values_list(
                     "id", "attempts", "executor_id"
                 )
             )
@@ -260,7 +258,7 @@ class DatabaseSweepStore:
         candidates = self.stale_queued(ttl=ttl)
         with transaction.atomic(using=self.using):
             picked = dict(
-                self._pick(candidates, "created_at", limit).values_list("id", "executor_id")
+                pick_oldest(candidates, "created_at", limit).values_list("id", "executor_id")
             )
             if not picked:
                 return 0
@@ -327,14 +325,6 @@ class DatabaseSweepStore:
 
     def _jobs(self) -> JobQuerySet:
         return Job.objects.using(self.using)
-
-    def _pick(self, candidates: models.QuerySet[_M], order: str, limit: int) -> models.QuerySet[_M]:
-        """The oldest ``limit`` candidates, locked for this transaction; rows another
-        sweeper holds are passed over. Backends without row locks ignore the lock."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be a positive int, got {limit!r}.")
-        locked = candidates.select_for_update(skip_locked=True).order_by(order, "pk")
-        return locked[:limit]
 
     def _audit_moved(
         self,
