@@ -325,9 +325,10 @@ class Job(models.Model):
                 name="jobstate_job_thread_idx",
             ),
             # Lease sweeps (expired leases, stale dispatched jobs). Only claimed rows hold
-            # a lease; a release clears it and takes the row out of the index.
+            # a lease; a release clears it and takes the row out of the index. The id
+            # makes it the sweeps' exact order, so a batch reads no more than it takes.
             models.Index(
-                fields=["status", "lease_until"],
+                fields=["status", "lease_until", "id"],
                 condition=models.Q(lease_until__isnull=False),
                 name="jobstate_job_lease_idx",
             ),

@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobstate.exceptions import InvalidJobState
@@ -169,6 +170,30 @@ def test_a_large_history_is_estimated_from_table_statistics(settings: Any) -> No
     rendered = render_metrics(store).decode()
     assert 'jobstate_jobs_estimated{status="done"} 1.0' in rendered
     assert 'jobstate_jobs_estimated{status="queued"} 0.0' in rendered
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_status_counts_are_answered_by_an_index_alone() -> None:
+    # The in-flight count is the snapshot's costliest statement on a large queue: read
+    # from the table instead of the index, it took three times as long at 1,000,000 jobs.
+    store = DatabaseStateStore()
+    _mixed_history(store, 30)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobstate_job")
+    with CaptureQueriesContext(connection) as captured:
+        store.operational_metrics_snapshot(exact=True)
+    counts = [query["sql"] for query in captured.captured_queries if "GROUP BY" in query["sql"]]
+    assert len(counts) == 3  # in flight, finished, finished in the last 15 minutes
+    with transaction.atomic(), connection.cursor() as cursor:
+        # On a table this small reading the table is cheapest; rule the scans that
+        # read it out, to see whether an index can answer alone.
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+        for sql in counts:
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "Index Only Scan" in plan, plan
 
 
 @pytest.mark.django_db
