@@ -259,7 +259,7 @@ def prepare_raw_jobstate_sql(
 
     from jobstate.conf import jobstate_settings
     from jobstate.models import Job, JobStatus
-    from jobstate.stores.database_state import _claim_statement, _complete_statement
+    from jobstate.stores.database.state import _claim_statement, _complete_statement
 
     django_connection = connections["default"]
     claim = _claim_statement(django_connection, 1, JobStatus.RUNNING)

@@ -6,101 +6,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import models
-from django.utils.translation import gettext_lazy as _
-
 from jobstate.exceptions import InvalidJobState
 from jobstate.jsonvalues import ensure_json
-from jobstate.stores.base import JobStatus
+
+# The ledger's vocabulary lives in jobstate.states; it is importable from here too.
+from jobstate.states import (
+    AUDIT_EVENTS,
+    AUDIT_SUMMARY_LIMIT,
+    AUDIT_SUMMARY_SEPARATOR,
+    AUDIT_TITLE_LIMIT,
+    AuditEventDefaults,
+    AuditSeverity,
+    AuditStage,
+    JobStatus,
+)
 from jobstate.stores.validation import parse_choice, require_text, validate_audit_text
 
-
-class AuditStage(models.TextChoices):
-    LAUNCH = "launch", _("Launch")
-    CONTEXT = "context", _("Context")
-    EXECUTION = "execution", _("Execution")
-    TOOL = "tool", _("Tool")
-    APPROVAL = "approval", _("Approval")
-    DELIVERY = "delivery", _("Delivery")
-    SUMMARY = "summary", _("Summary")
-    RECOVERY = "recovery", _("Recovery")
-    CHANNEL = "channel", _("Channel")
-    CONFIG = "config", _("Configuration")
-    SYSTEM = "system", _("System")
-
-
-class AuditSeverity(models.TextChoices):
-    INFO = "info", _("Info")
-    WARNING = "warning", _("Warning")
-    ERROR = "error", _("Error")
-
-
-@dataclass(frozen=True)
-class AuditEventDefaults:
-    """What ``append_audit`` fills in for a known event when the caller leaves it out."""
-
-    stage: AuditStage
-    severity: AuditSeverity
-    title: str
-
-
-#: Known audit events. An unknown event is stored as stage ``system``, severity ``info``
-#: and its own name as the title.
-AUDIT_EVENTS: dict[str, AuditEventDefaults] = {
-    "received": AuditEventDefaults(AuditStage.LAUNCH, AuditSeverity.INFO, "Request received"),
-    "started": AuditEventDefaults(AuditStage.EXECUTION, AuditSeverity.INFO, "Started"),
-    "finished": AuditEventDefaults(AuditStage.SUMMARY, AuditSeverity.INFO, "Finished"),
-    "rejected": AuditEventDefaults(AuditStage.LAUNCH, AuditSeverity.WARNING, "Rejected"),
-    "recovered": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.WARNING, "Recovered"),
-    "rerun": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.INFO, "Rerun requested"),
-    "retry_scheduled": AuditEventDefaults(
-        AuditStage.RECOVERY, AuditSeverity.WARNING, "Retry scheduled"
-    ),
-    "expired": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.WARNING, "Expired"),
-    "tool_result": AuditEventDefaults(AuditStage.TOOL, AuditSeverity.INFO, "Tool result"),
-    "tool_approved": AuditEventDefaults(AuditStage.APPROVAL, AuditSeverity.INFO, "Tool approved"),
-    "tool_approved_external": AuditEventDefaults(
-        AuditStage.APPROVAL, AuditSeverity.INFO, "Tool approved externally"
-    ),
-    "tool_denied": AuditEventDefaults(AuditStage.APPROVAL, AuditSeverity.WARNING, "Tool denied"),
-    "tool_denied_external": AuditEventDefaults(
-        AuditStage.APPROVAL, AuditSeverity.WARNING, "Tool denied externally"
-    ),
-    "delivery_queued": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.INFO, "Delivery queued"
-    ),
-    "delivery_skipped": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.INFO, "Delivery skipped"
-    ),
-    "delivery_error": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.ERROR, "Delivery failed"
-    ),
-    "dlq_resend_ok": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.INFO, "Dead letter resent"
-    ),
-    "dlq_resend_failed": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.ERROR, "Dead letter resend failed"
-    ),
-    "channel_delivered": AuditEventDefaults(
-        AuditStage.CHANNEL, AuditSeverity.INFO, "Delivered to channel"
-    ),
-    "channel_delivery_error": AuditEventDefaults(
-        AuditStage.CHANNEL, AuditSeverity.ERROR, "Channel delivery failed"
-    ),
-    "channel_delivery_skipped": AuditEventDefaults(
-        AuditStage.CHANNEL, AuditSeverity.INFO, "Channel delivery skipped"
-    ),
-    "ledger_error": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.ERROR, "Ledger error"),
-}
-
-
-AUDIT_SUMMARY_LIMIT = 500
-
-#: Joins the ``key: value`` pairs of a summary built from ``detail``.
-AUDIT_SUMMARY_SEPARATOR = " · "
-
-
-AUDIT_TITLE_LIMIT = 200
+__all__ = [
+    "AUDIT_EVENTS",
+    "AUDIT_SUMMARY_LIMIT",
+    "AUDIT_SUMMARY_SEPARATOR",
+    "AUDIT_TITLE_LIMIT",
+    "AuditEventDefaults",
+    "AuditFields",
+    "AuditSeverity",
+    "AuditStage",
+    "complete_audit_fields",
+    "default_audit_summary",
+]
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ def check_migrations_applied(**kwargs: Any) -> list[CheckMessage]:
     """Deploy check (``check --deploy --database <alias>``): every jobstate migration is
     applied on each database named. Database-tagged checks run only when databases are
     given, so a plain ``check`` never needs a connection."""
-    from jobstate.stores.database_observability import pending_jobstate_migrations
+    from jobstate.stores.database.observability import pending_jobstate_migrations
 
     messages: list[CheckMessage] = []
     for alias in kwargs.get("databases") or ():

@@ -37,7 +37,7 @@ from jobstate.exceptions import InvalidJobState
 from jobstate.models import JobRun
 from jobstate.runner import FROM_SETTINGS, JobRunner
 from jobstate.stores import get_run_store
-from jobstate.stores.database_retention import DatabaseSweepStore, LeaseRecovery
+from jobstate.stores.database.sweeps import DatabaseSweepStore, LeaseRecovery
 from jobstate.stores.validation import validate_duration
 
 __all__ = [

@@ -14,14 +14,12 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from jobstate.audit import (
-    AuditSeverity,
-    AuditStage,
-)
-from jobstate.stores.base import (
+from jobstate.states import (
     CLAIMED_JOB_STATUSES,
     INFLIGHT_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
+    AuditSeverity,
+    AuditStage,
     JobRunStatus,
     JobStatus,
     NotificationState,

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from jobstate.admin.dashboard import DEPTH_TARGETS, finished_per_minute, queue_depth_by_target
 from jobstate.models import Job
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 from tests.test_admin_jobs import failed_job, logged_in, operator, running_job
 
 PAGE = "/admin/jobstate/job/operations/"

@@ -20,7 +20,7 @@ from jobstate.admin.paginator import CountKind, EstimatedCountPaginator
 from jobstate.exceptions import InvalidJobState
 from jobstate.models import ApprovalDecision, AuditEntry, DeliveryAttempt, Job, Notification
 from jobstate.stores.base import JobStatus, StateStore
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.test_state_races import in_parallel
 

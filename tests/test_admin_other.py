@@ -21,8 +21,7 @@ from jobstate.models import (
     RuntimeLock,
 )
 from jobstate.stores.base import JobRunStatus, NotificationState, Trigger
-from jobstate.stores.database import DatabaseJobRunStore
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from tests.test_admin_jobs import act, logged_in, operator, shown_messages
 
 RUNS = "/admin/jobstate/jobrun/"

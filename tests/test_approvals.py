@@ -19,7 +19,7 @@ from jobstate.stores.base import (
     JobStatus,
     StateStore,
 )
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.test_state_races import WORKERS, in_parallel
 

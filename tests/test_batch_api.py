@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from jobstate.models import Job
 from jobstate.stores.base import ClaimReport, CompletionOutcome, JobStatus
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 
 pytestmark = pytest.mark.postgres
 

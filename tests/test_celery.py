@@ -26,7 +26,7 @@ from django.db.models.functions import Now
 from jobstate.beat import JOBSTATE_BEAT_SCHEDULE, beat_schedule
 from jobstate.models import AuditEntry, DeliveryAttempt, Job, JobRun, Notification
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationRequest, NotificationState
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.tasks import (
     deliver_notifications_task,
     prune_task,

@@ -27,12 +27,12 @@ from jobstate.stores.base import (
     JobRunStatus,
     JobStatus,
 )
-from jobstate.stores.database_retention import (
+from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.sweeps import (
     LEASE_EXPIRED_ERROR,
     SWEEP_ACTOR,
     DatabaseSweepStore,
 )
-from jobstate.stores.database_state import DatabaseStateStore
 from tests.plans import plans_without_table_scans
 
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)

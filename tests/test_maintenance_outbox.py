@@ -25,8 +25,8 @@ from jobstate.maintenance import SweepResult
 from jobstate.models import AuditEntry, DeliveryAttempt, DeliveryReplay, Job, Notification
 from jobstate.relay import deliver_notifications
 from jobstate.stores.base import JobStatus, NotificationRequest, NotificationState
-from jobstate.stores.database_outbox import LEASE_EXPIRED_ERROR
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.outbox import LEASE_EXPIRED_ERROR
 
 CLAIMED_AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 LEASE_ENDED = CLAIMED_AT + timedelta(minutes=2)

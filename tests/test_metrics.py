@@ -19,7 +19,7 @@ from jobstate.exceptions import InvalidJobState
 from jobstate.metrics import CONTENT_TYPE, render_metrics
 from jobstate.models import Job
 from jobstate.stores.base import JobOperationalMetrics, StateStore
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.clock import FakeClock
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.plans import plans_without_table_scans

@@ -26,13 +26,13 @@ from jobstate.stores.base import (
     NotificationRequest,
     NotificationState,
 )
-from jobstate.stores.database_outbox import (
+from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.outbox import (
     LEASE_EXPIRED_ERROR,
     DatabaseNotificationOutbox,
     backoff_delay,
     default_idempotency_key,
 )
-from jobstate.stores.database_state import DatabaseStateStore
 
 pytestmark = pytest.mark.django_db
 
@@ -523,6 +523,28 @@ def test_a_dead_letter_is_requeued_once_per_key(
         == DeliveryRequeueOutcome.REQUEUED
     )
     assert AuditEntry.objects.filter(event="dlq_resend_ok").count() == 2
+
+
+def test_a_dead_letter_key_used_for_another_row_is_a_conflict(
+    store: DatabaseStateStore, outbox: DatabaseNotificationOutbox, settings: Any
+) -> None:
+    jobstate(settings, OUTBOX_MAX_ATTEMPTS=2)
+    first = dead_row(store, outbox, "r1")
+    second = dead_row(store, outbox, "r2")
+    assert (
+        store.requeue_delivery_job_once(notification_id=first.id, dlq_key="k", requested_by="a")
+        == DeliveryRequeueOutcome.REQUEUED
+    )
+    # The key names the first row's replay: the second row is not replayed under it.
+    outcome = store.requeue_delivery_job_once(
+        notification_id=second.id, dlq_key="k", requested_by="b"
+    )
+    assert outcome == DeliveryRequeueOutcome.KEY_CONFLICT
+    assert Notification.objects.get(id=second.id).state == NotificationState.DEAD
+    assert list(DeliveryReplay.objects.values_list("dlq_key", "notification_id")) == [
+        ("k", first.id)
+    ]
+    assert AuditEntry.objects.filter(event="dlq_resend_ok").count() == 1
 
 
 def test_only_dead_letters_are_requeued(

@@ -31,8 +31,8 @@ from jobstate.stores.base import (
     NotificationRequest,
     NotificationState,
 )
-from jobstate.stores.database_outbox import LEASE_EXPIRED_ERROR
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.outbox import LEASE_EXPIRED_ERROR
 from tests.test_state_races import in_parallel
 
 pytestmark = [
@@ -113,7 +113,7 @@ def test_a_crash_between_commit_and_send_loses_no_notification() -> None:
         import django
         django.setup()
         from jobstate.stores.base import NotificationRequest
-        from jobstate.stores.database_state import DatabaseStateStore
+        from jobstate.stores.database import DatabaseStateStore
 
         store = DatabaseStateStore()
         for request_id in ("claimed-then-crashed", "committed-then-crashed"):

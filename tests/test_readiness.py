@@ -15,7 +15,7 @@ from django.db.migrations.loader import MigrationLoader
 from django.test import Client
 
 from jobstate.stores.base import Readiness
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 
 BROKEN = "jobstate_unreachable"
 

@@ -35,8 +35,8 @@ from jobstate.exceptions import TransactionNotAllowed
 from jobstate.models import AuditEntry, DeliveryAttempt, Notification
 from jobstate.relay import DeliveryReport, default_relay_id, deliver_notifications
 from jobstate.stores.base import NotificationRequest, NotificationState
-from jobstate.stores.database_outbox import LEASE_EXPIRED_ERROR
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.outbox import LEASE_EXPIRED_ERROR
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=["jobstate"])
 

@@ -40,8 +40,7 @@ from jobstate.models import (
     RuntimeLock,
 )
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
-from jobstate.stores.database import DatabaseJobRunStore
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from tests.test_admin_jobs import act, failed_job, logged_in
 from tests.test_admin_other import dead_letter, run
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from jobstate.models import Job, Notification
 from jobstate.stores.base import NotificationRequest
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 
 pytestmark = pytest.mark.django_db
 

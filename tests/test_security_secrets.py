@@ -36,8 +36,7 @@ from jobstate.models import (
 )
 from jobstate.relay import deliver_notifications
 from jobstate.stores.base import NotificationRequest, Trigger
-from jobstate.stores.database import DatabaseJobRunStore
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from tests.test_relay import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -21,7 +21,7 @@ from django.db import connections
 from jobstate.exceptions import ThreadQuotaExceeded
 from jobstate.models import Job, RuntimeLock
 from jobstate.stores.base import CompletionOutcome, JobStatus
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

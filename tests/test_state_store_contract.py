@@ -14,7 +14,7 @@ import pytest
 
 from jobstate.models import Job
 from jobstate.stores.base import CompletionOutcome, CompletionResult, JobId, JobStatus
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 from jobstate.testing.state_contract import (
     STATE_CONTRACT_AREAS,

@@ -24,7 +24,7 @@ from jobstate.models import (
 )
 from jobstate.stores import get_state_store
 from jobstate.stores.base import JobStatus
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 
 pytestmark = pytest.mark.django_db

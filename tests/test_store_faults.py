@@ -55,8 +55,7 @@ from jobstate.stores.base import (
     NotificationState,
     Trigger,
 )
-from jobstate.stores.database import DatabaseJobRunStore
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=["jobstate"])
 #: Every test but the last needs PostgreSQL's real connections, locks and timeouts.

@@ -180,6 +180,7 @@ class NotificationAdmin(ReadOnlyAdmin):
         by = self.operator(request)
         reasons = {
             DeliveryRequeueOutcome.ALREADY_REQUEUED: _("this dead letter was already replayed"),
+            DeliveryRequeueOutcome.KEY_CONFLICT: _("its replay key was used for another row"),
             DeliveryRequeueOutcome.NOT_DEAD: _("no longer a dead letter"),
             DeliveryRequeueOutcome.NOT_FOUND: _("no longer exists"),
         }

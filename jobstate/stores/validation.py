@@ -13,7 +13,7 @@ from django.db import models
 
 from jobstate.exceptions import IdempotencyConflict, ImmutableField, InvalidJobState, InvalidPatch
 from jobstate.jsonvalues import ensure_json
-from jobstate.stores.base import (
+from jobstate.states import (
     RELEASE_JOB_STATUSES,
     TERMINAL_RUN_STATUSES,
     JobRunStatus,

@@ -42,15 +42,15 @@ from jobstate.stores.base import (
     JobStatus,
     StateStore,
 )
-from jobstate.stores.database_continuations import (
+from jobstate.stores.database.continuations import (
     NO_DELIVERY_KEY,
     approval_audit_entry,
     approval_via,
     validate_approval_arguments,
     validate_requeue_arguments,
 )
-from jobstate.stores.database_observability import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
-from jobstate.stores.database_state import (
+from jobstate.stores.database.observability import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
+from jobstate.stores.database.state import (
     parse_batch_limit,
     parse_claim_reports,
     reject_audit_detail,

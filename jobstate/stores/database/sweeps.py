@@ -33,9 +33,9 @@ from jobstate.stores.base import (
     JobStatus,
     NotificationState,
 )
-from jobstate.stores.batched_delete import BatchedDeleter, pick_oldest
-from jobstate.stores.database_outbox import DatabaseNotificationOutbox, OutboxLeaseRecovery
-from jobstate.stores.database_state import DatabaseStateStore
+from jobstate.stores.database.batched_delete import BatchedDeleter, pick_oldest
+from jobstate.stores.database.outbox import DatabaseNotificationOutbox, OutboxLeaseRecovery
+from jobstate.stores.database.state import DatabaseStateStore
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.validation import JOB_CLAIM_FIELDS, validate_duration
 
@@ -84,7 +84,7 @@ class DatabaseSweepStore:
     notification outbox on the same database; its lease re-arm is the outbox sweep.
 
     The deleting batches of one instance resume after the last row the previous batch
-    of the same kind deleted (:class:`~jobstate.stores.batched_delete.BatchedDeleter`),
+    of the same kind deleted (:class:`~jobstate.stores.database.batched_delete.BatchedDeleter`),
     so use one instance per sweep, as :mod:`jobstate.maintenance` does.
     """
 
@@ -282,7 +282,7 @@ class DatabaseSweepStore:
     def rearm_outbox_leases_batch(self, *, limit: int) -> OutboxLeaseRecovery:
         """Hand back up to ``limit`` notifications whose relay lease ended: pending
         again, or dead when the lost attempt was the last; see
-        :meth:`~jobstate.stores.database_outbox.DatabaseNotificationOutbox.rearm_expired_leases`."""
+        :meth:`~jobstate.stores.database.outbox.DatabaseNotificationOutbox.rearm_expired_leases`."""
         return self.outbox.rearm_expired_leases(limit=limit)
 
     # --- retention --------------------------------------------------------------------

@@ -1,8 +1,4 @@
-"""Stores backed by the Django ORM.
-
-Raw SQL appears only where the ORM cannot say a hot path in one statement; each such
-place says why and has a portable path for the other backends.
-"""
+"""The run store on the ``JobRun`` table (the JobRunStore contract)."""
 
 from __future__ import annotations
 
@@ -38,7 +34,7 @@ from jobstate.stores.validation import (
     validate_terminal_status,
 )
 
-__all__ = ["DatabaseJobRunStore", "DatabaseStateStore"]
+__all__ = ["DatabaseJobRunStore"]
 
 
 def _check_lengths(**values: str | None) -> None:
@@ -283,7 +279,3 @@ class DatabaseJobRunStore(JobRunStore):
         return JobRun.objects.using(self.using).filter(
             id=validate_run_id(run_id), status=JobRunStatus.RUNNING
         )
-
-
-# The state store has its own module (it is large); this is its public address.
-from jobstate.stores.database_state import DatabaseStateStore  # noqa: E402

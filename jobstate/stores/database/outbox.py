@@ -476,7 +476,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
     def _audit_store(self) -> StateStore:
         if self._store is None:
             # Imported here: the state store module mixes in this module's mixin.
-            from jobstate.stores.database_state import DatabaseStateStore
+            from jobstate.stores.database import DatabaseStateStore
 
             self._store = DatabaseStateStore(using=self.using)
         return self._store
@@ -486,7 +486,7 @@ class DatabaseOutboxMixin(StateStore):
     """``complete_job_with_notifications``, ``notification_outbox`` and
     ``requeue_delivery_job_once`` for the database state store.
 
-    Mixed into :class:`~jobstate.stores.database_state.DatabaseStateStore` (before it in
+    Mixed into :class:`~jobstate.stores.database.DatabaseStateStore` (before it in
     the bases); relies on its ``using`` and ``append_audit``.
     """
 
@@ -587,8 +587,9 @@ class DatabaseOutboxMixin(StateStore):
         """See :meth:`StateStore.requeue_delivery_job_once`.
 
         The notification row is locked first, so concurrent replays of one dead letter
-        run one after the other; a key already used answers ``ALREADY_REQUEUED`` even
-        after the row was delivered or dead again. The row keeps its id, idempotency key
+        run one after the other; a key already used for this row answers
+        ``ALREADY_REQUEUED`` even after the row was delivered or dead again, and one used
+        for another row ``KEY_CONFLICT``. The row keeps its id, idempotency key
         and ``last_error``; ``attempts`` restarts at 0 and it is due at once. A
         ``dlq_resend_ok`` audit entry names ``requested_by``. Markers are permanent:
         pruning the notification does not free its key.
@@ -605,8 +606,9 @@ class DatabaseOutboxMixin(StateStore):
             row = locked.first()
             if row is None:
                 return DeliveryRequeueOutcome.NOT_FOUND
-            if markers.filter(dlq_key=dlq_key).exists():
-                return DeliveryRequeueOutcome.ALREADY_REQUEUED
+            used = _replay_outcome(markers, dlq_key, pk)
+            if used is not None:
+                return used
             if row.state != NotificationState.DEAD:
                 return DeliveryRequeueOutcome.NOT_DEAD
             try:
@@ -622,7 +624,11 @@ class DatabaseOutboxMixin(StateStore):
                     columns=["dlq_key"],
                 ):
                     raise
-                return DeliveryRequeueOutcome.ALREADY_REQUEUED
+                # A concurrent replay took the key first; it may have been for this
+                # row or for another one.
+                return _replay_outcome(markers, dlq_key, pk) or (
+                    DeliveryRequeueOutcome.ALREADY_REQUEUED
+                )
             rows.filter(id=pk, state=NotificationState.DEAD).update(
                 state=NotificationState.PENDING,
                 attempts=0,
@@ -644,3 +650,15 @@ class DatabaseOutboxMixin(StateStore):
                 },
             )
         return DeliveryRequeueOutcome.REQUEUED
+
+
+def _replay_outcome(
+    markers: QuerySet[DeliveryReplay], dlq_key: str, notification_id: uuid.UUID
+) -> DeliveryRequeueOutcome | None:
+    """What an existing marker for ``dlq_key`` answers, or ``None`` when the key is free."""
+    replayed = markers.filter(dlq_key=dlq_key).values_list("notification_id", flat=True).first()
+    if replayed is None:
+        return None
+    if replayed == notification_id:
+        return DeliveryRequeueOutcome.ALREADY_REQUEUED
+    return DeliveryRequeueOutcome.KEY_CONFLICT

@@ -49,13 +49,13 @@ from jobstate.stores.base import (
     JobStatus,
     StateStore,
 )
-from jobstate.stores.batched_delete import BatchedDeleter
-from jobstate.stores.database_continuations import (
+from jobstate.stores.database.batched_delete import BatchedDeleter
+from jobstate.stores.database.continuations import (
     DatabaseContinuationMixin,
     validate_requeue_arguments,
 )
-from jobstate.stores.database_observability import DatabaseObservabilityMixin
-from jobstate.stores.database_outbox import DatabaseOutboxMixin
+from jobstate.stores.database.observability import DatabaseObservabilityMixin
+from jobstate.stores.database.outbox import DatabaseOutboxMixin
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 from jobstate.stores.validation import (
@@ -326,7 +326,6 @@ class DatabaseStateStore(
         token = parse_uuid(claim_token, field="claim_token")
         new_status = validate_release_status(status)
         cleaned = clean_job_fields(patch, allowed=_REPORT_FIELDS, action="complete_claimed_job")
-        changes = {**cleaned, **_CLEARED_CLAIM, "status": new_status, "updated_at": Now()}
         if self._is_postgresql():
             # One round trip on the hot path: the fenced UPDATE hands back the row it
             # wrote. Only a report that did not apply needs a second look.

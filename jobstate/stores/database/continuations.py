@@ -128,7 +128,7 @@ class _Superseded(Exception):
 class DatabaseContinuationMixin(StateStore):
     """``requeue_job`` and ``requeue_approved_job_once`` for the database state store.
 
-    One of the bases of :class:`~jobstate.stores.database_state.DatabaseStateStore`; it
+    One of the bases of :class:`~jobstate.stores.database.DatabaseStateStore`; it
     relies on that class's ``using`` and ``append_audit``.
     """
 

@@ -95,7 +95,7 @@ def pending_jobstate_migrations(connection: BaseDatabaseWrapper) -> list[str]:
 
 class DatabaseObservabilityMixin(StateStore):
     """``operational_metrics_snapshot`` and ``schema_readiness`` for the database state
-    store. One of the bases of :class:`~jobstate.stores.database_state.DatabaseStateStore`;
+    store. One of the bases of :class:`~jobstate.stores.database.DatabaseStateStore`;
     it relies on that class's ``using``."""
 
     using: str

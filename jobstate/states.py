@@ -1,0 +1,294 @@
+"""jobstate's vocabulary: every status, status set, outcome and value type that the
+models, the stores, the services and the console share.
+
+This module sits at the bottom of the package: it imports only the standard library and
+Django's choices, never a model or a store, so anything may import it without closing a
+circle. Value types that carry a model instance (``CompletionResult``) stay with the store
+contracts in :mod:`jobstate.stores.base`.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+#: A job id as callers hand it in: a UUID or its string form.
+JobId = uuid.UUID | str
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Who or what started a run. ``source`` is an open set; the listed values are
+    conventions: ``"SCHEDULER"``, ``"CLI"``, ``"ADMIN"``, ``"CELERY"``."""
+
+    source: str
+    triggered_by: str | None = None
+
+
+class JobRunStatus(models.TextChoices):
+    RUNNING = "RUNNING", _("Running")
+    """Claimed and executing; holds its overlap key."""
+    SUCCEEDED = "SUCCEEDED", _("Succeeded")
+    """The body finished and did not report ``ok: False``."""
+    FAILED = "FAILED", _("Failed")
+    """The body raised, reported ``ok: False``, or was aborted."""
+    TIMED_OUT = "TIMED_OUT", _("Timed out")
+    """Hit its deadline, or was reaped because its heartbeat went stale."""
+    SKIPPED = "SKIPPED", _("Skipped")
+    """Never executed because another run held the overlap key."""
+
+
+TERMINAL_RUN_STATUSES = frozenset(
+    {JobRunStatus.SUCCEEDED, JobRunStatus.FAILED, JobRunStatus.TIMED_OUT, JobRunStatus.SKIPPED}
+)
+
+
+REAPED_RUN_ERROR = "heartbeat stale: the running instance is assumed gone"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", _("Queued")
+    """Waiting to be claimed; claimable once ``run_after`` (if any) has passed."""
+    RUNNING = "running", _("Running")
+    """Claimed by an in-process worker (``claim_next_inhub_job``); holds a lease."""
+    DISPATCHED = "dispatched", _("Dispatched")
+    """Claimed by a remote executor (``claim_next_job``); holds a lease the executor
+    renews with ``extend_executor_leases``."""
+    DONE = "done", _("Done")
+    """Finished successfully. Terminal."""
+    ERROR = "error", _("Error")
+    """Failed, or expired in the queue. Terminal."""
+    REJECTED = "rejected", _("Rejected")
+    """Refused before or instead of running (policy, kill switch, denied approval). Terminal."""
+
+
+TERMINAL_JOB_STATUSES = frozenset({JobStatus.DONE, JobStatus.ERROR, JobStatus.REJECTED})
+
+
+#: Statuses that count as in flight: against per-thread quotas and in the thread gate.
+INFLIGHT_JOB_STATUSES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.DISPATCHED})
+
+
+#: Statuses a claim moves a job into; while one of a thread's jobs is in them the
+#: thread's other jobs wait.
+CLAIMED_JOB_STATUSES = frozenset({JobStatus.RUNNING, JobStatus.DISPATCHED})
+
+
+EXPIRED_QUEUED_ERROR = (
+    "queue timeout: the job waited longer than its time to live without being claimed "
+    "and was expired, so stale work is not replayed in bulk once executors recover"
+)
+
+
+class CompletionOutcome(enum.Enum):
+    """What a fenced report (``complete_claimed_job``) did."""
+
+    COMPLETED = "completed"
+    """The claim was current; the new status and patch were written."""
+    STALE_CLAIM = "stale_claim"
+    """The job is no longer held by that claim (requeued, claimed again, finished by
+    someone else, or the token never matched). Nothing was written."""
+    NOT_FOUND = "not_found"
+    """No job has that id. Nothing was written."""
+
+
+@dataclass(frozen=True)
+class ClaimReport:
+    """One fenced report in a batch (:meth:`StateStore.complete_claimed_jobs`): the same
+    arguments :meth:`StateStore.complete_claimed_job` takes, as a value."""
+
+    job_id: JobId
+    claim_token: uuid.UUID | str
+    status: str
+    patch: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: Statuses a claim holder may report through ``complete_claimed_job``.
+RELEASE_JOB_STATUSES = TERMINAL_JOB_STATUSES | {JobStatus.QUEUED}
+
+
+# --- the outbox, approvals, replay, readiness and metrics ------------------------------
+
+
+class NotificationState(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    """Waiting for a relay; due once ``next_attempt_at`` has passed."""
+    DELIVERING = "delivering", _("Delivering")
+    """Claimed by a relay until ``lease_until``; due again if the relay dies."""
+    DELIVERED = "delivered", _("Delivered")
+    """The channel accepted it. Terminal."""
+    DEAD = "dead", _("Dead letter")
+    """Gave up after the last attempt; only a replay brings it back."""
+
+
+@dataclass(frozen=True)
+class NotificationRequest:
+    """A notification to write into the outbox together with a job's terminal transition.
+
+    ``channel`` names a registered relay channel (``"webhook"``, ``"email"``,
+    ``"callable"`` or a host's own); ``destination`` is what that channel sends to (a URL,
+    an address, a dotted path). ``idempotency_key`` is unique across the outbox and is
+    handed to the receiver so it can drop a repeated delivery; when omitted the store
+    derives one from the job, the channel and the destination.
+    """
+
+    channel: str
+    destination: str
+    payload: dict[str, Any]
+    idempotency_key: str | None = None
+
+
+class ApprovalRequeueOutcome(enum.StrEnum):
+    """What ``requeue_approved_job_once`` did."""
+
+    REQUEUED = "requeued"
+    """The terminal job went back to the queue and the decision marker was written."""
+    ALREADY_REQUEUED = "already_requeued"
+    """This decision already requeued this job; nothing changed (idempotent answer)."""
+    DECISION_CONFLICT = "decision_conflict"
+    """The ``decision_id`` was already used for another job; nothing changed."""
+    JOB_IN_FLIGHT = "job_in_flight"
+    """The job is queued, running or dispatched and will consume the approval itself."""
+    NOT_FOUND = "not_found"
+    """No job has that id."""
+
+
+class DeliveryRequeueOutcome(enum.StrEnum):
+    """What ``requeue_delivery_job_once`` did."""
+
+    REQUEUED = "requeued"
+    """The dead notification went back to pending and the replay marker was written."""
+    ALREADY_REQUEUED = "already_requeued"
+    """That dead-letter key already replayed this notification; nothing changed."""
+    KEY_CONFLICT = "key_conflict"
+    """That dead-letter key was already used for another notification; nothing changed."""
+    NOT_DEAD = "not_dead"
+    """The notification is not a dead letter; nothing changed."""
+    NOT_FOUND = "not_found"
+    """No notification has that id."""
+
+
+@dataclass(frozen=True)
+class JobOperationalMetrics:
+    """The seed's six operational figures (definitions in the README)."""
+
+    by_status: dict[str, int]
+    terminal_last_15m: dict[str, int]
+    oldest_queued_age_seconds: float
+    delayed_queued_jobs: int
+    expired_leases: int
+    blocked_threads: int
+    #: Statuses whose ``by_status`` count is an estimate from the database's statistics
+    #: rather than an exact count (see ``JOBSTATE['METRICS_EXACT_LIMIT']``).
+    estimated_statuses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether this process may serve: the database answers, every jobstate migration is
+    applied and the tables exist. ``database`` is ``"ok"`` or ``"failed"``;
+    ``migrations`` is ``"ok"``, ``"pending"`` or ``"failed"``; ``pending`` counts the
+    unapplied jobstate migrations; ``detail`` says what failed."""
+
+    ready: bool
+    database: str
+    migrations: str
+    pending: int
+    detail: str = ""
+
+
+# --- the audit ledger ------------------------------------------------------------------
+
+
+class AuditStage(models.TextChoices):
+    LAUNCH = "launch", _("Launch")
+    CONTEXT = "context", _("Context")
+    EXECUTION = "execution", _("Execution")
+    TOOL = "tool", _("Tool")
+    APPROVAL = "approval", _("Approval")
+    DELIVERY = "delivery", _("Delivery")
+    SUMMARY = "summary", _("Summary")
+    RECOVERY = "recovery", _("Recovery")
+    CHANNEL = "channel", _("Channel")
+    CONFIG = "config", _("Configuration")
+    SYSTEM = "system", _("System")
+
+
+class AuditSeverity(models.TextChoices):
+    INFO = "info", _("Info")
+    WARNING = "warning", _("Warning")
+    ERROR = "error", _("Error")
+
+
+@dataclass(frozen=True)
+class AuditEventDefaults:
+    """What ``append_audit`` fills in for a known event when the caller leaves it out."""
+
+    stage: AuditStage
+    severity: AuditSeverity
+    title: str
+
+
+#: Known audit events. An unknown event is stored as stage ``system``, severity ``info``
+#: and its own name as the title.
+AUDIT_EVENTS: dict[str, AuditEventDefaults] = {
+    "received": AuditEventDefaults(AuditStage.LAUNCH, AuditSeverity.INFO, "Request received"),
+    "started": AuditEventDefaults(AuditStage.EXECUTION, AuditSeverity.INFO, "Started"),
+    "finished": AuditEventDefaults(AuditStage.SUMMARY, AuditSeverity.INFO, "Finished"),
+    "rejected": AuditEventDefaults(AuditStage.LAUNCH, AuditSeverity.WARNING, "Rejected"),
+    "recovered": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.WARNING, "Recovered"),
+    "rerun": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.INFO, "Rerun requested"),
+    "retry_scheduled": AuditEventDefaults(
+        AuditStage.RECOVERY, AuditSeverity.WARNING, "Retry scheduled"
+    ),
+    "expired": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.WARNING, "Expired"),
+    "tool_result": AuditEventDefaults(AuditStage.TOOL, AuditSeverity.INFO, "Tool result"),
+    "tool_approved": AuditEventDefaults(AuditStage.APPROVAL, AuditSeverity.INFO, "Tool approved"),
+    "tool_approved_external": AuditEventDefaults(
+        AuditStage.APPROVAL, AuditSeverity.INFO, "Tool approved externally"
+    ),
+    "tool_denied": AuditEventDefaults(AuditStage.APPROVAL, AuditSeverity.WARNING, "Tool denied"),
+    "tool_denied_external": AuditEventDefaults(
+        AuditStage.APPROVAL, AuditSeverity.WARNING, "Tool denied externally"
+    ),
+    "delivery_queued": AuditEventDefaults(
+        AuditStage.DELIVERY, AuditSeverity.INFO, "Delivery queued"
+    ),
+    "delivery_skipped": AuditEventDefaults(
+        AuditStage.DELIVERY, AuditSeverity.INFO, "Delivery skipped"
+    ),
+    "delivery_error": AuditEventDefaults(
+        AuditStage.DELIVERY, AuditSeverity.ERROR, "Delivery failed"
+    ),
+    "dlq_resend_ok": AuditEventDefaults(
+        AuditStage.DELIVERY, AuditSeverity.INFO, "Dead letter resent"
+    ),
+    "dlq_resend_failed": AuditEventDefaults(
+        AuditStage.DELIVERY, AuditSeverity.ERROR, "Dead letter resend failed"
+    ),
+    "channel_delivered": AuditEventDefaults(
+        AuditStage.CHANNEL, AuditSeverity.INFO, "Delivered to channel"
+    ),
+    "channel_delivery_error": AuditEventDefaults(
+        AuditStage.CHANNEL, AuditSeverity.ERROR, "Channel delivery failed"
+    ),
+    "channel_delivery_skipped": AuditEventDefaults(
+        AuditStage.CHANNEL, AuditSeverity.INFO, "Channel delivery skipped"
+    ),
+    "ledger_error": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.ERROR, "Ledger error"),
+}
+
+
+AUDIT_SUMMARY_LIMIT = 500
+
+#: Joins the ``key: value`` pairs of a summary built from ``detail``.
+AUDIT_SUMMARY_SEPARATOR = " · "
+
+
+AUDIT_TITLE_LIMIT = 200
