@@ -1,0 +1,215 @@
+"""State-store contract cases of the ``batches`` area: batch claims and batch reports keep
+the one-at-a-time guarantees job by job, and one bad report refuses the whole batch."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from django.utils import timezone
+
+from jobstate.exceptions import ImmutableField, InvalidJobState
+from jobstate.stores.base import ClaimReport, CompletionOutcome, JobStatus, StateStore
+from jobstate.testing.state_contract._kit import (
+    HOUR,
+    CaseTable,
+    Kit,
+    check,
+    fail,
+    present,
+    queue_jobs,
+    raises,
+    reread,
+    token_of,
+    unclaimed,
+)
+
+CASES = CaseTable("batches")
+
+
+def _claimed_job(jobs: Iterable[Any], job_id: uuid.UUID) -> Any:
+    for job in jobs:
+        if job.id == job_id:
+            return job
+    raise fail("batches", f"job {job_id} is not in the batch.")
+
+
+@CASES.case("a batch claim takes up to limit ready jobs, each with its own claim")
+def _batch_claim(kit: Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    jobs = queue_jobs(kit, store, target, 5)
+    (delayed,) = queue_jobs(kit, store, target, run_after=timezone.now() + HOUR)
+    first = store.claim_next_inhub_jobs([target], worker, timedelta(minutes=5), limit=3)
+    check(
+        [job.id for job in first] == [job.id for job in jobs[:3]],
+        area,
+        "a batch claim must take the oldest ready jobs, oldest first, up to limit.",
+    )
+    check(
+        all(
+            job.status == JobStatus.RUNNING
+            and job.executor_id == worker
+            and job.claimed_at is not None
+            and job.lease_until is not None
+            and abs(job.lease_until - job.claimed_at - timedelta(minutes=5)) < timedelta(seconds=1)
+            and job.dispatched_at is None
+            for job in first
+        ),
+        area,
+        "every job of a batch must be running, owned by the worker, with the lease asked for.",
+    )
+    tokens = {token_of(job) for job in first}
+    check(len(tokens) == 3, area, "every job of a batch must get its own claim_token.")
+    rest = store.claim_next_inhub_jobs([target], worker, limit=10)
+    check(
+        [job.id for job in rest] == [job.id for job in jobs[3:]],
+        area,
+        "a second batch must take the remaining ready jobs and skip the delayed one.",
+    )
+    check(
+        store.claim_next_inhub_jobs([target], worker, limit=10) == [],
+        area,
+        "with only a delayed job left a batch claim must return an empty list.",
+    )
+    stored = reread(area, store, delayed.id)
+    check(stored.status == JobStatus.QUEUED, area, "the delayed job must stay queued.")
+
+
+@CASES.case("a batch claim takes at most one job of a thread, the thread's oldest")
+def _batch_claim_threads(kit: Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    thread = kit.thread()
+    threaded = queue_jobs(kit, store, target, 3, thread_id=thread)
+    loose = queue_jobs(kit, store, target, 2)
+    claimed = store.claim_next_inhub_jobs([target], worker, limit=10)
+    ids = {job.id for job in claimed}
+    check(
+        ids == {threaded[0].id, *(job.id for job in loose)},
+        area,
+        "a batch must take the thread's oldest job and every thread-less job, and leave the "
+        f"thread's later jobs queued; took {len(ids)} jobs.",
+    )
+    for job in threaded[1:]:
+        stored = reread(area, store, job.id)
+        check(stored.status == JobStatus.QUEUED, area, "a thread's later jobs must wait.")
+    store.complete_claimed_job(
+        threaded[0].id, token_of(_claimed_job(claimed, threaded[0].id)), "done"
+    )
+    following = store.claim_next_inhub_jobs([target], worker, limit=10)
+    check(
+        [job.id for job in following] == [threaded[1].id],
+        area,
+        "once the thread's job is done the next batch must take exactly its next job.",
+    )
+
+
+@CASES.case("bad batch claim arguments raise and claim nothing")
+def _batch_claim_bad_arguments(kit: Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    (job,) = queue_jobs(kit, store, target)
+    limits: tuple[Any, ...] = (0, -1, True, "5", None)
+    for limit in limits:
+        raises(
+            area,
+            InvalidJobState,
+            partial(store.claim_next_inhub_jobs, [target], worker, limit=limit),
+            f"claim_next_inhub_jobs(limit={limit!r})",
+        )
+    raises(
+        area,
+        InvalidJobState,
+        lambda: store.claim_next_inhub_jobs([target], "", limit=1),
+        "claim_next_inhub_jobs with an empty worker_id",
+    )
+    check(
+        store.claim_next_inhub_jobs([], worker, limit=5) == [],
+        area,
+        "empty targets must answer an empty list.",
+    )
+    stored = reread(area, store, job.id)
+    check(stored.status == JobStatus.QUEUED, area, "a refused batch claim must claim nothing.")
+
+
+@CASES.case("a batch of reports answers per report, in order, each fenced by its token")
+def _batch_complete(kit: Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    queue_jobs(kit, store, target, 3)
+    first, second, third = store.claim_next_inhub_jobs([target], worker, limit=3)
+    missing = uuid.uuid4()
+    results = store.complete_claimed_jobs(
+        [
+            ClaimReport(first.id, token_of(first), JobStatus.DONE, {"result": {"n": 1}}),
+            ClaimReport(missing, uuid.uuid4(), JobStatus.DONE),
+            ClaimReport(second.id, uuid.uuid4(), JobStatus.DONE, {"result": {"n": 2}}),
+            ClaimReport(str(third.id), str(third.claim_token), JobStatus.ERROR, {"error": "x"}),
+        ]
+    )
+    outcomes = [result.outcome for result in results]
+    check(
+        outcomes
+        == [
+            CompletionOutcome.COMPLETED,
+            CompletionOutcome.NOT_FOUND,
+            CompletionOutcome.STALE_CLAIM,
+            CompletionOutcome.COMPLETED,
+        ],
+        area,
+        f"expected completed, not_found, stale_claim, completed; got {outcomes}.",
+    )
+    done = present(area, results[0].job, "the completed job")
+    check(
+        done.status == JobStatus.DONE and done.result == {"n": 1} and unclaimed(done),
+        area,
+        "a current report in a batch must write its status and patch and clear the claim.",
+    )
+    failed = present(area, results[3].job, "the failed job")
+    check(
+        failed.status == JobStatus.ERROR and failed.error == "x",
+        area,
+        "each report in a batch must write its own status and patch.",
+    )
+    stale = reread(area, store, second.id)
+    check(
+        stale.status == JobStatus.RUNNING
+        and stale.result is None
+        and stale.claim_token == second.claim_token,
+        area,
+        "a report with a wrong token must leave its job untouched.",
+    )
+    check(store.complete_claimed_jobs([]) == [], area, "an empty batch must answer [].")
+
+
+@CASES.case("a batch with one bad report raises and writes nothing")
+def _batch_complete_bad(kit: Kit, store: StateStore) -> None:
+    area, target, worker = "batches", kit.name("target"), kit.name("worker")
+    queue_jobs(kit, store, target, 2)
+    first, second = store.claim_next_inhub_jobs([target], worker, limit=2)
+    good = ClaimReport(first.id, token_of(first), JobStatus.DONE)
+    bad_batches: list[tuple[Any, type[BaseException], str]] = [
+        ([good, ClaimReport(second.id, token_of(second), "running")], InvalidJobState, "running"),
+        (
+            [good, ClaimReport(second.id, token_of(second), "done", {"id": uuid.uuid4()})],
+            ImmutableField,
+            "a patch of the id",
+        ),
+        ([good, ClaimReport(second.id, "not-a-uuid", "done")], InvalidJobState, "a bad token"),
+        ([good, ClaimReport(first.id, token_of(first), "error")], InvalidJobState, "a job twice"),
+        ([good, (second.id, token_of(second), "done")], InvalidJobState, "a tuple"),
+    ]
+    for batch, error, what in bad_batches:
+        raises(
+            area,
+            error,
+            partial(store.complete_claimed_jobs, batch),
+            f"complete_claimed_jobs with {what}",
+        )
+    for job in (first, second):
+        stored = reread(area, store, job.id)
+        check(
+            stored.status == JobStatus.RUNNING and stored.claim_token == job.claim_token,
+            area,
+            "a refused batch must write nothing, not even its good reports.",
+        )
