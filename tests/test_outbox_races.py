@@ -287,9 +287,11 @@ def test_one_key_replays_only_one_of_several_dead_letters() -> None:
             notification_id=rows[index].id, dlq_key="shared-key", requested_by="operator"
         ),
     )
+    # The key was used for the winner's row: every other row hears of the conflict,
+    # not that it was replayed already.
     assert Counter(outcomes) == {
         DeliveryRequeueOutcome.REQUEUED: 1,
-        DeliveryRequeueOutcome.ALREADY_REQUEUED: 7,
+        DeliveryRequeueOutcome.KEY_CONFLICT: 7,
     }
     assert Notification.objects.filter(state=NotificationState.PENDING).count() == 1
     assert Notification.objects.filter(state=NotificationState.DEAD).count() == 7
