@@ -18,9 +18,10 @@ from django.test.utils import CaptureQueriesContext
 
 from jobstate.admin.paginator import CountKind, EstimatedCountPaginator
 from jobstate.exceptions import InvalidJobState
-from jobstate.models import ApprovalDecision, AuditEntry, DeliveryAttempt, Job, Notification
+from jobstate.models import ApprovalDecision, AuditEntry, DeliveryAttempt, Job
 from jobstate.stores.base import JobStatus, StateStore
 from jobstate.stores.database import DatabaseStateStore
+from jobstate.testing.factories import NotificationFactory
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.test_state_races import in_parallel
 
@@ -520,13 +521,13 @@ def test_the_job_page_shows_the_audit_trail_and_notifications_with_attempts(
 ) -> None:
     broken = failed_job(store, "broken")
     store.append_audit(job=broken, event="tool_result", summary="looked up the order")
-    notification = Notification.objects.create(
+    notification = NotificationFactory(
+        dead=True,
         job=broken,
         channel="webhook",
         destination="https://hooks.example/x",
         payload={"status": "error", "token": "t-secret"},
         idempotency_key="k1",
-        state="dead",
         attempts=2,
         last_error="HTTP 503",
     )

@@ -22,6 +22,7 @@ from jobstate.models import (
 )
 from jobstate.stores.base import JobRunStatus, NotificationState, Trigger
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
+from jobstate.testing.factories import NotificationFactory, RuntimeLockFactory
 from tests.test_admin_jobs import act, logged_in, operator, shown_messages
 
 RUNS = "/admin/jobstate/jobrun/"
@@ -77,12 +78,11 @@ def dead_letter(job: Any = None, key: str = "k1", **fields: Any) -> Notification
         "destination": "https://hooks.example/orders",
         "payload": {"order": 7, "secret": "s-hidden"},
         "idempotency_key": key,
-        "state": NotificationState.DEAD,
         "attempts": 8,
         "last_error": "HTTP 503",
     }
     values.update(fields)
-    return Notification.objects.create(**values)
+    return NotificationFactory(dead=True, **values)
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_run_page_is_read_only_with_pretty_json(
 
 def test_locks_list_owner_expiry_and_state(admin_client: Client, store: DatabaseStateStore) -> None:
     store.acquire_runtime_lock("serial:1", "worker-1", timedelta(minutes=5))
-    RuntimeLock.objects.create(
+    RuntimeLockFactory(
         lock_key="summary:9", owner="worker-2", expires_at=datetime.now(UTC) - timedelta(minutes=1)
     )
     page = admin_client.get(LOCKS).content.decode()

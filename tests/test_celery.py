@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +32,7 @@ from jobstate.tasks import (
     reap_stale_task,
     run_operations_job_task,
 )
+from jobstate.testing.factories import AuditEntryFactory, JobFactory, JobRunFactory
 from project.demo.notifications import ACCEPTS
 from tests.test_commands_ops import child_env
 
@@ -43,16 +43,13 @@ LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 
 
 def stale_runs(count: int) -> list[Any]:
-    runs = JobRun.objects.bulk_create(
-        JobRun(
-            job_key="tests.celery",
-            overlap_key=f"stale-{uuid.uuid4()}",
-            status=JobRunStatus.RUNNING,
-            trigger_source="SCHEDULER",
-            started_at=LONG_AGO,
-            heartbeat_at=LONG_AGO,
-        )
-        for _ in range(count)
+    runs = JobRunFactory.bulk_create_batch(
+        count,
+        running=True,
+        job_key="tests.celery",
+        trigger_source="SCHEDULER",
+        started_at=LONG_AGO,
+        heartbeat_at=LONG_AGO,
     )
     return [run.id for run in runs]
 
@@ -70,9 +67,8 @@ def finished_with_notification(request_id: str) -> Notification:
 
 
 def old_audit(count: int) -> None:
-    AuditEntry.objects.bulk_create(
-        AuditEntry(event="received", ts=datetime.now(UTC) - timedelta(days=90))
-        for _ in range(count)
+    AuditEntryFactory.bulk_create_batch(
+        count, event="received", ts=datetime.now(UTC) - timedelta(days=90)
     )
 
 
@@ -219,15 +215,14 @@ def test_a_real_worker_and_beat_reap_prune_and_deliver_on_schedule(
 ) -> None:
     stale = stale_runs(3)
     old_audit(4)
-    lost = Job.objects.create(
+    lost = JobFactory(
+        dispatched=True,
         request_id="lost-executor",
         target="exec",
-        status=JobStatus.DISPATCHED,
         executor_id="gone",
-        claim_token=uuid.uuid4(),
         lease_until=LONG_AGO,
     )
-    finished = Job.objects.create(request_id="old", target="t", status=JobStatus.DONE)
+    finished = JobFactory(done=True, request_id="old")
     Job.objects.filter(id=finished.id).update(updated_at=Now() - timedelta(days=30))
     note = finished_with_notification("notify-on-schedule")
     logs = [tmp_path / "worker.log", tmp_path / "beat.log"]

@@ -28,6 +28,12 @@ from django.db.models.functions import Now
 from jobstate.management.commands._common import ProgressLine
 from jobstate.models import AuditEntry, Job, JobRun, RuntimeLock
 from jobstate.stores.base import JobRunStatus, JobStatus
+from jobstate.testing.factories import (
+    AuditEntryFactory,
+    JobFactory,
+    JobRunFactory,
+    RuntimeLockFactory,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,76 +63,52 @@ def failing(*args: str, **options: Any) -> CommandError:
 
 
 def stale_runs(count: int) -> None:
-    JobRun.objects.bulk_create(
-        JobRun(
-            job_key="tests.cron",
-            overlap_key=f"stale-{uuid.uuid4()}",
-            status=JobRunStatus.RUNNING,
-            trigger_source="SCHEDULER",
-            started_at=LONG_AGO,
-            heartbeat_at=LONG_AGO,
-        )
-        for _ in range(count)
+    JobRunFactory.bulk_create_batch(
+        count,
+        running=True,
+        job_key="tests.cron",
+        trigger_source="SCHEDULER",
+        started_at=LONG_AGO,
+        heartbeat_at=LONG_AGO,
     )
-
-
-def jobs(count: int, prefix: str, **fields: Any) -> list[uuid.UUID]:
-    created = Job.objects.bulk_create(
-        Job(request_id=f"{prefix}-{uuid.uuid4()}", target="t", **fields) for _ in range(count)
-    )
-    return [job.id for job in created]
-
-
-def claimed(status: JobStatus, **fields: Any) -> dict[str, Any]:
-    return {
-        "status": status,
-        "executor_id": "gone",
-        "claim_token": uuid.uuid4(),
-        "claimed_at": LONG_AGO,
-        "lease_until": LONG_AGO,
-        **fields,
-    }
 
 
 def stale_dispatched(count: int) -> list[uuid.UUID]:
-    return jobs(count, "dispatched", **claimed(JobStatus.DISPATCHED))
+    jobs = JobFactory.bulk_create_batch(
+        count, dispatched=True, executor_id="gone", claimed_at=LONG_AGO, lease_until=LONG_AGO
+    )
+    return [job.id for job in jobs]
 
 
 def expired_leases(count: int, attempts: int = 0) -> list[uuid.UUID]:
-    return jobs(count, "running", **claimed(JobStatus.RUNNING, attempts=attempts))
+    jobs = JobFactory.bulk_create_batch(
+        count,
+        running=True,
+        executor_id="gone",
+        claimed_at=LONG_AGO,
+        lease_until=LONG_AGO,
+        attempts=attempts,
+    )
+    return [job.id for job in jobs]
 
 
 def stale_queued(count: int) -> list[uuid.UUID]:
-    ids = jobs(count, "queued")
+    ids = [job.id for job in JobFactory.bulk_create_batch(count, queued=True)]
     Job.objects.filter(id__in=ids).update(created_at=Now() - timedelta(hours=2))
     return ids
 
 
 def expired_locks(count: int) -> None:
-    RuntimeLock.objects.bulk_create(
-        RuntimeLock(lock_key=f"lock-{n}", owner="gone", expires_at=LONG_AGO) for n in range(count)
-    )
+    RuntimeLockFactory.bulk_create_batch(count, owner="gone", expires_at=LONG_AGO)
 
 
 def old_history() -> None:
-    AuditEntry.objects.bulk_create(
-        AuditEntry(event="received", ts=datetime.now(UTC) - timedelta(days=days))
-        for days in (60, 45, 1)
-    )
-    done = jobs(2, "done", status=JobStatus.DONE)
-    Job.objects.filter(id=done[0]).update(updated_at=Now() - timedelta(days=20))
-    JobRun.objects.bulk_create(
-        JobRun(
-            job_key="tests.cron",
-            overlap_key=None,
-            status=JobRunStatus.SKIPPED,
-            trigger_source="CLI",
-            started_at=at,
-            finished_at=at,
-            duration_ms=0,
-        )
-        for at in (datetime.now(UTC) - timedelta(days=40), datetime.now(UTC))
-    )
+    for days in (60, 45, 1):
+        AuditEntryFactory(event="received", ts=datetime.now(UTC) - timedelta(days=days))
+    done = JobFactory.create_batch(2, done=True)
+    Job.objects.filter(id=done[0].id).update(updated_at=Now() - timedelta(days=20))
+    for at in (datetime.now(UTC) - timedelta(days=40), datetime.now(UTC)):
+        JobRunFactory(skipped=True, job_key="tests.cron", started_at=at, finished_at=at)
 
 
 # --- reap_stale: every reaping sweep ----------------------------------------------------

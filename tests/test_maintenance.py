@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import factory
 import pytest
 from django.db import connections
 from django.db.models import QuerySet
@@ -19,19 +20,27 @@ from django.test.utils import CaptureQueriesContext
 from jobstate import maintenance
 from jobstate.exceptions import InvalidJobState, InvalidRunnerConfiguration
 from jobstate.maintenance import SweepResult
-from jobstate.models import AuditEntry, Job, JobRun, Notification, RuntimeLock
+from jobstate.models import AuditEntry, Job, JobRun, RuntimeLock
 from jobstate.stores.base import (
     EXPIRED_QUEUED_ERROR,
     REAPED_RUN_ERROR,
     CompletionOutcome,
     JobRunStatus,
     JobStatus,
+    NotificationState,
 )
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.sweeps import (
     LEASE_EXPIRED_ERROR,
     SWEEP_ACTOR,
     DatabaseSweepStore,
+)
+from jobstate.testing.factories import (
+    AuditEntryFactory,
+    JobFactory,
+    JobRunFactory,
+    NotificationFactory,
+    RuntimeLockFactory,
 )
 from tests.plans import plans_without_table_scans
 
@@ -47,88 +56,69 @@ def _past(delta: timedelta) -> Any:
 
 def seed_runs(count: int, *, fresh: bool = False) -> None:
     prefix = "fresh" if fresh else "stale"
-    JobRun.objects.bulk_create(
-        JobRun(
-            job_key="tests.sweep",
-            overlap_key=f"{prefix}-{uuid.uuid4()}",
-            status=JobRunStatus.RUNNING,
-            trigger_source="CLI",
-            started_at=LONG_AGO,
-            heartbeat_at=datetime.now(UTC) - (timedelta(0) if fresh else timedelta(hours=1)),
-        )
-        for _ in range(count)
-    )
-
-
-def _jobs(count: int, prefix: str, **fields: Any) -> list[Job]:
-    return Job.objects.bulk_create(
-        Job(request_id=f"{prefix}-{uuid.uuid4()}", target="t", **fields) for _ in range(count)
+    JobRunFactory.bulk_create_batch(
+        count,
+        running=True,
+        job_key="tests.sweep",
+        overlap_key=factory.Sequence(lambda n: f"{prefix}-{n}"),
+        started_at=LONG_AGO,
+        heartbeat_at=datetime.now(UTC) - (timedelta(0) if fresh else timedelta(hours=1)),
     )
 
 
 def seed_queued(count: int, *, fresh: bool = False) -> None:
-    jobs = _jobs(count, "queued")
+    jobs = JobFactory.bulk_create_batch(count, queued=True)
     if not fresh:
         Job.objects.filter(id__in=[j.id for j in jobs]).update(created_at=_past(timedelta(hours=2)))
 
 
-def _claimed(status: JobStatus, lease: timedelta, **fields: Any) -> dict[str, Any]:
-    return {
-        "status": status,
-        "executor_id": "owner-1",
-        "claim_token": uuid.uuid4(),
-        "claimed_at": LONG_AGO,
-        "lease_until": datetime.now(UTC) + lease,
-        **fields,
-    }
-
-
 def seed_dispatched(count: int, *, fresh: bool = False) -> None:
     lease = timedelta(hours=1) if fresh else -timedelta(minutes=1)
-    _jobs(
+    JobFactory.bulk_create_batch(
         count,
-        "dispatched",
-        **_claimed(JobStatus.DISPATCHED, lease, dispatched_at=datetime.now(UTC)),
+        dispatched=True,
+        claimed_at=LONG_AGO,
+        dispatched_at=datetime.now(UTC),
+        lease_until=datetime.now(UTC) + lease,
     )
 
 
 def seed_leases(count: int, *, fresh: bool = False, attempts: int = 0) -> None:
     lease = timedelta(hours=1) if fresh else -timedelta(minutes=1)
-    _jobs(count, "running", **_claimed(JobStatus.RUNNING, lease, attempts=attempts))
+    JobFactory.bulk_create_batch(
+        count,
+        running=True,
+        claimed_at=LONG_AGO,
+        lease_until=datetime.now(UTC) + lease,
+        attempts=attempts,
+    )
 
 
 def seed_locks(count: int, *, fresh: bool = False) -> None:
     expires = datetime.now(UTC) + (timedelta(hours=1) if fresh else -timedelta(minutes=1))
-    RuntimeLock.objects.bulk_create(
-        RuntimeLock(lock_key=f"lock-{uuid.uuid4()}", owner="o", expires_at=expires)
-        for _ in range(count)
-    )
+    RuntimeLockFactory.bulk_create_batch(count, expires_at=expires)
 
 
 def seed_audit(count: int, *, fresh: bool = False) -> None:
     ts = datetime.now(UTC) - (timedelta(days=1) if fresh else timedelta(days=60))
-    AuditEntry.objects.bulk_create(AuditEntry(event="received", ts=ts) for _ in range(count))
+    AuditEntryFactory.bulk_create_batch(count, event="received", ts=ts)
 
 
 def seed_finished_jobs(count: int, *, fresh: bool = False) -> None:
-    jobs = _jobs(count, "done", status=JobStatus.DONE)
+    jobs = JobFactory.bulk_create_batch(count, done=True)
     if not fresh:
         Job.objects.filter(id__in=[j.id for j in jobs]).update(updated_at=_past(timedelta(days=30)))
 
 
 def seed_finished_runs(count: int, *, fresh: bool = False) -> None:
     finished = datetime.now(UTC) - (timedelta(days=1) if fresh else timedelta(days=60))
-    JobRun.objects.bulk_create(
-        JobRun(
-            job_key="tests.sweep",
-            overlap_key=f"done-{uuid.uuid4()}",
-            status=JobRunStatus.SUCCEEDED,
-            trigger_source="CLI",
-            started_at=finished,
-            finished_at=finished,
-            duration_ms=0,
-        )
-        for _ in range(count)
+    JobRunFactory.bulk_create_batch(
+        count,
+        settled=True,
+        job_key="tests.sweep",
+        started_at=finished,
+        finished_at=finished,
+        duration_ms=0,
     )
 
 
@@ -253,7 +243,7 @@ def test_a_retention_sweep_resumes_after_its_last_batch_and_leaves_rows_behind_i
 
     def after_first_batch(sweep: str, total: int) -> None:
         if total == 3:
-            AuditEntry.objects.create(event="late", ts=behind)
+            AuditEntryFactory(event="late", ts=behind)
 
     result = maintenance.prune_audit(batch_size=3, on_batch=after_first_batch)
 
@@ -326,11 +316,13 @@ def _stale_executor_jobs() -> tuple[list[Job], list[Job]]:
     """Two dispatched jobs whose leases expired (the later lease first) and two that
     never had a lease and went silent; every one is stale."""
     now = datetime.now(UTC)
+    # No dispatch instant, so the hard cap never picks one: only the lease or the silence.
+    dispatched = {"dispatched": True, "claimed_at": LONG_AGO, "dispatched_at": None}
     leased = [
-        *_jobs(1, "leased", **_claimed(JobStatus.DISPATCHED, -timedelta(minutes=1))),
-        *_jobs(1, "leased", **_claimed(JobStatus.DISPATCHED, -timedelta(minutes=9))),
+        JobFactory(**dispatched, lease_until=now - timedelta(minutes=1)),
+        JobFactory(**dispatched, lease_until=now - timedelta(minutes=9)),
     ]
-    silent = _jobs(2, "silent", **_claimed(JobStatus.DISPATCHED, timedelta(0), lease_until=None))
+    silent = JobFactory.create_batch(2, **dispatched, lease_until=None)
     Job.objects.filter(id__in=[job.id for job in silent]).update(updated_at=now - timedelta(days=1))
     return leased, silent
 
@@ -455,7 +447,7 @@ def test_stale_queued_jobs_expire_with_an_audit_entry() -> None:
 def test_released_locks_are_only_the_expired_ones() -> None:
     store = DatabaseStateStore()
     assert store.acquire_runtime_lock("held", "me", timedelta(hours=1))
-    RuntimeLock.objects.create(lock_key="gone", owner="crashed", expires_at=LONG_AGO)
+    RuntimeLockFactory(lock_key="gone", owner="crashed", expires_at=LONG_AGO)
     assert maintenance.release_expired_locks().count == 1
     assert list(RuntimeLock.objects.values_list("lock_key", "owner")) == [("held", "me")]
     assert not store.acquire_runtime_lock("held", "other", timedelta(hours=1))
@@ -469,9 +461,7 @@ def test_pruning_finished_jobs_keeps_their_audit_and_undelivered_notifications()
     store = DatabaseStateStore()
     old = store.create_job(request_id="old", target="t", status=JobStatus.DONE)
     store.append_audit(job=old, event="finished", detail={"status": "done"})
-    note = Notification.objects.create(
-        job=old, channel="webhook", destination="https://example.invalid/", idempotency_key="k"
-    )
+    note = NotificationFactory(job=old, state=NotificationState.PENDING)
     waiting = store.create_job(request_id="waiting", target="t")
     recent = store.create_job(request_id="recent", target="t", status=JobStatus.ERROR)
     Job.objects.filter(id__in=[old.id, waiting.id]).update(updated_at=_past(timedelta(days=30)))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,11 +21,12 @@ from django.utils import timezone
 from jobstate import maintenance
 from jobstate.exceptions import InvalidJobState
 from jobstate.maintenance import SweepResult
-from jobstate.models import AuditEntry, DeliveryAttempt, DeliveryReplay, Job, Notification
+from jobstate.models import AuditEntry, DeliveryAttempt, DeliveryReplay, Notification
 from jobstate.relay import deliver_notifications
 from jobstate.stores.base import JobStatus, NotificationRequest, NotificationState
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.outbox import LEASE_EXPIRED_ERROR
+from jobstate.testing.factories import JobFactory, NotificationFactory
 
 CLAIMED_AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 LEASE_ENDED = CLAIMED_AT + timedelta(minutes=2)
@@ -39,25 +39,12 @@ def jobstate(settings: Any, **values: object) -> None:
 # --- seeding ------------------------------------------------------------------------------
 
 
-def _rows(count: int, prefix: str, **fields: Any) -> list[Notification]:
-    return Notification.objects.bulk_create(
-        Notification(
-            channel="webhook",
-            destination="https://hooks.example.com/jobs",
-            idempotency_key=f"{prefix}-{uuid.uuid4()}",
-            **fields,
-        )
-        for _ in range(count)
-    )
-
-
 def seed_lost(count: int, *, fresh: bool = False, attempts: int = 1) -> list[Notification]:
     """Rows a relay claimed: with ``fresh`` its lease still runs, else it ended."""
     lease = timezone.now() + timedelta(hours=1) if fresh else LEASE_ENDED
-    return _rows(
+    return NotificationFactory.bulk_create_batch(
         count,
-        "held" if fresh else "lost",
-        state=NotificationState.DELIVERING,
+        delivering=True,
         attempts=attempts,
         relay_id="relay-gone",
         lease_until=lease,
@@ -66,8 +53,8 @@ def seed_lost(count: int, *, fresh: bool = False, attempts: int = 1) -> list[Not
 
 
 def seed_delivered(count: int, *, fresh: bool = False) -> list[Notification]:
-    rows = _rows(
-        count, "delivered", state=NotificationState.DELIVERED, attempts=1, delivered_at=CLAIMED_AT
+    rows = NotificationFactory.bulk_create_batch(
+        count, delivered=True, attempts=1, delivered_at=CLAIMED_AT
     )
     ids = [row.id for row in rows]
     for row in rows:
@@ -308,8 +295,8 @@ def test_pruning_deletes_old_delivered_rows_with_their_attempts_and_nothing_else
     recent = seed_delivered(1, fresh=True)
     Notification.objects.filter(id=recent[0].id).update(updated_at=Now() - timedelta(days=2))
     ancient = timedelta(days=400)
-    [dead] = _rows(1, "dead", state=NotificationState.DEAD, attempts=8)
-    [pending] = _rows(1, "pending")
+    dead = NotificationFactory(dead=True, attempts=8)
+    pending = NotificationFactory(state=NotificationState.PENDING)
     [delivering] = seed_lost(1, fresh=True)
     Notification.objects.filter(id__in=[dead.id, pending.id, delivering.id]).update(
         updated_at=Now() - ancient, created_at=Now() - ancient
@@ -413,7 +400,7 @@ def test_two_sweepers_at_once_move_each_row_exactly_once(name: str) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_two_sweepers_record_each_lost_attempt_and_dead_letter_once(settings: Any) -> None:
     jobstate(settings, OUTBOX_MAX_ATTEMPTS=2)
-    job = Job.objects.create(request_id="many", target="t", status=JobStatus.DONE)
+    job = JobFactory(done=True, request_id="many")
     rows = seed_lost(200, attempts=1) + seed_lost(100, attempts=2)
     Notification.objects.filter(id__in=[row.id for row in rows]).update(job=job)
 

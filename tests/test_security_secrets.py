@@ -37,6 +37,7 @@ from jobstate.models import (
 from jobstate.relay import deliver_notifications
 from jobstate.stores.base import NotificationRequest, Trigger
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
+from jobstate.testing.factories import NotificationFactory
 from tests.test_relay import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -194,13 +195,13 @@ def test_the_admin_masks_the_key_wherever_a_row_quotes_it(
         job=job, event="custom", title=f"saw {SECRET}", summary=f"key {SECRET}", detail={}
     )
     store.append_audit(job=job, event="custom", detail={"key_used": SECRET})
-    notification = Notification.objects.create(
+    notification = NotificationFactory(
+        dead=True,
         job=job,
         channel="webhook",
         destination="https://hooks.example/in",
         payload={"echo": SECRET},
         idempotency_key="leaky-1",
-        state="dead",
         attempts=1,
         last_error=f"receiver said: {SECRET}",
     )

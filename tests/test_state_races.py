@@ -22,6 +22,7 @@ from jobstate.exceptions import ThreadQuotaExceeded
 from jobstate.models import Job, RuntimeLock
 from jobstate.stores.base import CompletionOutcome, JobStatus
 from jobstate.stores.database import DatabaseStateStore
+from jobstate.testing.factories import RuntimeLockFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -136,7 +137,7 @@ def test_two_jobs_of_one_thread_never_run_at_once() -> None:
 def test_concurrent_acquisition_of_a_lock_has_one_winner() -> None:
     store = DatabaseStateStore()
     # A free key, and a key whose holder's lease has just run out.
-    RuntimeLock.objects.create(
+    RuntimeLockFactory(
         lock_key="expired", owner="gone", expires_at=datetime(2000, 1, 1, tzinfo=UTC)
     )
     for key in ("free", "expired"):
