@@ -13,31 +13,14 @@ import json
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from jobstate.exceptions import InvalidJobState, StoreError
-from jobstate.jsonvalues import ensure_json
-from jobstate.stores.base import (
-    REAPED_RUN_ERROR,
-    JobRunStatus,
-    JobRunStore,
-    Trigger,
-)
-from jobstate.stores.validation import (
-    optional_key,
-    require_text,
-    validate_claim_arguments,
-    validate_duration,
-    validate_duration_ms,
-    validate_error_text,
-    validate_instant,
-    validate_reap_limit,
-    validate_run_id,
-    validate_skip_reason,
-    validate_terminal_status,
-)
+from jobstate.stores.base import REAPED_RUN_ERROR, JobRunStatus, Trigger
+from jobstate.stores.run_store import JobRunSettlement, JobRunStore, NewJobRun
+from jobstate.stores.validation import validate_instant
 from jobstate.testing.clock import Clock, SystemClock
 
 __all__ = ["MemoryJobRunStore", "StoredJobRun"]
@@ -69,11 +52,11 @@ class StoredJobRun:
 class MemoryJobRunStore(JobRunStore):
     """A :class:`JobRunStore` held in a dict, for tests; never use it in production.
 
-    Every method runs under one lock, so each is atomic against the others in this
-    process. Arguments are checked as :class:`~jobstate.stores.database.DatabaseJobRunStore`
-    checks them (all but the column lengths of its table), and values are stored as they
-    come back from JSON, so a test passing here does not hide a value the database store
-    would refuse.
+    Every primitive runs under one lock, so each is atomic against the others in this
+    process. Arguments are checked by :class:`JobRunStore`, as for every store (this one
+    adds no column lengths: it has no columns), and values are stored as they come back
+    from JSON, so a test passing here does not hide a value the database store would
+    refuse.
 
     ``clock`` is the store's clock (the liveness axis: watermarks and stale cutoffs);
     it defaults to the wall clock. ``new_id`` makes run ids; by default they are random
@@ -104,134 +87,62 @@ class MemoryJobRunStore(JobRunStore):
 
     def run_of(self, run_id: str | uuid.UUID) -> StoredJobRun | None:
         """The stored run with ``run_id`` (a copy), or ``None``."""
-        key = self._key(run_id)
+        key = self._parse_run_id(run_id)
         with self._lock:
             row = self._rows.get(key)
             return None if row is None else _copy(row)
 
-    # The contract
+    # The primitives
 
-    def claim(
-        self,
-        *,
-        job_key: str,
-        overlap_key: str,
-        trigger: Trigger,
-        input: Any,
-        started_at: datetime,
-        service_revision: str | None = None,
-    ) -> str | None:
-        validate_claim_arguments(
-            job_key=job_key,
-            # A claim takes a key; only a skipped run (record_skipped) holds none.
-            overlap_key=require_text(overlap_key, field="overlap_key", max_length=None),
-            trigger=trigger,
-            service_revision=service_revision,
-        )
-        started_at = validate_instant(started_at, field="started_at")
-        stored_input = _json_copy(input, field="input")
+    def _claim(self, run: NewJobRun) -> str | None:
+        stored = _as_stored(run)
         with self._lock:
-            if self._holds_key(overlap_key):
+            if self._holds_key(run.overlap_key):
                 return None
-            return self._insert(
-                job_key=job_key,
-                overlap_key=overlap_key,
-                status=JobRunStatus.RUNNING,
-                trigger=trigger,
-                input=stored_input,
-                summary=None,
-                started_at=started_at,
-                finished_at=None,
-                duration_ms=None,
-                service_revision=service_revision,
-            )
+            return self._insert(**stored)
 
-    def heartbeat(self, *, run_id: str, progress: dict[str, Any] | None = None) -> bool:
-        key = self._key(run_id)
-        stored_progress = None if progress is None else _json_copy(progress, field="progress")
+    def _record_skipped(self, run: NewJobRun) -> str:
+        stored = _as_stored(run)
         with self._lock:
-            row = self._rows.get(key)
-            if row is None or row.status != JobRunStatus.RUNNING:
+            return self._insert(**stored)
+
+    def _heartbeat(self, run_id: str, progress: dict[str, Any] | None) -> bool:
+        stored_progress = None if progress is None else _json_copy(progress)
+        with self._lock:
+            row = self._running(run_id)
+            if row is None:
                 return False
-            self._rows[key] = replace(
+            self._rows[run_id] = replace(
                 row,
                 heartbeat_at=max(row.heartbeat_at, self._now()),
                 summary=row.summary if stored_progress is None else stored_progress,
             )
             return True
 
-    def complete(
-        self,
-        *,
-        run_id: str,
-        status: str,
-        finished_at: datetime,
-        duration_ms: int,
-        summary: dict[str, Any] | None = None,
-        error: str | None = None,
-    ) -> bool:
-        key = self._key(run_id)
-        terminal = validate_terminal_status(status)
-        finished_at = validate_instant(finished_at, field="finished_at")
-        validate_duration_ms(duration_ms)
-        validate_error_text(error)
-        stored_summary = None if summary is None else _json_copy(summary, field="summary")
+    def _complete(self, run_id: str, settlement: JobRunSettlement) -> bool:
+        summary = settlement.summary
+        stored_summary = None if summary is None else _json_copy(summary)
         with self._lock:
-            row = self._rows.get(key)
-            if row is None or row.status != JobRunStatus.RUNNING:
+            row = self._running(run_id)
+            if row is None:
                 return False
-            self._rows[key] = replace(
+            self._rows[run_id] = replace(
                 row,
-                status=terminal,
-                finished_at=finished_at,
-                duration_ms=duration_ms,
+                status=settlement.status,
+                finished_at=settlement.finished_at,
+                duration_ms=settlement.duration_ms,
                 summary=row.summary if stored_summary is None else stored_summary,
-                error=row.error if error is None else error,
+                error=row.error if settlement.error is None else settlement.error,
             )
             return True
 
-    def record_skipped(
+    def _reap_stale(
         self,
-        *,
-        job_key: str,
-        trigger: Trigger,
-        input: Any,
-        at: datetime,
-        reason: str = "overlap",
-        service_revision: str | None = None,
-    ) -> str:
-        validate_claim_arguments(
-            job_key=job_key, overlap_key=None, trigger=trigger, service_revision=service_revision
-        )
-        at = validate_instant(at, field="at")
-        validate_skip_reason(reason)
-        stored_input = _json_copy(input, field="input")
-        with self._lock:
-            return self._insert(
-                job_key=job_key,
-                overlap_key=None,
-                status=JobRunStatus.SKIPPED,
-                trigger=trigger,
-                input=stored_input,
-                summary={"reason": reason},
-                started_at=at,
-                finished_at=at,
-                duration_ms=0,
-                service_revision=service_revision,
-            )
-
-    def reap_stale(
-        self,
-        *,
         stale_after: timedelta,
-        job_key: str | None = None,
-        overlap_key: str | None = None,
-        limit: int | None = None,
+        job_key: str | None,
+        overlap_key: str | None,
+        limit: int | None,
     ) -> int:
-        validate_duration(stale_after, field="stale_after")
-        validate_reap_limit(limit)
-        optional_key(job_key, field="job_key")
-        optional_key(overlap_key, field="overlap_key")
         with self._lock:
             now = self._now()
             cutoff = now - stale_after
@@ -253,9 +164,23 @@ class MemoryJobRunStore(JobRunStore):
                 )
             return len(moved)
 
+    def _parse_run_id(self, run_id: str | uuid.UUID) -> str:
+        if self._new_id is None:
+            return super()._parse_run_id(run_id)
+        # A custom new_id makes ids of any shape, so any non-empty string names a run.
+        if isinstance(run_id, uuid.UUID):
+            return str(run_id)
+        if not isinstance(run_id, str) or not run_id:
+            raise InvalidJobState(f"run_id must be a non-empty string, got {run_id!r}.")
+        return run_id
+
     # Internals. Callers hold self._lock.
 
-    def _holds_key(self, overlap_key: str) -> bool:
+    def _running(self, run_id: str) -> StoredJobRun | None:
+        row = self._rows.get(run_id)
+        return row if row is not None and row.status == JobRunStatus.RUNNING else None
+
+    def _holds_key(self, overlap_key: str | None) -> bool:
         return any(
             row.status == JobRunStatus.RUNNING and row.overlap_key == overlap_key
             for row in self._rows.values()
@@ -301,19 +226,17 @@ class MemoryJobRunStore(JobRunStore):
     def _now(self) -> datetime:
         return validate_instant(self.clock.now(), field="clock.now()")
 
-    def _key(self, run_id: str | uuid.UUID) -> str:
-        if self._new_id is None:
-            return str(validate_run_id(run_id))
-        if isinstance(run_id, uuid.UUID):
-            return str(run_id)
-        if not isinstance(run_id, str) or not run_id:
-            raise InvalidJobState(f"run_id must be a non-empty string, got {run_id!r}.")
-        return run_id
+
+def _json_copy(value: Any) -> Any:
+    """What a JSON column gives back for ``value``, which the contract has checked."""
+    return json.loads(json.dumps(value))
 
 
-def _json_copy(value: Any, *, field: str) -> Any:
-    """Check ``value`` and return what a JSON column would give back for it."""
-    return json.loads(json.dumps(ensure_json(value, field=field)))
+def _as_stored(run: NewJobRun) -> dict[str, Any]:
+    """``run``'s fields as :meth:`MemoryJobRunStore._insert` takes them, ``input`` as a
+    JSON column gives it back."""
+    stored = {field.name: getattr(run, field.name) for field in fields(run)}
+    return {**stored, "input": _json_copy(run.input)}
 
 
 def _copy(row: StoredJobRun) -> StoredJobRun:

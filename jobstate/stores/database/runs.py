@@ -1,8 +1,12 @@
-"""The run store on the ``JobRun`` table (the JobRunStore contract)."""
+"""The run store on the ``JobRun`` table (the JobRunStore contract).
+
+:class:`~jobstate.stores.run_store.JobRunStore` checks every argument; this module only
+writes: the primitives, on the ORM and one PostgreSQL statement.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -10,39 +14,28 @@ from django.db.models import F, Field
 from django.db.models.functions import Greatest, Now
 
 from jobstate.exceptions import InvalidJobState
-from jobstate.jsonvalues import ensure_json
 from jobstate.models import ONE_RUNNING_PER_OVERLAP_KEY, JobRun, JobRunQuerySet
-from jobstate.stores.base import (
-    REAPED_RUN_ERROR,
-    JobRunStatus,
-    JobRunStore,
-    Trigger,
-)
+from jobstate.stores.base import REAPED_RUN_ERROR, JobRunStatus
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
-from jobstate.stores.validation import (
-    optional_key,
-    require_text,
-    validate_claim_arguments,
-    validate_duration,
-    validate_duration_ms,
-    validate_error_text,
-    validate_instant,
-    validate_reap_limit,
-    validate_run_id,
-    validate_skip_reason,
-    validate_terminal_status,
-)
+from jobstate.stores.run_store import JobRunSettlement, JobRunStore, NewJobRun
 
 __all__ = ["DatabaseJobRunStore"]
 
 
-def _check_lengths(**values: str | None) -> None:
+def _check_lengths(run: NewJobRun) -> None:
     # PostgreSQL rejects an over-long value with a DataError while SQLite stores it whole,
-    # so the limits are checked here to give every backend the same answer.
-    for name, value in values.items():
-        if value is not None and not isinstance(value, str):
-            raise InvalidJobState(f"{name} must be a string, got {type(value).__name__}.")
+    # so the limits are checked here to give every backend the same answer. They are this
+    # table's column sizes, not the contract's: the in-memory reference store has no
+    # columns and stores any length, so the check belongs to this store's primitives and
+    # runs after the contract's checks.
+    for name, value in (
+        ("job_key", run.job_key),
+        ("overlap_key", run.overlap_key),
+        ("trigger_source", run.trigger.source),
+        ("triggered_by", run.trigger.triggered_by),
+        ("service_revision", run.service_revision),
+    ):
         field = JobRun._meta.get_field(name)
         limit = field.max_length if isinstance(field, Field) else None
         if value is not None and limit is not None and len(value) > limit:
@@ -61,45 +54,12 @@ class DatabaseJobRunStore(JobRunStore):
     def __init__(self, using: str = "default") -> None:
         self.using = using
 
-    def claim(
-        self,
-        *,
-        job_key: str,
-        overlap_key: str,
-        trigger: Trigger,
-        input: Any,
-        started_at: datetime,
-        service_revision: str | None = None,
-    ) -> str | None:
-        validate_claim_arguments(
-            job_key=job_key,
-            # A claim takes a key; only a skipped run (record_skipped) holds none.
-            overlap_key=require_text(overlap_key, field="overlap_key", max_length=None),
-            trigger=trigger,
-            service_revision=service_revision,
-        )
-        started_at = validate_instant(started_at, field="started_at")
-        _check_lengths(
-            job_key=job_key,
-            overlap_key=overlap_key,
-            trigger_source=trigger.source,
-            triggered_by=trigger.triggered_by,
-            service_revision=service_revision,
-        )
-        ensure_json(input, field="input")
+    def _claim(self, run: NewJobRun) -> str | None:
+        _check_lengths(run)
         try:
             # The savepoint keeps a host's surrounding transaction usable after a lost race.
             with transaction.atomic(using=self.using):
-                run = JobRun.objects.using(self.using).create(
-                    job_key=job_key,
-                    overlap_key=overlap_key,
-                    status=JobRunStatus.RUNNING,
-                    trigger_source=trigger.source,
-                    triggered_by=trigger.triggered_by,
-                    input=input,
-                    started_at=started_at,
-                    service_revision=service_revision,
-                )
+                return self._insert(run)
         except IntegrityError as exc:
             if violates(
                 exc,
@@ -109,90 +69,36 @@ class DatabaseJobRunStore(JobRunStore):
             ):
                 return None
             raise
-        return str(run.id)
 
-    def heartbeat(self, *, run_id: str, progress: dict[str, Any] | None = None) -> bool:
-        running = self._running(run_id)
+    def _record_skipped(self, run: NewJobRun) -> str:
+        _check_lengths(run)
+        return self._insert(run)
+
+    def _heartbeat(self, run_id: str, progress: dict[str, Any] | None) -> bool:
         changes: dict[str, Any] = {"heartbeat_at": Greatest(F("heartbeat_at"), Now())}
         if progress is not None:
-            changes["summary"] = ensure_json(progress, field="progress")
-        return running.update(**changes) > 0
+            changes["summary"] = progress
+        return self._running(run_id).update(**changes) > 0
 
-    def complete(
-        self,
-        *,
-        run_id: str,
-        status: str,
-        finished_at: datetime,
-        duration_ms: int,
-        summary: dict[str, Any] | None = None,
-        error: str | None = None,
-    ) -> bool:
-        running = self._running(run_id)
-        terminal = validate_terminal_status(status)
-        finished_at = validate_instant(finished_at, field="finished_at")
-        validate_duration_ms(duration_ms)
-        validate_error_text(error)
+    def _complete(self, run_id: str, settlement: JobRunSettlement) -> bool:
         changes: dict[str, Any] = {
-            "status": terminal,
-            "finished_at": finished_at,
-            "duration_ms": duration_ms,
+            "status": settlement.status,
+            "finished_at": settlement.finished_at,
+            "duration_ms": settlement.duration_ms,
         }
-        if summary is not None:
-            changes["summary"] = ensure_json(summary, field="summary")
-        if error is not None:
-            changes["error"] = error
-        return running.update(**changes) > 0
+        if settlement.summary is not None:
+            changes["summary"] = settlement.summary
+        if settlement.error is not None:
+            changes["error"] = settlement.error
+        return self._running(run_id).update(**changes) > 0
 
-    def record_skipped(
+    def _reap_stale(
         self,
-        *,
-        job_key: str,
-        trigger: Trigger,
-        input: Any,
-        at: datetime,
-        reason: str = "overlap",
-        service_revision: str | None = None,
-    ) -> str:
-        validate_claim_arguments(
-            job_key=job_key, overlap_key=None, trigger=trigger, service_revision=service_revision
-        )
-        at = validate_instant(at, field="at")
-        validate_skip_reason(reason)
-        _check_lengths(
-            job_key=job_key,
-            trigger_source=trigger.source,
-            triggered_by=trigger.triggered_by,
-            service_revision=service_revision,
-        )
-        ensure_json(input, field="input")
-        run = JobRun.objects.using(self.using).create(
-            job_key=job_key,
-            overlap_key=None,
-            status=JobRunStatus.SKIPPED,
-            trigger_source=trigger.source,
-            triggered_by=trigger.triggered_by,
-            input=input,
-            summary={"reason": reason},
-            started_at=at,
-            finished_at=at,
-            duration_ms=0,
-            service_revision=service_revision,
-        )
-        return str(run.id)
-
-    def reap_stale(
-        self,
-        *,
         stale_after: timedelta,
-        job_key: str | None = None,
-        overlap_key: str | None = None,
-        limit: int | None = None,
+        job_key: str | None,
+        overlap_key: str | None,
+        limit: int | None,
     ) -> int:
-        validate_duration(stale_after, field="stale_after")
-        validate_reap_limit(limit)
-        optional_key(job_key, field="job_key")
-        optional_key(overlap_key, field="overlap_key")
         vendor = connections[self.using].vendor
         if vendor == "postgresql":
             return self._reap_postgresql(stale_after, job_key, overlap_key, limit)
@@ -276,6 +182,20 @@ class DatabaseJobRunStore(JobRunStore):
             return cursor.rowcount
 
     def _running(self, run_id: str) -> JobRunQuerySet:
-        return JobRun.objects.using(self.using).filter(
-            id=validate_run_id(run_id), status=JobRunStatus.RUNNING
+        return JobRun.objects.using(self.using).filter(id=run_id, status=JobRunStatus.RUNNING)
+
+    def _insert(self, run: NewJobRun) -> str:
+        row = JobRun.objects.using(self.using).create(
+            job_key=run.job_key,
+            overlap_key=run.overlap_key,
+            status=run.status,
+            trigger_source=run.trigger.source,
+            triggered_by=run.trigger.triggered_by,
+            input=run.input,
+            summary=run.summary,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
+            duration_ms=run.duration_ms,
+            service_revision=run.service_revision,
         )
+        return str(row.id)
