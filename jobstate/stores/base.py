@@ -35,7 +35,7 @@ from jobstate.states import (
     Readiness,
     Trigger,
 )
-from jobstate.stores.run_store import JobRunStore
+from jobstate.stores.run_store import JobRunSettlement, JobRunStore, NewJobRun
 from jobstate.stores.state_store import (
     CompletionResult,
     NotificationOutbox,
@@ -58,9 +58,11 @@ __all__ = [
     "DeliveryRequeueOutcome",
     "JobId",
     "JobOperationalMetrics",
+    "JobRunSettlement",
     "JobRunStatus",
     "JobRunStore",
     "JobStatus",
+    "NewJobRun",
     "NotificationOutbox",
     "NotificationRequest",
     "NotificationState",
