@@ -102,11 +102,9 @@ class RunExecution:
         self.wake = threading.Event()
         self.cancelled = threading.Event()
         self.stop_heartbeats = threading.Event()
-        self.body_done = threading.Event()
         self.settled = False
         self.abort_reason: RunReason | None = None
-        self.aborted_at: float | None = None
-        self.body_settled_at: float | None = None
+        self.body_first = False
         self.body_value: object = None
         self.body_error: BaseException | None = None
         self.last_ok_beat = time.monotonic()
@@ -121,18 +119,19 @@ class RunExecution:
             if self.settled or self.abort_reason is not None:
                 return
             self.abort_reason = reason
-            self.aborted_at = time.monotonic()
         self.cancelled.set()
         self.wake.set()
 
     def body_finished(self, *, value: object = None, error: BaseException | None = None) -> None:
-        """Record what the body returned or raised and wake the caller."""
+        """Record what the body returned or raised and wake the caller. The result counts
+        only if no abort came first. The order in which the two took the lock decides, not
+        a clock reading: on a clock too coarse to tell them apart, a body that returns the
+        moment it is cancelled would otherwise turn a given-up run into a success."""
         with self.lock:
-            self.body_settled_at = time.monotonic()
+            self.body_first = self.abort_reason is None
             self.body_value = value
             self.body_error = error
             late = self.settled
-        self.body_done.set()
         self.wake.set()
         if late:
             logger.warning(
@@ -148,12 +147,9 @@ class RunExecution:
         whole outcome, so nothing later can change it."""
         with self.lock:
             self.settled = True
-            settled_at, aborted_at = self.body_settled_at, self.aborted_at
             return Settlement(
                 abort_reason=self.abort_reason,
-                # A body that finished at the abort's very moment is recorded as it finished.
-                body_first=settled_at is not None
-                and (aborted_at is None or settled_at <= aborted_at),
+                body_first=self.body_first,
                 value=self.body_value,
                 error=self.body_error,
             )

@@ -103,9 +103,6 @@ ReapScope = Literal["overlap-key", "all", "off"]
 #: The trigger ``execute`` records when the caller names none.
 CLI_TRIGGER = Trigger("CLI")
 
-# How long the caller waits, after a deadline or lost claim, for a body that may have
-# finished at that very moment to report, so it is recorded with its own result.
-_ABORT_GRACE_SECONDS = 0.1
 # Waits between tries of the final write after a retryable store error: short at first
 # (a dropped connection comes back at once), never long enough to overshoot the budget.
 _COMPLETE_RETRY_FIRST_SECONDS = 0.2
@@ -378,8 +375,6 @@ class JobRunner:
         try:
             if not execution.wake.wait(min(timeout.total_seconds(), threading.TIMEOUT_MAX)):
                 execution.abort(RunReason.TIMEOUT)
-            if execution.abort_reason is not None:
-                execution.body_done.wait(_ABORT_GRACE_SECONDS)
         except KeyboardInterrupt:
             # Record the interrupted run so its key is free at once instead of after a reap.
             execution.abort(RunReason.INTERRUPTED)
