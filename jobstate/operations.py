@@ -26,8 +26,10 @@ from jobstate.exceptions import (
     UnknownOperationsJob,
 )
 
+# The context module imports neither this module nor the runner, so the body's type
+# needs no import back from the runner that executes it.
 if TYPE_CHECKING:
-    from jobstate.runner import RunContext
+    from jobstate.run_context import RunContext
 
 __all__ = [
     "JOB_KEY_PATTERN",

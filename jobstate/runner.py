@@ -30,6 +30,10 @@ run in the run store (:class:`jobstate.stores.base.JobRunStore`):
 
 Every run ends in exactly one :class:`JobExecutionResult`; ``execute`` raises only for
 an unknown job, rejected input, a call inside a transaction, or a failing store.
+
+This module holds :class:`JobRunner`; the body's view of its run lives in
+:mod:`jobstate.run_context`, the outcome types in :mod:`jobstate.run_outcome` and the
+registry in :mod:`jobstate.operations`. Their public names are importable from here.
 """
 
 from __future__ import annotations
@@ -38,9 +42,7 @@ import enum
 import logging
 import threading
 import time
-import traceback
 import uuid
-from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast, get_args
 
@@ -59,13 +61,22 @@ from jobstate.exceptions import (
 )
 from jobstate.jsonvalues import ensure_json
 from jobstate.operations import OperationsJob, Registry, operations_job, registry
+from jobstate.run_context import RunContext, RunExecution, discard_connection
+from jobstate.run_outcome import (
+    JobExecutionResult,
+    Recorded,
+    RunReason,
+    Verdict,
+    abort_verdict,
+    body_verdict,
+    truncate_error_text,
+)
 from jobstate.stores import get_run_store
 from jobstate.stores.base import (
     JobRunStatus,
     JobRunStore,
     Trigger,
 )
-from jobstate.stores.errors import discard_broken_connection
 from jobstate.stores.validation import (
     validate_duration,
     validate_instant,
@@ -88,40 +99,14 @@ __all__ = [
 logger = logging.getLogger("jobstate.runner")
 
 ReapScope = Literal["overlap-key", "all", "off"]
-Recorded = Literal["settled", "superseded", "unrecorded"]
 
 #: The trigger ``execute`` records when the caller names none.
 CLI_TRIGGER = Trigger("CLI")
 
-# How long the caller waits, after a deadline or lost claim, for a body that may have
-# finished at that very moment to report, so it is recorded with its own result.
-_ABORT_GRACE_SECONDS = 0.1
 # Waits between tries of the final write after a retryable store error: short at first
 # (a dropped connection comes back at once), never long enough to overshoot the budget.
 _COMPLETE_RETRY_FIRST_SECONDS = 0.2
 _COMPLETE_RETRY_MAX_SECONDS = 2.0
-_ERROR_TRUNCATION_MARK = "\n... (truncated)"
-
-
-class RunReason(enum.StrEnum):
-    """Why a run ended the way it did (``JobExecutionResult.reason``)."""
-
-    OVERLAP = "overlap"
-    """SKIPPED: another run held the overlap key."""
-    ERROR = "error"
-    """FAILED: the body raised."""
-    REPORTED_NOT_OK = "reported-not-ok"
-    """FAILED: the body returned a summary with ``"ok": False``."""
-    INVALID_SUMMARY = "invalid-summary"
-    """FAILED: the body returned a summary that is not strict JSON."""
-    TIMEOUT = "timeout"
-    """TIMED_OUT: the deadline passed before the body finished."""
-    CLAIM_LOST = "claim-lost"
-    """FAILED: a heartbeat found the run no longer RUNNING (reaped or settled elsewhere)."""
-    HEARTBEAT_UNVERIFIABLE = "heartbeat-unverifiable"
-    """FAILED: no heartbeat could be written for the whole liveness budget."""
-    INTERRUPTED = "interrupted"
-    """FAILED: the process running ``execute`` was interrupted (Ctrl-C)."""
 
 
 class _FromSettings(enum.Enum):
@@ -130,184 +115,6 @@ class _FromSettings(enum.Enum):
 
 #: Default of every :class:`JobRunner` option that falls back to a ``JOBSTATE`` setting.
 FROM_SETTINGS = _FromSettings.FROM_SETTINGS
-
-
-@dataclass(frozen=True)
-class JobExecutionResult:
-    """The outcome of one :meth:`JobRunner.execute`.
-
-    ``status`` is the runner's verdict; ``recorded`` says what happened to it:
-    ``"settled"`` (written), ``"superseded"`` (the row had already been settled, usually
-    by a reaper, and keeps that outcome) or ``"unrecorded"`` (the write failed; the row
-    stays RUNNING until a reap). ``error`` is the truncated error text stored on the row.
-    """
-
-    run_id: str
-    job_key: str
-    status: JobRunStatus
-    duration_ms: int
-    recorded: Recorded
-    summary: dict[str, Any] | None = None
-    error: str | None = None
-    reason: RunReason | None = None
-
-    @property
-    def ok(self) -> bool:
-        """SUCCEEDED and SKIPPED count as success (CLI exit 0)."""
-        return self.status in (JobRunStatus.SUCCEEDED, JobRunStatus.SKIPPED)
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (status and reason as plain strings)."""
-        data = asdict(self)
-        data["status"] = str(self.status.value)
-        data["reason"] = None if self.reason is None else str(self.reason.value)
-        return data
-
-
-class RunContext:
-    """What a job body receives besides its input.
-
-    - ``run_id``, ``job_key``, ``trigger``; ``deadline_at`` (runner clock).
-    - ``cancelled``: a :class:`threading.Event` set when the run is given up (deadline,
-      lost claim, unverifiable heartbeat, interrupt). A long body should check it (or
-      wait on it instead of sleeping) and stop; the runner cannot stop it otherwise.
-    - ``heartbeat(progress=None)``: see :meth:`heartbeat`.
-    - ``logger``: a logger that tags records with ``job_key`` and ``run_id``.
-    """
-
-    def __init__(
-        self,
-        *,
-        run_id: str,
-        job_key: str,
-        trigger: Trigger,
-        deadline_at: datetime,
-        execution: _Execution,
-    ) -> None:
-        self.run_id = run_id
-        self.job_key = job_key
-        self.trigger = trigger
-        self.deadline_at = deadline_at
-        self.cancelled: threading.Event = execution.cancelled
-        self.logger = logging.LoggerAdapter(
-            logging.getLogger(f"jobstate.jobs.{job_key}"),
-            {"job_key": job_key, "run_id": run_id},
-        )
-        self._execution = execution
-
-    def heartbeat(self, progress: dict[str, Any] | None = None) -> bool:
-        """Advance the run's liveness watermark now and store ``progress`` (strict
-        JSON, else :class:`InvalidPayload`) as its summary.
-
-        Returns ``False`` when the run is over: already recorded, or the store answered
-        that the row is no longer RUNNING (the run is then aborted as FAILED and
-        ``cancelled`` is set). A store error is logged and answers ``True``: one
-        transient failure is not a lost claim.
-        """
-        if progress is not None:
-            ensure_json(progress, field="progress")
-        return self._execution.beat(progress)
-
-    def __repr__(self) -> str:
-        return f"<RunContext {self.job_key} {self.run_id}>"
-
-
-class _Execution:
-    """State shared by the caller's thread, the body's thread and the heartbeat thread
-    of one run. ``lock`` orders the three decisions that race: the body settling, an
-    abort, and the runner settling the run (after which nothing else is written)."""
-
-    def __init__(self, *, store: JobRunStore, run_id: str, job_key: str, budget: float) -> None:
-        self.store = store
-        self.run_id = run_id
-        self.job_key = job_key
-        self.budget = budget
-        self.lock = threading.Lock()
-        self.wake = threading.Event()
-        self.cancelled = threading.Event()
-        self.stop_heartbeats = threading.Event()
-        self.body_done = threading.Event()
-        self.settled = False
-        self.abort_reason: RunReason | None = None
-        self.aborted_at: float | None = None
-        self.body_settled_at: float | None = None
-        self.body_value: object = None
-        self.body_error: BaseException | None = None
-        self.last_ok_beat = time.monotonic()
-
-    @property
-    def log_extra(self) -> dict[str, str]:
-        return {"job_key": self.job_key, "run_id": self.run_id}
-
-    def abort(self, reason: RunReason) -> None:
-        with self.lock:
-            if self.settled or self.abort_reason is not None:
-                return
-            self.abort_reason = reason
-            self.aborted_at = time.monotonic()
-        self.cancelled.set()
-        self.wake.set()
-
-    def body_finished(self, *, value: object = None, error: BaseException | None = None) -> None:
-        with self.lock:
-            self.body_settled_at = time.monotonic()
-            self.body_value = value
-            self.body_error = error
-            late = self.settled
-        self.body_done.set()
-        self.wake.set()
-        if late:
-            logger.warning(
-                "job body settled after the run was recorded: %s (run %s); its result is "
-                "not written",
-                self.job_key,
-                self.run_id,
-                extra=self.log_extra,
-            )
-
-    def beat(self, progress: dict[str, Any] | None) -> bool:
-        with self.lock:
-            if self.settled:
-                return False
-        try:
-            accepted = self.store.heartbeat(run_id=self.run_id, progress=progress)
-        # The store is pluggable and a failed beat is tolerated whatever its cause, until
-        # the liveness budget runs out.
-        except Exception:
-            logger.warning(
-                "job heartbeat write failed: %s (run %s)",
-                self.job_key,
-                self.run_id,
-                exc_info=True,
-                extra=self.log_extra,
-            )
-            # Django keeps a dead connection until told otherwise: drop it so the next
-            # beat from this thread reconnects.
-            _discard_connection(self.store)
-            if time.monotonic() - self.last_ok_beat >= self.budget:
-                logger.warning(
-                    "job heartbeat unverifiable for the full liveness budget: aborting %s (run %s)",
-                    self.job_key,
-                    self.run_id,
-                    extra=self.log_extra,
-                )
-                self.abort(RunReason.HEARTBEAT_UNVERIFIABLE)
-                return False
-            return True
-        if accepted:
-            self.last_ok_beat = time.monotonic()
-            return True
-        with self.lock:
-            settled = self.settled
-        if not settled:
-            logger.warning(
-                "job heartbeat rejected: claim lost: %s (run %s)",
-                self.job_key,
-                self.run_id,
-                extra=self.log_extra,
-            )
-            self.abort(RunReason.CLAIM_LOST)
-        return False
 
 
 class JobRunner:
@@ -537,7 +344,7 @@ class JobRunner:
         self, job: OperationsJob, run_id: str, trigger: Trigger, value: Any, started_at: datetime
     ) -> JobExecutionResult:
         timeout = job.timeout or self.default_timeout
-        execution = _Execution(
+        execution = RunExecution(
             store=self.store,
             run_id=str(run_id),
             job_key=job.key,
@@ -568,8 +375,6 @@ class JobRunner:
         try:
             if not execution.wake.wait(min(timeout.total_seconds(), threading.TIMEOUT_MAX)):
                 execution.abort(RunReason.TIMEOUT)
-            if execution.abort_reason is not None:
-                execution.body_done.wait(_ABORT_GRACE_SECONDS)
         except KeyboardInterrupt:
             # Record the interrupted run so its key is free at once instead of after a reap.
             execution.abort(RunReason.INTERRUPTED)
@@ -577,7 +382,7 @@ class JobRunner:
             raise
         return self._finalise(job, execution, beater, started_at, timeout)
 
-    def _beat_until_settled(self, execution: _Execution) -> None:
+    def _beat_until_settled(self, execution: RunExecution) -> None:
         interval = self.heartbeat_interval.total_seconds()
         try:
             while not execution.stop_heartbeats.wait(interval):
@@ -589,17 +394,12 @@ class JobRunner:
     def _finalise(
         self,
         job: OperationsJob,
-        execution: _Execution,
+        execution: RunExecution,
         beater: threading.Thread,
         started_at: datetime,
         timeout: timedelta,
     ) -> JobExecutionResult:
-        with execution.lock:
-            execution.settled = True
-            reason = execution.abort_reason
-            aborted_at = execution.aborted_at
-            settled_at = execution.body_settled_at
-            value, error = execution.body_value, execution.body_error
+        settlement = execution.settle()
         execution.stop_heartbeats.set()
         beater.join(self.heartbeat_interval.total_seconds())
 
@@ -614,35 +414,21 @@ class JobRunner:
             )
         duration_ms = max(0, round(elapsed / timedelta(milliseconds=1)))
 
-        # The body's own result counts when it settled before any abort: a body that
-        # finished at the deadline's very moment is recorded as it finished.
-        own_result = settled_at is not None and (aborted_at is None or settled_at <= aborted_at)
-        summary: dict[str, Any] | None = None
-        error_text: str | None = None
-        outcome_reason: RunReason | None = None
-        if not own_result:
-            assert reason is not None  # the wait ends only on a settled body or an abort
-            outcome_reason = reason
-            status = JobRunStatus.TIMED_OUT if reason is RunReason.TIMEOUT else JobRunStatus.FAILED
-            error_text = self._abort_text(reason, timeout)
-        elif error is not None:
-            status, outcome_reason = JobRunStatus.FAILED, RunReason.ERROR
-            error_text = _exception_text(error)
-        elif isinstance(value, dict):
-            try:
-                summary = ensure_json(value, field="summary")
-            except InvalidPayload as exc:
-                status, outcome_reason = JobRunStatus.FAILED, RunReason.INVALID_SUMMARY
-                error_text = f"job returned a summary that cannot be stored: {exc}"
-            else:
-                if summary is not None and summary.get("ok") is False:
-                    status, outcome_reason = JobRunStatus.FAILED, RunReason.REPORTED_NOT_OK
-                    error_text = "job reported ok: False"
-                else:
-                    status = JobRunStatus.SUCCEEDED
+        verdict: Verdict
+        if settlement.body_first:
+            verdict = body_verdict(settlement.value, settlement.error)
         else:
-            status = JobRunStatus.SUCCEEDED
-        error_text = None if error_text is None else self._truncate(error_text)
+            # The caller settles only once the body has finished or the run was aborted.
+            assert settlement.abort_reason is not None
+            verdict = abort_verdict(
+                settlement.abort_reason, timeout=timeout, stale_run_after=self.stale_run_after
+            )
+        status, summary = verdict.status, verdict.summary
+        error_text = (
+            None
+            if verdict.error is None
+            else truncate_error_text(verdict.error, self.error_text_limit)
+        )
 
         recorded: Recorded
         try:
@@ -691,10 +477,10 @@ class JobRunner:
             recorded=recorded,
             summary=summary,
             error=error_text,
-            reason=outcome_reason,
+            reason=verdict.reason,
         )
 
-    def _complete(self, execution: _Execution, **outcome: Any) -> tuple[bool, bool]:
+    def _complete(self, execution: RunExecution, **outcome: Any) -> tuple[bool, bool]:
         """Write the outcome; ``(written, retried)``. A retryable :class:`StoreError` (the
         database restarting, a conflict, a timeout) is tried again until
         ``stale_run_after`` has passed: by then a reaper may settle the row anyway, and
@@ -717,37 +503,13 @@ class JobRunner:
                     exc,
                     extra=execution.log_extra,
                 )
-            _discard_connection(self.store)
+            discard_connection(self.store)
             time.sleep(delay)
             delay = min(delay * 2, _COMPLETE_RETRY_MAX_SECONDS)
             retried = True
 
-    def _abort_text(self, reason: RunReason, timeout: timedelta) -> str:
-        if reason is RunReason.TIMEOUT:
-            return f"job timed out: still running after its timeout of {timeout}"
-        if reason is RunReason.CLAIM_LOST:
-            return (
-                "job run lost its claim: the row is no longer RUNNING (reaped or settled elsewhere)"
-            )
-        if reason is RunReason.HEARTBEAT_UNVERIFIABLE:
-            return (
-                "job heartbeat unverifiable: no heartbeat could be written for "
-                f"{self.stale_run_after}, the liveness budget"
-            )
-        return "job run was interrupted (KeyboardInterrupt)"
 
-    def _truncate(self, text: str) -> str:
-        # PostgreSQL text cannot hold NUL; keep the character visible instead of failing.
-        text = text.replace("\x00", "\\x00")
-        limit = self.error_text_limit
-        if len(text) <= limit:
-            return text
-        if limit <= len(_ERROR_TRUNCATION_MARK):
-            return text[:limit]
-        return text[: limit - len(_ERROR_TRUNCATION_MARK)] + _ERROR_TRUNCATION_MARK
-
-
-def _run_body(execution: _Execution, job: OperationsJob, ctx: RunContext, value: Any) -> None:
+def _run_body(execution: RunExecution, job: OperationsJob, ctx: RunContext, value: Any) -> None:
     try:
         try:
             result = job.func(ctx, value)
@@ -758,19 +520,6 @@ def _run_body(execution: _Execution, job: OperationsJob, ctx: RunContext, value:
             execution.body_finished(value=result)
     finally:
         connections.close_all()
-
-
-def _discard_connection(store: JobRunStore) -> None:
-    """Drop this thread's connection to the store's database if it no longer works."""
-    alias = getattr(store, "using", None)
-    if isinstance(alias, str):
-        discard_broken_connection(alias)
-
-
-def _exception_text(exc: BaseException) -> str:
-    # The message first, so truncation keeps what an operator reads first.
-    head = f"{type(exc).__qualname__}: {exc}"
-    return head + "\n" + "".join(traceback.format_exception(exc)).rstrip()
 
 
 def _positive_duration(value: object, name: str) -> timedelta:

@@ -788,6 +788,26 @@ def test_a_body_past_its_timeout_is_recorded_timed_out(reg: Registry) -> None:
 
 
 @db
+def test_a_body_returning_when_cancelled_stays_timed_out_on_a_coarse_clock(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Some platforms' monotonic clock ticks every few milliseconds: the deadline and the
+    # body's return, microseconds apart, read the same instant. A second's tick makes
+    # that certain here.
+    fine = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: float(int(fine())))
+
+    @operations_job("billing.close-day", timeout=timedelta(milliseconds=100), registry=reg)
+    def body(ctx: RunContext, input: None) -> dict[str, bool]:
+        ctx.cancelled.wait(5)
+        return {"ok": True}
+
+    result = runner(reg).execute("billing.close-day")
+    assert (result.status, result.reason) == (JobRunStatus.TIMED_OUT, RunReason.TIMEOUT)
+    assert row(result).status == JobRunStatus.TIMED_OUT
+
+
+@db
 def test_the_default_timeout_applies_to_jobs_without_one(reg: Registry) -> None:
     operations_job("billing.close-day", registry=reg)(lambda c, i: c.cancelled.wait(5))
     result = runner(reg, default_timeout=timedelta(milliseconds=150)).execute("billing.close-day")

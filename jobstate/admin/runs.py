@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
 from django.db import transaction
 from django.db.models import QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -33,6 +34,8 @@ from jobstate.stores import get_run_store, get_state_store
 
 __all__ = ["JobRunAdmin"]
 
+# The annotation carrying the database's clock on every run the admin loads.
+_DATABASE_NOW = "database_now"
 
 _JOB_RUN_FIELDS: tuple[str, ...] = (
     "id",
@@ -77,6 +80,12 @@ class JobRunAdmin(ReadOnlyAdmin):
     readonly_fields = _JOB_RUN_FIELDS
     redaction_sources = ("input", "summary")
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JobRun]:
+        # heartbeat_at is written on the database's clock, so a run's age is measured on
+        # it too: the app server's clock may be skewed. The reading rides on the SELECT
+        # that loads the runs (the list's page, an action's selection): no extra query.
+        return super().get_queryset(request).annotate(**{_DATABASE_NOW: Now()})
+
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         return exact_search(
             queryset, term, uuid_fields=["id"], text_fields=["job_key", "overlap_key"]
@@ -90,7 +99,7 @@ class JobRunAdmin(ReadOnlyAdmin):
     def heartbeat_age(self, run: JobRun) -> SafeString | str:
         if run.status != JobRunStatus.RUNNING:
             return "—"
-        now = timezone.now()
+        now = _database_now(run)
         text = relative_time(run.heartbeat_at, now)
         if run.heartbeat_at <= now - jobstate_settings.STALE_RUN_AFTER:
             return format_html(
@@ -135,11 +144,11 @@ class JobRunAdmin(ReadOnlyAdmin):
         return run_confirmed_action(self, request, queryset, self.reap_spec(request))
 
     def reap_spec(self, request: HttpRequest) -> ActionSpec:
-        now = timezone.now()
         stale_after = jobstate_settings.STALE_RUN_AFTER
         by = self.operator(request)
 
         def row(run: JobRun) -> ActionRow:
+            now = _database_now(run)
             why: str | None = None
             if run.status != JobRunStatus.RUNNING:
                 why = _("already %(status)s") % {"status": JobRunStatus(run.status).label}
@@ -208,3 +217,10 @@ class JobRunAdmin(ReadOnlyAdmin):
             row=row,
             perform=perform,
         )
+
+
+def _database_now(run: JobRun) -> datetime:
+    """The database's clock as read by the SELECT that loaded ``run``
+    (see :meth:`JobRunAdmin.get_queryset`)."""
+    now: datetime = getattr(run, _DATABASE_NOW)
+    return now
