@@ -12,7 +12,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -24,11 +23,13 @@ from jobstate.admin.common import (
     ActionSpec,
     ReadOnlyAdmin,
     choice_badge,
+    database_now,
     exact_search,
     json_block,
     relative_time,
     run_confirmed_action,
     text_block,
+    with_database_now,
 )
 from jobstate.admin.dashboard import cards, finished_per_minute, queue_depth_by_target
 from jobstate.admin.filters import DelayedFilter, ExpiredLeaseFilter, SourceFilter, TargetFilter
@@ -171,6 +172,10 @@ class JobAdmin(ReadOnlyAdmin):
     readonly_fields = [name for _title, names in _JOB_PAGE for name in names]
     redaction_sources = ("input", "result", "report", "usage", "metadata")
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        # Leases are judged on the clock that wrote them (see with_database_now).
+        return with_database_now(super().get_queryset(request))
+
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         return exact_search(
             queryset, term, uuid_fields=["id"], int_fields=["thread_id"], text_fields=["request_id"]
@@ -188,7 +193,7 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("lease"))
     def lease(self, job: Job) -> SafeString | str:
-        now = timezone.now()
+        now = database_now(job)
         text = _lease_text(job, now)
         if not text:
             return "—"
@@ -262,10 +267,10 @@ class JobAdmin(ReadOnlyAdmin):
         return run_confirmed_action(self, request, queryset, self.approve_spec(request))
 
     def requeue_spec(self, request: HttpRequest) -> ActionSpec:
-        now = timezone.now()
         by = self.operator(request)
 
         def row(job: Job) -> ActionRow:
+            now = database_now(job)
             why: str | None = None
             if job.status == JobStatus.QUEUED:
                 why = _("already queued")
@@ -306,10 +311,10 @@ class JobAdmin(ReadOnlyAdmin):
         )
 
     def reject_spec(self, request: HttpRequest) -> ActionSpec:
-        now = timezone.now()
         by = self.operator(request)
 
         def row(job: Job) -> ActionRow:
+            now = database_now(job)
             why = None if job.status == JobStatus.QUEUED else _("not queued")
             return ActionRow(job, _job_label(job), _describe(job, now), why)
 
@@ -338,7 +343,6 @@ class JobAdmin(ReadOnlyAdmin):
         )
 
     def approve_spec(self, request: HttpRequest) -> ActionSpec:
-        now = timezone.now()
         by = self.operator(request)
         reasons = {
             ApprovalRequeueOutcome.ALREADY_REQUEUED: _("this approval already requeued it"),
@@ -348,6 +352,7 @@ class JobAdmin(ReadOnlyAdmin):
         }
 
         def row(job: Job) -> ActionRow:
+            now = database_now(job)
             why = (
                 None
                 if job.status in TERMINAL_JOB_STATUSES

@@ -8,7 +8,6 @@ from django.contrib import admin
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -18,8 +17,10 @@ from jobstate.admin.common import (
     ActionRow,
     ActionSpec,
     ReadOnlyAdmin,
+    database_now,
     relative_time,
     run_confirmed_action,
+    with_database_now,
 )
 from jobstate.admin.filters import LockStateFilter
 from jobstate.audit import AuditSeverity, AuditStage
@@ -52,6 +53,10 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
     fields = _RUNTIME_LOCK_FIELDS
     readonly_fields = _RUNTIME_LOCK_FIELDS
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[RuntimeLock]:
+        # Expiries are judged on the clock that wrote them (see with_database_now).
+        return with_database_now(super().get_queryset(request))
+
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         # The table holds live locks only (expired ones are swept), so a substring
         # search stays cheap here.
@@ -62,7 +67,7 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("state"), ordering="expires_at")
     def state_display(self, lock: RuntimeLock) -> SafeString | str:
-        now = timezone.now()
+        now = database_now(lock)
         when = relative_time(lock.expires_at, now)
         if lock.expires_at <= now:
             return format_html(
@@ -83,10 +88,10 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
         return run_confirmed_action(self, request, queryset, self.release_spec(request))
 
     def release_spec(self, request: HttpRequest) -> ActionSpec:
-        now = timezone.now()
         by = self.operator(request)
 
         def row(lock: RuntimeLock) -> ActionRow:
+            now = database_now(lock)
             state = "expired" if lock.expires_at <= now else "held"
             detail = _("%(state)s by %(owner)s, ends %(when)s") % {
                 "state": _("expired") if state == "expired" else _("held"),

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
 from django.db import transaction
 from django.db.models import QuerySet
-from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -20,11 +18,13 @@ from jobstate.admin.common import (
     ActionSpec,
     ReadOnlyAdmin,
     choice_badge,
+    database_now,
     exact_search,
     json_block,
     relative_time,
     run_confirmed_action,
     text_block,
+    with_database_now,
 )
 from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
 from jobstate.audit import AuditSeverity, AuditStage
@@ -35,8 +35,6 @@ from jobstate.stores import get_run_store, get_state_store
 __all__ = ["JobRunAdmin"]
 
 # The annotation carrying the database's clock on every run the admin loads.
-_DATABASE_NOW = "database_now"
-
 _JOB_RUN_FIELDS: tuple[str, ...] = (
     "id",
     "job_key",
@@ -84,7 +82,7 @@ class JobRunAdmin(ReadOnlyAdmin):
         # heartbeat_at is written on the database's clock, so a run's age is measured on
         # it too: the app server's clock may be skewed. The reading rides on the SELECT
         # that loads the runs (the list's page, an action's selection): no extra query.
-        return super().get_queryset(request).annotate(**{_DATABASE_NOW: Now()})
+        return with_database_now(super().get_queryset(request))
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         return exact_search(
@@ -99,7 +97,7 @@ class JobRunAdmin(ReadOnlyAdmin):
     def heartbeat_age(self, run: JobRun) -> SafeString | str:
         if run.status != JobRunStatus.RUNNING:
             return "—"
-        now = _database_now(run)
+        now = database_now(run)
         text = relative_time(run.heartbeat_at, now)
         if run.heartbeat_at <= now - jobstate_settings.STALE_RUN_AFTER:
             return format_html(
@@ -148,7 +146,7 @@ class JobRunAdmin(ReadOnlyAdmin):
         by = self.operator(request)
 
         def row(run: JobRun) -> ActionRow:
-            now = _database_now(run)
+            now = database_now(run)
             why: str | None = None
             if run.status != JobRunStatus.RUNNING:
                 why = _("already %(status)s") % {"status": JobRunStatus(run.status).label}
@@ -217,10 +215,3 @@ class JobRunAdmin(ReadOnlyAdmin):
             row=row,
             perform=perform,
         )
-
-
-def _database_now(run: JobRun) -> datetime:
-    """The database's clock as read by the SELECT that loaded ``run``
-    (see :meth:`JobRunAdmin.get_queryset`)."""
-    now: datetime = getattr(run, _DATABASE_NOW)
-    return now
