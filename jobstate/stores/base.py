@@ -23,6 +23,7 @@ from django.utils.translation import gettext_lazy as _
 
 if TYPE_CHECKING:
     from jobstate.models import AuditEntry, Job, Notification
+    from jobstate.stores.sweeps import RunSweepStore, SweepStore
 
 
 #: A job id as callers hand it in: a UUID or its string form.
@@ -141,6 +142,15 @@ class JobRunStore(ABC):
         """Move RUNNING rows whose watermark is at or before ``store now - stale_after``
         to TIMED_OUT, oldest watermark first, at most ``limit`` of them, optionally
         narrowed to ``job_key`` / ``overlap_key``. Returns the rows this call moved."""
+
+    #: Whether :meth:`sweep_store` gives the batch operations of the maintenance sweeps
+    #: over this store's runs (:mod:`jobstate.maintenance`).
+    supports_sweeps: bool = False
+
+    def sweep_store(self) -> RunSweepStore:
+        """A new :class:`~jobstate.stores.sweeps.RunSweepStore` over this store's runs,
+        for one sweep. Only stores with ``supports_sweeps`` have one."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not support sweeps")
 
 
 class JobStatus(models.TextChoices):
@@ -546,6 +556,15 @@ class StateStore(ABC):
     def schema_readiness(self) -> Readiness:
         """Whether the store's schema is usable. Never raises: any error means not ready."""
         raise NotImplementedError("this store does not support schema_readiness()")
+
+    #: Whether :meth:`sweep_store` gives the batch operations of the maintenance sweeps
+    #: over this store's jobs, audit entries, locks and outbox (:mod:`jobstate.maintenance`).
+    supports_sweeps: bool = False
+
+    def sweep_store(self) -> SweepStore:
+        """A new :class:`~jobstate.stores.sweeps.SweepStore` over this store's data, for
+        one sweep. Only stores with ``supports_sweeps`` have one."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not support sweeps")
 
 
 class NotificationOutbox(ABC):

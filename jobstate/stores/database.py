@@ -22,6 +22,7 @@ from jobstate.stores.base import (
     JobRunStore,
     Trigger,
 )
+from jobstate.stores.database_retention import DatabaseRunSweepStore
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 from jobstate.stores.validation import (
@@ -283,6 +284,12 @@ class DatabaseJobRunStore(JobRunStore):
         return JobRun.objects.using(self.using).filter(
             id=validate_run_id(run_id), status=JobRunStatus.RUNNING
         )
+
+    supports_sweeps = True
+
+    def sweep_store(self) -> DatabaseRunSweepStore:
+        """See :meth:`JobRunStore.sweep_store`: it reaps through this store."""
+        return DatabaseRunSweepStore(self.using, runs=self)
 
 
 # The state store has its own module (it is large); this is its public address.
