@@ -583,6 +583,9 @@ def test_run_reaping_sweeps_can_narrow_to_some_sweeps() -> None:
         ),
         (lambda: maintenance.run_retention_sweeps(older_than=timedelta(0)), InvalidJobState),
         (lambda: maintenance.recover_expired_leases(attempt_limit=0), InvalidJobState),
+        (lambda: maintenance.prune_audit(dryrun=True), TypeError),
+        (lambda: maintenance.release_expired_locks(older_than=timedelta(days=1)), TypeError),
+        (lambda: maintenance.run_reaping_sweeps(ttl=timedelta(hours=1)), TypeError),
     ],
 )
 def test_bad_arguments_raise_before_anything_is_written(

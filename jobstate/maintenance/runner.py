@@ -52,7 +52,14 @@ class SweepBounds:
 
 def check_options(kind: SweepKind, options: SweepOptions) -> SweepBounds:
     """The bounds of a call of a sweep of ``kind``, each given in ``options`` or from
-    its setting; :class:`~jobstate.exceptions.InvalidJobState` for a bad one."""
+    its setting; :class:`~jobstate.exceptions.InvalidJobState` for a bad one, and
+    ``TypeError`` for an option no sweep takes (a misspelt ``dry_run`` must not sweep)."""
+    unknown = sorted(set(options) - SweepOptions.__optional_keys__)
+    if unknown:
+        raise TypeError(
+            f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; a sweep takes "
+            f"{', '.join(sorted(SweepOptions.__optional_keys__))} and its own arguments."
+        )
     size, budget, limit = (
         options.get("batch_size"),
         options.get("time_budget"),
