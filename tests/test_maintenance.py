@@ -8,17 +8,24 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from io import StringIO
+from typing import Any, ClassVar
 
 import factory
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.db.models import QuerySet
 from django.db.models.functions import Now
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from jobstate import maintenance
-from jobstate.exceptions import InvalidJobState, InvalidRunnerConfiguration
+from jobstate.exceptions import (
+    ImproperlyConfiguredStore,
+    InvalidJobState,
+    InvalidRunnerConfiguration,
+)
 from jobstate.maintenance import SweepResult
 from jobstate.models import AuditEntry, Job, JobRun, RuntimeLock
 from jobstate.stores.base import (
@@ -29,7 +36,7 @@ from jobstate.stores.base import (
     JobStatus,
     NotificationState,
 )
-from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from jobstate.stores.database.sweeps import (
     LEASE_EXPIRED_ERROR,
     SWEEP_ACTOR,
@@ -330,7 +337,7 @@ def _stale_executor_jobs() -> tuple[list[Job], list[Job]]:
 @pytest.mark.django_db
 def test_a_reaping_batch_takes_the_oldest_lease_first_and_jobs_without_one_last() -> None:
     leased, silent = _stale_executor_jobs()
-    sweep = DatabaseSweepStore()
+    sweep = DatabaseStateStore().sweep_store()
     stale = {"dead_after": timedelta(minutes=5), "hard_cap": timedelta(days=7)}
 
     assert sweep.requeue_stale_dispatched_batch(**stale, limit=1) == 1
@@ -352,7 +359,7 @@ def test_lease_sweeps_read_their_batches_from_the_lease_index_in_order() -> None
     # 200 ms a batch with 100,000 stale jobs, growing with the backlog.
     seed_dispatched(300)
     seed_leases(300)
-    sweep = DatabaseSweepStore()
+    sweep = DatabaseStateStore().sweep_store()
     with connections["default"].cursor() as cursor:
         cursor.execute("ANALYZE jobstate_job")
     with CaptureQueriesContext(connections["default"]) as captured:
@@ -565,6 +572,9 @@ def test_run_reaping_sweeps_can_narrow_to_some_sweeps() -> None:
         ),
         (lambda: maintenance.run_retention_sweeps(older_than=timedelta(0)), InvalidJobState),
         (lambda: maintenance.recover_expired_leases(attempt_limit=0), InvalidJobState),
+        (lambda: maintenance.prune_audit(dryrun=True), TypeError),
+        (lambda: maintenance.release_expired_locks(older_than=timedelta(days=1)), TypeError),
+        (lambda: maintenance.run_reaping_sweeps(ttl=timedelta(hours=1)), TypeError),
     ],
 )
 def test_bad_arguments_raise_before_anything_is_written(
@@ -580,6 +590,109 @@ def test_bad_arguments_raise_before_anything_is_written(
     assert RuntimeLock.objects.count() == 1
     assert Job.objects.filter(status=JobStatus.RUNNING).count() == 1
     assert AuditEntry.objects.count() == 1
+
+
+# --- the configured stores -------------------------------------------------------------
+
+
+class RecordingSweepStore(DatabaseSweepStore):
+    """The database sweep store, noting each queue-TTL operation it is asked for."""
+
+    calls: ClassVar[list[tuple[str, int | None]]] = []
+
+    def expire_stale_queued_batch(self, *, ttl: timedelta, limit: int) -> int:
+        self.calls.append(("expire_stale_queued_batch", limit))
+        return super().expire_stale_queued_batch(ttl=ttl, limit=limit)
+
+    def count_stale_queued(self, *, ttl: timedelta, limit: int | None = None) -> int:
+        self.calls.append(("count_stale_queued", limit))
+        return super().count_stale_queued(ttl=ttl, limit=limit)
+
+
+class RecordingStateStore(DatabaseStateStore):
+    """A host's state store: the database one, with its own sweep store."""
+
+    def sweep_store(self) -> RecordingSweepStore:
+        return RecordingSweepStore(self.using, state=self)
+
+
+class RecordingRunStore(DatabaseJobRunStore):
+    """A host's run store: the database one, noting every reap it is asked for."""
+
+    reaps: ClassVar[list[int | None]] = []
+
+    def reap_stale(self, **arguments: Any) -> int:
+        self.reaps.append(arguments.get("limit"))
+        return super().reap_stale(**arguments)
+
+
+def _configured(**stores: type) -> Any:
+    paths = {setting: f"{__name__}.{store.__qualname__}" for setting, store in stores.items()}
+    return override_settings(JOBSTATE=paths)
+
+
+@pytest.mark.django_db
+def test_the_sweeps_run_on_the_configured_stores() -> None:
+    RecordingSweepStore.calls.clear()
+    RecordingRunStore.reaps.clear()
+    seed_queued(5)
+    seed_runs(3)
+    with _configured(STATE_STORE=RecordingStateStore, RUN_STORE=RecordingRunStore):
+        assert maintenance.expire_stale_queued(dry_run=True, limit=4).count == 4
+        report = maintenance.run_reaping_sweeps(batch_size=2, sweeps=["runs", "queued"])
+    assert report.counts == {"runs": 3, "queued": 5}
+    assert RecordingSweepStore.calls == [
+        ("count_stale_queued", 4),
+        ("expire_stale_queued_batch", 2),
+        ("expire_stale_queued_batch", 2),
+        ("expire_stale_queued_batch", 2),
+    ]
+    assert RecordingRunStore.reaps == [2, 2]
+    assert not Job.objects.stale_queued(timedelta(minutes=30)).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("setting", "path", "sweep"),
+    [
+        (
+            "STATE_STORE",
+            "jobstate.testing.memory_state.MemoryStateStore",
+            maintenance.expire_stale_queued,
+        ),
+        ("RUN_STORE", "jobstate.testing.MemoryJobRunStore", maintenance.reap_stale_runs),
+        ("RUN_STORE", "jobstate.testing.MemoryJobRunStore", maintenance.prune_finished_runs),
+    ],
+)
+def test_a_configured_store_that_cannot_be_swept_is_refused_by_name(
+    setting: str, path: str, sweep: Callable[..., SweepResult]
+) -> None:
+    seed_queued(1)
+    seed_runs(1)
+    seed_finished_runs(1)
+    with override_settings(JOBSTATE={setting: path}):
+        for dry_run in (False, True):
+            with pytest.raises(ImproperlyConfiguredStore) as raised:
+                sweep(dry_run=dry_run)
+            message = str(raised.value)
+            assert f"JOBSTATE['{setting}'] = '{path}'" in message
+            assert "does not support the maintenance sweeps" in message
+    assert Job.objects.stale_queued(timedelta(minutes=30)).count() == 1
+    assert JobRun.objects.running().count() == 1
+    assert JobRun.objects.finished().count() == 1
+
+
+@pytest.mark.django_db
+def test_the_commands_refuse_a_store_that_cannot_be_swept_as_a_settings_error() -> None:
+    seed_queued(1)
+    path = "jobstate.testing.memory_state.MemoryStateStore"
+    with override_settings(JOBSTATE={"STATE_STORE": path}):
+        for command in ("reap_stale", "prune_jobstate"):
+            with pytest.raises(CommandError) as raised:
+                call_command(command, stdout=StringIO(), stderr=StringIO())
+            assert raised.value.returncode == 2
+            assert path in str(raised.value)
+    assert Job.objects.stale_queued(timedelta(minutes=30)).count() == 1
 
 
 # --- concurrent sweepers on PostgreSQL ------------------------------------------------

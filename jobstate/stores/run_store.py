@@ -11,7 +11,7 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobstate.jsonvalues import ensure_json
 from jobstate.states import JobRunStatus, Trigger
@@ -28,6 +28,9 @@ from jobstate.stores.validation import (
     validate_skip_reason,
     validate_terminal_status,
 )
+
+if TYPE_CHECKING:
+    from jobstate.stores.sweeps import RunSweepStore
 
 __all__ = ["JobRunSettlement", "JobRunStore", "NewJobRun"]
 
@@ -210,6 +213,15 @@ class JobRunStore(ABC):
         optional_key(job_key, field="job_key")
         optional_key(overlap_key, field="overlap_key")
         return self._reap_stale(stale_after, job_key, overlap_key, limit)
+
+    #: Whether :meth:`sweep_store` gives the batch operations of the maintenance sweeps
+    #: over this store's runs (:mod:`jobstate.maintenance`).
+    supports_sweeps: bool = False
+
+    def sweep_store(self) -> RunSweepStore:
+        """A new :class:`~jobstate.stores.sweeps.RunSweepStore` over this store's runs,
+        for one sweep. Only stores with ``supports_sweeps`` have one."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not support sweeps")
 
     # The primitives a store implements. Each receives checked values only.
 

@@ -27,6 +27,7 @@ from jobstate.states import (
 
 if TYPE_CHECKING:
     from jobstate.models import AuditEntry, Job, Notification
+    from jobstate.stores.sweeps import SweepStore
 
 
 @dataclass(frozen=True)
@@ -375,6 +376,15 @@ class StateStore(ABC):
     def schema_readiness(self) -> Readiness:
         """Whether the store's schema is usable. Never raises: any error means not ready."""
         raise NotImplementedError("this store does not support schema_readiness()")
+
+    #: Whether :meth:`sweep_store` gives the batch operations of the maintenance sweeps
+    #: over this store's jobs, audit entries, locks and outbox (:mod:`jobstate.maintenance`).
+    supports_sweeps: bool = False
+
+    def sweep_store(self) -> SweepStore:
+        """A new :class:`~jobstate.stores.sweeps.SweepStore` over this store's data, for
+        one sweep. Only stores with ``supports_sweeps`` have one."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not support sweeps")
 
 
 class NotificationOutbox(ABC):

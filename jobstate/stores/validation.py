@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 
 from django.db import models
 
-from jobstate.exceptions import IdempotencyConflict, ImmutableField, InvalidJobState, InvalidPatch
+from jobstate.exceptions import (
+    IdempotencyConflict,
+    ImmutableField,
+    InvalidJobState,
+    InvalidPatch,
+    InvalidRunnerConfiguration,
+)
 from jobstate.jsonvalues import ensure_json
 from jobstate.states import (
     RELEASE_JOB_STATUSES,
@@ -483,3 +489,31 @@ def check_same_request(request_id: str, stored: dict[str, Any], given: dict[str,
             request_id=request_id,
             fields=differing,
         )
+
+
+def validate_positive_int(value: int, *, field: str) -> int:
+    """A positive ``int`` (``bool`` is not one): a batch size, a cap, an attempt limit."""
+
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidJobState(f"{field} must be a positive int, got {value!r}.")
+    return value
+
+
+def validate_stale_run_after(
+    stale_run_after: timedelta, *, heartbeat_interval: timedelta
+) -> timedelta:
+    """A run's liveness budget: a positive duration of at least twice
+    ``heartbeat_interval``, so one late beat never makes a live run look dead. Raises
+    :class:`~jobstate.exceptions.InvalidRunnerConfiguration`."""
+
+    try:
+        budget = validate_duration(stale_run_after, field="stale_run_after", allow_zero=False)
+        beat = validate_duration(heartbeat_interval, field="heartbeat_interval", allow_zero=False)
+    except InvalidJobState as exc:
+        raise InvalidRunnerConfiguration(str(exc)) from exc
+    if budget < 2 * beat:
+        raise InvalidRunnerConfiguration(
+            f"stale_run_after ({budget}) must be at least twice heartbeat_interval ({beat}), "
+            "or a live run whose heartbeat is a little late would be reaped."
+        )
+    return budget

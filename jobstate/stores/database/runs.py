@@ -16,6 +16,7 @@ from django.db.models.functions import Greatest, Now
 from jobstate.exceptions import InvalidJobState
 from jobstate.models import ONE_RUNNING_PER_OVERLAP_KEY, JobRun, JobRunQuerySet
 from jobstate.stores.base import REAPED_RUN_ERROR, JobRunStatus
+from jobstate.stores.database.sweeps import DatabaseRunSweepStore
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 from jobstate.stores.run_store import JobRunSettlement, JobRunStore, NewJobRun
@@ -199,3 +200,9 @@ class DatabaseJobRunStore(JobRunStore):
             service_revision=run.service_revision,
         )
         return str(row.id)
+
+    supports_sweeps = True
+
+    def sweep_store(self) -> DatabaseRunSweepStore:
+        """See :meth:`JobRunStore.sweep_store`: it reaps through this store."""
+        return DatabaseRunSweepStore(self.using, runs=self)

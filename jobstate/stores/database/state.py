@@ -56,6 +56,7 @@ from jobstate.stores.database.continuations import (
 )
 from jobstate.stores.database.observability import DatabaseObservabilityMixin
 from jobstate.stores.database.outbox import DatabaseOutboxMixin
+from jobstate.stores.database.sweeps import DatabaseSweepStore
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 from jobstate.stores.validation import (
@@ -814,6 +815,13 @@ class DatabaseStateStore(
                     passed_ids.append(job_id)
                 else:
                     passed_threads.append(thread_id)
+
+    supports_sweeps = True
+
+    def sweep_store(self) -> DatabaseSweepStore:
+        """See :meth:`StateStore.sweep_store`: its lease recovery refires jobs through
+        this store, on this store's database."""
+        return DatabaseSweepStore(self.using, state=self)
 
 
 #: The per-thread FIFO gate of ``JobQuerySet.thread_unblocked`` for a candidate ``c``,

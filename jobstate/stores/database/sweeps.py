@@ -1,4 +1,6 @@
-"""The batch statements behind the maintenance sweeps (``DatabaseSweepStore``).
+"""The batch statements behind the maintenance sweeps: :class:`DatabaseSweepStore` (jobs,
+audit entries, runtime locks, notifications) and :class:`DatabaseRunSweepStore` (job
+runs), the database stores' implementations of :mod:`jobstate.stores.sweeps`.
 
 Each ``*_batch`` method moves or deletes at most ``limit`` rows in one short transaction
 and returns what it changed. The candidates are picked with ``SELECT ... FOR UPDATE SKIP
@@ -18,33 +20,38 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import models, transaction
 from django.db.models.functions import Now
 
 from jobstate.audit import AuditFields, AuditSeverity, complete_audit_fields
+from jobstate.conf import jobstate_settings
 from jobstate.models import AuditEntry, Job, JobQuerySet, JobRun, Notification, RuntimeLock
 from jobstate.stores.base import (
     EXPIRED_QUEUED_ERROR,
     TERMINAL_RUN_STATUSES,
+    JobRunStore,
     JobStatus,
     NotificationState,
+    StateStore,
 )
 from jobstate.stores.database.batched_delete import BatchedDeleter, pick_oldest
 from jobstate.stores.database.outbox import DatabaseNotificationOutbox, OutboxLeaseRecovery
-from jobstate.stores.database.state import DatabaseStateStore
 from jobstate.stores.errors import translate_store_errors
-from jobstate.stores.validation import JOB_CLAIM_FIELDS, validate_duration
+from jobstate.stores.sweeps import LeaseRecovery, RunSweepStore, SweepStore
+from jobstate.stores.validation import JOB_CLAIM_FIELDS, validate_duration, validate_reap_limit
 
 __all__ = [
     "LEASE_EXPIRED_ERROR",
     "SWEEP_ACTOR",
+    "DatabaseRunSweepStore",
     "DatabaseSweepStore",
     "LeaseRecovery",
 ]
+
+_M = TypeVar("_M", bound=models.Model)
 
 #: Who the sweeps' audit entries name as the actor (``detail["by"]``).
 SWEEP_ACTOR = "jobstate.maintenance"
@@ -58,43 +65,29 @@ LEASE_EXPIRED_ERROR = (
 _CLEARED_CLAIM: dict[str, Any] = dict.fromkeys(JOB_CLAIM_FIELDS)
 
 
-@dataclass(frozen=True)
-class LeaseRecovery:
-    """What one batch of expired in-process leases became."""
-
-    requeued: int = 0
-    """Back to ``queued`` (attempts below the limit), with a ``recovered`` audit entry."""
-    failed: int = 0
-    """Moved to ``error`` (the attempt limit was reached), with a ``recovered`` audit
-    entry of severity error."""
-
-    @property
-    def total(self) -> int:
-        return self.requeued + self.failed
-
-
 @translate_store_errors
-class DatabaseSweepStore:
-    """Batch transitions and deletions on jobstate's tables in database ``using``.
+class DatabaseSweepStore(SweepStore):
+    """:class:`~jobstate.stores.sweeps.SweepStore` on jobstate's tables in database
+    ``using``; a state store's ``sweep_store()`` makes one.
 
     ``state`` is the state store whose refire transition (``requeue_job``) and
-    conditional update the lease recovery uses; it must write to the same database
-    (default: ``DatabaseStateStore(using)``), because the recovery runs it inside its
-    own transaction, under the row lock it took on the job. ``outbox`` is the
-    notification outbox on the same database; its lease re-arm is the outbox sweep.
+    conditional update the lease recovery uses; it must write to database ``using``,
+    because the recovery runs it inside its own transaction, under the row lock it took
+    on the job. The outbox sweep is the lease re-arm of the notification outbox on the
+    same database.
 
     The deleting batches of one instance resume after the last row the previous batch
     of the same kind deleted (:class:`~jobstate.stores.database.batched_delete.BatchedDeleter`),
     so use one instance per sweep, as :mod:`jobstate.maintenance` does.
     """
 
-    def __init__(self, using: str = "default", *, state: DatabaseStateStore | None = None) -> None:
+    def __init__(self, using: str = "default", *, state: StateStore) -> None:
         self.using = using
-        self.state = DatabaseStateStore(using=using) if state is None else state
-        self.outbox = DatabaseNotificationOutbox(using, store=self.state)
+        self.state = state
+        self.outbox = DatabaseNotificationOutbox(using, store=state)
         self._deleter = BatchedDeleter(using)
 
-    # --- candidates (also what a dry run counts) --------------------------------------
+    # --- candidates (what the batches pick from and a dry run counts) -------------------
 
     def stale_dispatched(self, *, dead_after: timedelta, hard_cap: timedelta) -> JobQuerySet:
         """Dispatched jobs whose executor stopped renewing (see
@@ -142,14 +135,45 @@ class DatabaseSweepStore:
             state=NotificationState.DELIVERED, updated_at__lt=Now() - age
         )
 
-    def old_finished_runs(self, *, older_than: timedelta) -> models.QuerySet[JobRun]:
-        """Settled and skipped runs that finished more than ``older_than`` ago."""
-        age = validate_duration(older_than, field="older_than", allow_zero=False)
-        return (
-            JobRun.objects.using(self.using)
-            .filter(status__in=list(TERMINAL_RUN_STATUSES))
-            .filter(finished_at__lt=Now() - age)
+    # --- dry-run counts ---------------------------------------------------------------
+
+    def count_stale_dispatched(
+        self, *, dead_after: timedelta, hard_cap: timedelta, limit: int | None = None
+    ) -> int:
+        return _count(self.stale_dispatched(dead_after=dead_after, hard_cap=hard_cap), limit)
+
+    def count_expired_leases(
+        self, *, fallback_older_than: timedelta, attempt_limit: int, limit: int | None = None
+    ) -> LeaseRecovery:
+        last = _attempt_limit(attempt_limit)
+        candidates = self.expired_worker_leases(fallback_older_than=fallback_older_than)
+        # A job on its last allowed attempt has ``attempts == attempt_limit - 1``.
+        count, failing = _split_count(candidates, limit, last_from=last - 1)
+        return LeaseRecovery(requeued=count - failing, failed=failing)
+
+    def count_stale_queued(self, *, ttl: timedelta, limit: int | None = None) -> int:
+        return _count(self.stale_queued(ttl=ttl), limit)
+
+    def count_expired_locks(self, *, limit: int | None = None) -> int:
+        return _count(self.expired_locks(), limit)
+
+    def count_expired_outbox_leases(self, *, limit: int | None = None) -> OutboxLeaseRecovery:
+        # A delivering row's ``attempts`` already counts the attempt its relay lost.
+        count, dead = _split_count(
+            self.expired_outbox_leases(), limit, last_from=jobstate_settings.OUTBOX_MAX_ATTEMPTS
         )
+        return OutboxLeaseRecovery(rearmed=count - dead, dead=dead)
+
+    def count_old_audit(self, *, older_than: timedelta, limit: int | None = None) -> int:
+        return _count(self.old_audit(older_than=older_than), limit)
+
+    def count_old_finished_jobs(self, *, older_than: timedelta, limit: int | None = None) -> int:
+        return _count(self.old_finished_jobs(older_than=older_than), limit)
+
+    def count_old_delivered_notifications(
+        self, *, older_than: timedelta, limit: int | None = None
+    ) -> int:
+        return _count(self.old_delivered_notifications(older_than=older_than), limit)
 
     # --- reaping ----------------------------------------------------------------------
 
@@ -196,10 +220,7 @@ class DatabaseSweepStore:
         wins before the pick (the job is no longer a candidate) or waits and then finds
         its claim gone.
         """
-        if isinstance(attempt_limit, bool) or not isinstance(attempt_limit, int):
-            raise TypeError(f"attempt_limit must be an int, got {attempt_limit!r}.")
-        if attempt_limit < 1:
-            raise ValueError(f"attempt_limit must be at least 1, got {attempt_limit}.")
+        attempt_limit = _attempt_limit(attempt_limit)
         candidates = self.expired_worker_leases(fallback_older_than=fallback_older_than)
         requeued = failed = 0
         with transaction.atomic(using=self.using):
@@ -300,13 +321,6 @@ class DatabaseSweepStore:
             self.old_finished_jobs(older_than=older_than), "updated_at", limit
         )
 
-    def prune_finished_runs_batch(self, *, older_than: timedelta, limit: int) -> int:
-        """Delete up to ``limit`` runs that finished more than ``older_than`` ago;
-        RUNNING runs are never deleted."""
-        return self._deleter.delete_batch(
-            self.old_finished_runs(older_than=older_than), "finished_at", limit
-        )
-
     def prune_delivered_notifications_batch(self, *, older_than: timedelta, limit: int) -> int:
         """Delete up to ``limit`` notifications delivered more than ``older_than`` ago,
         with their ``DeliveryAttempt`` history (by cascade). Pending, delivering and
@@ -377,3 +391,78 @@ def _pick_by_lease(candidates: JobQuerySet, limit: int, *fields: str) -> list[tu
         unleased = candidates.filter(lease_until__isnull=True)
         picked += pick_oldest(unleased, "lease_until", limit - len(picked)).values_list(*fields)
     return picked
+
+
+@translate_store_errors
+class DatabaseRunSweepStore(RunSweepStore):
+    """:class:`~jobstate.stores.sweeps.RunSweepStore` on the ``JobRun`` table of
+    database ``using``; a run store's ``sweep_store()`` makes one.
+
+    Reaping goes through ``runs``, the run store that made this one, so a stale run is
+    timed out by exactly the transition its ``reap_stale`` guarantees (S4). Use one
+    instance per sweep, as :class:`DatabaseSweepStore` says.
+    """
+
+    def __init__(self, using: str = "default", *, runs: JobRunStore) -> None:
+        self.using = using
+        self.runs = runs
+        self._deleter = BatchedDeleter(using)
+
+    def stale_runs(self, *, stale_after: timedelta) -> models.QuerySet[JobRun]:
+        """RUNNING runs whose heartbeat is at least ``stale_after`` old."""
+        age = validate_duration(stale_after, field="stale_after")
+        return JobRun.objects.using(self.using).stale(age)
+
+    def old_finished_runs(self, *, older_than: timedelta) -> models.QuerySet[JobRun]:
+        """Settled and skipped runs that finished more than ``older_than`` ago."""
+        age = validate_duration(older_than, field="older_than", allow_zero=False)
+        return (
+            JobRun.objects.using(self.using)
+            .filter(status__in=list(TERMINAL_RUN_STATUSES))
+            .filter(finished_at__lt=Now() - age)
+        )
+
+    def reap_stale_runs_batch(self, *, stale_after: timedelta, limit: int) -> int:
+        return self.runs.reap_stale(stale_after=stale_after, limit=limit)
+
+    def count_stale_runs(self, *, stale_after: timedelta, limit: int | None = None) -> int:
+        return _count(self.stale_runs(stale_after=stale_after), limit)
+
+    def prune_finished_runs_batch(self, *, older_than: timedelta, limit: int) -> int:
+        """Delete up to ``limit`` runs that finished more than ``older_than`` ago;
+        RUNNING runs are never deleted."""
+        return self._deleter.delete_batch(
+            self.old_finished_runs(older_than=older_than), "finished_at", limit
+        )
+
+    def count_old_finished_runs(self, *, older_than: timedelta, limit: int | None = None) -> int:
+        return _count(self.old_finished_runs(older_than=older_than), limit)
+
+
+def _count(candidates: models.QuerySet[_M], limit: int | None) -> int:
+    """How many ``candidates`` a batch of ``limit`` rows would take (all without one)."""
+    cap = validate_reap_limit(limit)
+    # A sliced count stops reading at the cap instead of counting the whole backlog.
+    return candidates.count() if cap is None else candidates[:cap].count()
+
+
+def _split_count(
+    candidates: models.QuerySet[_M], limit: int | None, *, last_from: int
+) -> tuple[int, int]:
+    """``(rows, rows with attempts >= last_from)`` among the ``limit`` candidates a
+    batch would take first (by ``lease_until``, then pk; all candidates without a
+    limit)."""
+    cap = validate_reap_limit(limit)
+    if cap is None:
+        return candidates.count(), candidates.filter(attempts__gte=last_from).count()
+    first = candidates.order_by("lease_until", "pk").values_list("attempts", flat=True)
+    attempts = list(first[:cap])
+    return len(attempts), sum(1 for n in attempts if n >= last_from)
+
+
+def _attempt_limit(attempt_limit: int) -> int:
+    if isinstance(attempt_limit, bool) or not isinstance(attempt_limit, int):
+        raise TypeError(f"attempt_limit must be an int, got {attempt_limit!r}.")
+    if attempt_limit < 1:
+        raise ValueError(f"attempt_limit must be at least 1, got {attempt_limit}.")
+    return attempt_limit
