@@ -81,6 +81,7 @@ from jobstate.stores.validation import (
     validate_duration,
     validate_instant,
     validate_reap_limit,
+    validate_stale_run_after,
 )
 
 __all__ = [
@@ -153,20 +154,14 @@ class JobRunner:
             s.HEARTBEAT_INTERVAL if heartbeat_interval is FROM_SETTINGS else heartbeat_interval,
             "heartbeat_interval",
         )
-        self.stale_run_after = _positive_duration(
+        self.stale_run_after = validate_stale_run_after(
             s.STALE_RUN_AFTER if stale_run_after is FROM_SETTINGS else stale_run_after,
-            "stale_run_after",
+            heartbeat_interval=self.heartbeat_interval,
         )
         self.default_timeout = _positive_duration(
             s.DEFAULT_JOB_TIMEOUT if default_timeout is FROM_SETTINGS else default_timeout,
             "default_timeout",
         )
-        if self.stale_run_after < 2 * self.heartbeat_interval:
-            raise InvalidRunnerConfiguration(
-                f"stale_run_after ({self.stale_run_after}) must be at least twice "
-                f"heartbeat_interval ({self.heartbeat_interval}), or a live run whose "
-                "heartbeat is a little late would be reaped."
-            )
         scope = s.REAP_SCOPE if reap_scope is FROM_SETTINGS else reap_scope
         if scope not in get_args(ReapScope):
             raise InvalidRunnerConfiguration(
