@@ -74,6 +74,11 @@ DEFAULTS: dict[str, Any] = {
     # JSON keys (any depth, case-insensitive) whose values the admin shows as "••••" in
     # job input / metadata / result, notification payloads and audit details.
     "ADMIN_REDACTED_KEYS": ["password", "secret", "token", "api_key", "authorization"],
+    # django.tasks: on PostgreSQL, enqueueing a task sends NOTIFY (delivered at commit)
+    # and idle jobstate_worker processes LISTEN, so a task starts within milliseconds.
+    # Turn it off behind a pooler in transaction mode, which does not deliver
+    # notifications; workers then poll at their --interval.
+    "LISTEN_NOTIFY": True,
 }
 
 _DURATIONS = {
@@ -153,6 +158,7 @@ class JobStateSettings:
     FINISHED_RUN_RETENTION: timedelta
     DELIVERED_NOTIFICATION_RETENTION: timedelta
     ADMIN_REDACTED_KEYS: list[str]
+    LISTEN_NOTIFY: bool
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
@@ -205,6 +211,10 @@ def _check_shape(name: str, value: Any) -> None:
         raise ImproperlyConfigured(
             "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string, got "
             f"{type(value).__name__}."
+        )
+    if name == "LISTEN_NOTIFY" and not isinstance(value, bool):
+        raise ImproperlyConfigured(
+            f"JOBSTATE['LISTEN_NOTIFY'] must be True or False, got {value!r}."
         )
     if name == "ADMIN_REDACTED_KEYS" and (
         isinstance(value, str)
