@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from jobstate.audit import AuditStage
 from jobstate.exceptions import LockHeld
 from jobstate.states import (
     ApprovalRequeueOutcome,
@@ -20,6 +21,7 @@ from jobstate.states import (
     DeliveryRequeueOutcome,
     JobId,
     JobOperationalMetrics,
+    JobStatus,
     NotificationRequest,
     NotificationState,
     Readiness,
@@ -27,6 +29,38 @@ from jobstate.states import (
 
 if TYPE_CHECKING:
     from jobstate.models import AuditEntry, Job, Notification
+
+#: ``metadata`` key that suppresses delivery of a job's result; a refired job delivers
+#: again, so the refire drops it.
+NO_DELIVERY_KEY = "no_delivery"
+
+#: How far back ``terminal_last_15m`` looks.
+METRICS_TERMINAL_WINDOW = timedelta(minutes=15)
+
+#: Jobs of this ``source`` are probes; they do not age the queue (``oldest_queued_age``).
+MONITOR_SOURCE = "monitor"
+
+
+def reject_audit_detail(by: str, reason: str) -> dict[str, Any]:
+    """The ``detail`` of the ``rejected`` audit entry ``reject_queued_job`` writes."""
+    return {"by": by, "reason": reason, "prev_status": JobStatus.QUEUED.value}
+
+
+def approval_via(decision_id: str) -> str:
+    """The ``via`` an approval's rerun audit entry names."""
+    return f"approval:{decision_id}"
+
+
+def approval_audit_entry(decision_id: str, approver: str, comment: str) -> dict[str, Any]:
+    """The ``append_audit`` arguments of the entry that records who approved."""
+    summary = f"approved by {approver}" + (f": {comment}" if comment else "")
+    return {
+        "event": "approved",
+        "stage": AuditStage.APPROVAL,
+        "title": "Approved",
+        "summary": summary,
+        "detail": {"decision_id": decision_id, "approver": approver, "comment": comment},
+    }
 
 
 @dataclass(frozen=True)

@@ -42,19 +42,20 @@ from jobstate.stores.base import (
     JobStatus,
     StateStore,
 )
-from jobstate.stores.database.continuations import (
+from jobstate.stores.state_store import (
+    METRICS_TERMINAL_WINDOW,
+    MONITOR_SOURCE,
     NO_DELIVERY_KEY,
     approval_audit_entry,
     approval_via,
-    validate_approval_arguments,
-    validate_requeue_arguments,
+    reject_audit_detail,
 )
-from jobstate.stores.database.observability import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
-from jobstate.stores.database.state import (
+from jobstate.stores.state_validation import (
     parse_batch_limit,
     parse_claim_reports,
-    reject_audit_detail,
+    validate_approval_arguments,
     validate_reject_arguments,
+    validate_requeue_arguments,
 )
 from jobstate.stores.validation import (
     ENQUEUE_FIELDS,
