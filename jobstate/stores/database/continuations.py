@@ -10,13 +10,10 @@ of it or none of it.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Func, JSONField, QuerySet, Value
+from django.db.models import QuerySet
 from django.db.models.functions import Now
-from django.db.models.sql.compiler import SQLCompiler
 
 from jobstate.models import ApprovalDecision, DeliveryReplay, Notification
 from jobstate.states import DeliveryRequeueOutcome, NotificationState
@@ -27,7 +24,6 @@ from jobstate.stores.integrity import violates
 __all__ = [
     "APPROVAL_DECISION_PKEY",
     "DELIVERY_REPLAY_PKEY",
-    "WithoutKey",
     "record_decision",
     "recorded_decision",
     "requeue_delivery",
@@ -40,26 +36,6 @@ APPROVAL_DECISION_PKEY = "jobstate_approvaldecision_pkey"
 #: Name PostgreSQL gives the primary key of the replay markers; the only
 #: ``IntegrityError`` a replay turns into a domain answer.
 DELIVERY_REPLAY_PKEY = "jobstate_deliveryreplay_pkey"
-
-
-class WithoutKey(Func):
-    """A JSON object without one top-level key, computed by the database inside the
-    UPDATE, so the refire stays a single conditional statement (no read-modify-write of
-    ``metadata`` that a concurrent writer could interleave with)."""
-
-    # SQLite's and MySQL's JSON_REMOVE; the path quotes the key so any name is safe.
-    function = "JSON_REMOVE"
-    output_field = JSONField()
-
-    def __init__(self, expression: Any, key: str) -> None:
-        self.key = key
-        super().__init__(expression, Value(f'$."{key}"'))
-
-    def as_postgresql(
-        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra_context: Any
-    ) -> tuple[str, list[Any]]:
-        column_sql, params = compiler.compile(self.source_expressions[0])
-        return f"({column_sql} - %s::text)", [*params, self.key]
 
 
 # --- approvals -------------------------------------------------------------------------

@@ -33,7 +33,11 @@ from jobstate.states import (
     JobStatus,
     Readiness,
 )
-from jobstate.stores.state_store import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
+from jobstate.stores.state_primitives import (
+    METRICS_TERMINAL_WINDOW,
+    MONITOR_SOURCE,
+    operational_metrics,
+)
 
 __all__ = [
     "METRICS_TERMINAL_WINDOW",
@@ -104,10 +108,10 @@ def metrics_snapshot(using: str, now: datetime | None, exact: bool) -> JobOperat
     - ``blocked_threads``: distinct threads with at least one queued job and at
       least one running or dispatched job.
 
-    Every figure is clamped to ``>= 0``. Each is read by a small statement that one
-    of the job table's partial indexes answers, so the cost follows the live queue,
-    not the history (an exact count of the finished jobs is the exception: it reads
-    them all). ``now`` (validated) defaults to the database clock.
+    Every figure is clamped to ``>= 0`` (:func:`operational_metrics`). Each is read
+    by a small statement that one of the job table's partial indexes answers, so the
+    cost follows the live queue, not the history (an exact count of the finished jobs
+    is the exception: it reads them all). ``now`` (validated) defaults to the database clock.
     """
     at: Any
     if now is None:
@@ -120,18 +124,11 @@ def metrics_snapshot(using: str, now: datetime | None, exact: bool) -> JobOperat
     queued = jobs.filter(status=JobStatus.QUEUED)
     claimed = jobs.filter(status__in=_CLAIMED_KEYS)
 
-    by_status = dict.fromkeys(JobStatus.values, 0)
-    by_status.update(_count_by_status(jobs.filter(status__in=_INFLIGHT_KEYS)))
+    by_status = _count_by_status(jobs.filter(status__in=_INFLIGHT_KEYS))
     estimate = None if exact else _estimated_finished(using, sum(by_status.values()))
     if estimate is None:
         by_status.update(_count_by_status(jobs.filter(status__in=_TERMINAL_KEYS)))
-    else:
-        by_status.update(estimate)
-
-    terminal = dict.fromkeys(_TERMINAL_KEYS, 0)
-    terminal.update(
-        _count_by_status(jobs.filter(status__in=_TERMINAL_KEYS, updated_at__gte=cutoff))
-    )
+    terminal = _count_by_status(jobs.filter(status__in=_TERMINAL_KEYS, updated_at__gte=cutoff))
     oldest = queued.exclude(source=MONITOR_SOURCE).aggregate(
         age=ExpressionWrapper(at - Min("created_at"), output_field=DurationField())
     )["age"]
@@ -145,14 +142,14 @@ def metrics_snapshot(using: str, now: datetime | None, exact: bool) -> JobOperat
         .distinct()
         .count()
     )
-    return JobOperationalMetrics(
-        by_status={status: max(0, count) for status, count in by_status.items()},
-        terminal_last_15m={status: max(0, count) for status, count in terminal.items()},
-        oldest_queued_age_seconds=(max(0.0, oldest.total_seconds()) if oldest is not None else 0.0),
-        delayed_queued_jobs=max(0, delayed),
-        expired_leases=max(0, expired),
-        blocked_threads=max(0, blocked),
-        estimated_statuses=tuple(sorted(estimate)) if estimate is not None else (),
+    return operational_metrics(
+        by_status=by_status,
+        terminal=terminal,
+        oldest_queued_age=oldest,
+        delayed=delayed,
+        expired=expired,
+        blocked=blocked,
+        estimated=estimate,
     )
 
 
