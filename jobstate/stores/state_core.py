@@ -20,13 +20,11 @@ from jobstate.audit import complete_audit_fields
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import InvalidJobState
 from jobstate.states import ClaimReport, CompletionOutcome, JobId, JobStatus
-from jobstate.stores.state_primitives import StateStorePrimitives
+from jobstate.stores.state_primitives import AuditSubject, StateStorePrimitives
 from jobstate.stores.state_validation import (
     JOB_CREATE_FIELDS,
     JOB_ENQUEUE_FIELDS,
     JOB_REPORT_FIELDS,
-    audit_subject,
-    narrowing_job_id,
     parse_batch_limit,
     parse_claim_reports,
 )
@@ -44,6 +42,7 @@ from jobstate.stores.validation import (
     require_text,
     required_request_id,
     resolve_lease,
+    text_problem,
     validate_duration,
     validate_instant,
     validate_release_status,
@@ -332,7 +331,7 @@ class CoreStateStore(StateStorePrimitives):
         fields = complete_audit_fields(
             event=event, stage=stage, severity=severity, title=title, summary=summary, detail=detail
         )
-        subject = audit_subject(job, request_id)
+        subject = _audit_subject(job, request_id)
         instant = None if at is None else validate_instant(at, field="at")
         return self._append_audit_entry(subject, event, fields, instant)
 
@@ -348,7 +347,7 @@ class CoreStateStore(StateStorePrimitives):
         count = parse_limit(limit, default=jobstate_settings.LIST_LIMIT)
         if job is None and request_id is None:
             raise InvalidJobState("list_audit needs a job or a request_id to narrow to.")
-        job_id = narrowing_job_id(job)
+        job_id = None if job is None else _job_id(job)
         if request_id is not None:
             require_text(request_id, field="request_id")
         return self._list_audit(job_id, request_id, count)
@@ -385,3 +384,22 @@ def _result(applied: bool, job: Job | None) -> CompletionResult:
     if job is None:
         return CompletionResult(CompletionOutcome.NOT_FOUND, None)
     return CompletionResult(CompletionOutcome.STALE_CLAIM, job)
+
+
+def _audit_subject(job: Job | JobId | None, request_id: str) -> AuditSubject:
+    """The job id and request id an audit entry names: a ``Job`` gives both (an explicit
+    ``request_id`` wins), an id gives the job only."""
+    if not isinstance(request_id, str) or len(request_id) > 200 or text_problem(request_id):
+        raise InvalidJobState("request_id must be a string of at most 200 characters, without NUL.")
+    if job is None:
+        return None, request_id
+    job_id = _job_id(job)
+    # Past _job_id, job is a Job or an id, and only a Job carries a request id.
+    return job_id, request_id or getattr(job, "request_id", "")
+
+
+def _job_id(job: Job | JobId) -> uuid.UUID:
+    # Imported here: the store contracts load before the app registry is ready.
+    from jobstate.models import Job
+
+    return job.id if isinstance(job, Job) else parse_uuid(job, field="job")

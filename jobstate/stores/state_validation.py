@@ -24,7 +24,7 @@ from jobstate.exceptions import (
     ThreadQuotaExceeded,
 )
 from jobstate.jsonvalues import ensure_json
-from jobstate.states import ClaimReport, JobId, JobStatus, NotificationRequest
+from jobstate.states import ClaimReport, JobStatus, NotificationRequest
 from jobstate.stores.validation import (
     BIGINT_MAX,
     ENQUEUE_FIELDS,
@@ -50,11 +50,9 @@ __all__ = [
     "JOB_REPORT_FIELDS",
     "REJECT_REASON_LIMIT",
     "ParsedReport",
-    "audit_subject",
     "check_thread_quota",
     "default_idempotency_key",
     "duplicate_request",
-    "narrowing_job_id",
     "parse_batch_limit",
     "parse_claim_reports",
     "validate_approval_arguments",
@@ -149,33 +147,6 @@ def parse_claim_reports(reports: Sequence[ClaimReport]) -> list[ParsedReport]:
         )
         parsed.append((pk, token, status, cleaned))
     return parsed
-
-
-# --- audit -----------------------------------------------------------------------------
-
-
-def audit_subject(job: Job | JobId | None, request_id: str) -> tuple[uuid.UUID | None, str]:
-    """The job id and request id an audit entry names: a ``Job`` gives both (an explicit
-    ``request_id`` wins), an id gives the job only."""
-    # Imported here: the store contracts load before the app registry is ready.
-    from jobstate.models import Job
-
-    if not isinstance(request_id, str) or len(request_id) > 200 or text_problem(request_id):
-        raise InvalidJobState("request_id must be a string of at most 200 characters, without NUL.")
-    if job is None:
-        return None, request_id
-    if isinstance(job, Job):
-        return job.id, request_id or job.request_id
-    return parse_uuid(job, field="job"), request_id
-
-
-def narrowing_job_id(job: Job | JobId | None) -> uuid.UUID | None:
-    """The job ``list_audit`` narrows to, given as a ``Job`` or an id."""
-    from jobstate.models import Job
-
-    if job is None:
-        return None
-    return job.id if isinstance(job, Job) else parse_uuid(job, field="job")
 
 
 # --- continuations ---------------------------------------------------------------------
