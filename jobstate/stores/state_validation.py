@@ -156,12 +156,7 @@ def validate_reject_arguments(by: str, reason: str) -> str:
     """Check the arguments of ``reject_queued_job`` and return the text the job's
     ``error`` gets."""
     require_text(by, field="by")
-    if not isinstance(reason, str):
-        raise InvalidJobState(f"reason must be a string, got {type(reason).__name__}.")
-    if len(reason) > REJECT_REASON_LIMIT or text_problem(reason):
-        raise InvalidJobState(
-            f"reason must be at most {REJECT_REASON_LIMIT} characters, without NUL."
-        )
+    _optional_text(reason, field="reason", limit=REJECT_REASON_LIMIT)
     return reason.strip() or f"rejected by {by}"
 
 
@@ -180,12 +175,16 @@ def validate_approval_arguments(decision_id: str, approver: str, comment: str) -
     """Check the arguments of ``requeue_approved_job_once``."""
     require_text(decision_id, field="decision_id")
     require_text(approver, field="approver")
-    if not isinstance(comment, str):
-        raise InvalidJobState(f"comment must be a string, got {type(comment).__name__}.")
-    if len(comment) > APPROVAL_COMMENT_LIMIT or text_problem(comment):
-        raise InvalidJobState(
-            f"comment must be at most {APPROVAL_COMMENT_LIMIT} characters, without NUL."
-        )
+    _optional_text(comment, field="comment", limit=APPROVAL_COMMENT_LIMIT)
+
+
+def _optional_text(value: Any, *, field: str, limit: int) -> None:
+    """A free-text argument that may be empty: a string of at most ``limit`` characters
+    a text column can hold."""
+    if not isinstance(value, str):
+        raise InvalidJobState(f"{field} must be a string, got {type(value).__name__}.")
+    if len(value) > limit or text_problem(value):
+        raise InvalidJobState(f"{field} must be at most {limit} characters, without NUL.")
 
 
 # --- notifications ---------------------------------------------------------------------
