@@ -39,7 +39,7 @@ from jobstate.stores.state_validation import ParsedReport
 if TYPE_CHECKING:
     from jobstate.audit import AuditFields
     from jobstate.models import AuditEntry, Job
-    from jobstate.stores.state_store import NotificationOutbox
+    from jobstate.stores.notification_outbox import NotificationOutbox
     from jobstate.stores.sweeps import SweepStore
 
 __all__ = [
