@@ -245,7 +245,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(updated_at__lt=Now() - older_than)
 
     def stale_queued(self, ttl: timedelta) -> JobQuerySet:
-        return self.queued().filter(created_at__lt=Now() - ttl)
+        """Queued jobs created more than ``ttl`` ago. Tasks are not among them: a task
+        waits for a worker however long that takes (and may be deferred for days)."""
+        return self.queued().filter(created_at__lt=Now() - ttl, task_path__isnull=True)
 
 
 #: When a queued task became (or becomes) due: its ``run_after``, or when it was enqueued.

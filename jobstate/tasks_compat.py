@@ -25,6 +25,7 @@ __all__ = [
     "TaskResultStatus",
     "builtin_tasks",
     "normalize_json",
+    "task",
     "task_backends",
     "task_enqueued",
     "task_finished",
@@ -38,14 +39,28 @@ builtin_tasks = django.VERSION >= (6, 0)
 DJANGO_TASKS_APP = "django_tasks"
 
 if TYPE_CHECKING:
-    from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django.tasks import (
+        Task,
+        TaskContext,
+        TaskResult,
+        TaskResultStatus,
+        task,
+        task_backends,
+    )
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 elif builtin_tasks:
-    from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django.tasks import (
+        Task,
+        TaskContext,
+        TaskResult,
+        TaskResultStatus,
+        task,
+        task_backends,
+    )
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -53,7 +68,13 @@ elif builtin_tasks:
     from django.utils.json import normalize_json
 else:
     try:
-        from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+        from django_tasks import (
+            TaskContext,
+            TaskResult,
+            TaskResultStatus,
+            task,
+            task_backends,
+        )
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import Task, TaskError
         from django_tasks.exceptions import InvalidTaskError as InvalidTask

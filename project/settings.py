@@ -39,6 +39,9 @@ INSTALLED_APPS = [
     "jobstate",
     "project.demo",
 ]
+if django.VERSION < (6, 0):
+    # Django 5.2 has no django.tasks: the backport's app registers its system checks.
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -119,6 +122,21 @@ if _beat_every := env.float("CELERY_BEAT_EVERY", default=0):
         name: {**entry, "schedule": timedelta(seconds=_beat_every), "options": {}}
         for name, entry in CELERY_BEAT_SCHEDULE.items()
     }
+
+# The demo's tasks (project/demo/tasks.py) run on jobstate's task backend; start a worker
+# with manage.py jobstate_worker --queue-name '*'.
+TASKS = {
+    "default": {
+        "BACKEND": "jobstate.tasks_backend.JobStateBackend",
+        "QUEUES": ["default", "emails", "reports"],
+        "OPTIONS": {
+            "MAX_ATTEMPTS": 3,
+            "RETRY_BACKOFF": timedelta(seconds=2),
+            "LEASE": timedelta(minutes=1),
+            "TIMEOUT": timedelta(minutes=2),
+        },
+    }
+}
 
 JOBSTATE: dict[str, object] = {
     "OPERATIONS_JOB_MODULES": [],

@@ -177,23 +177,20 @@ class Reporter:
         what = outcome.record.outcome.value
         if outcome.record.failed:
             what = f"{what} ({settlement.patch.get('error')})"
+        what = f"{what} in {duration_ms:.0f} ms"
         if settlement.retrying:
-            wait = _wait(settlement)
-            what = f"{what}; retry in {wait.total_seconds():.1f} s"
+            what = f"{what}; retry in {_wait(settlement).total_seconds():.1f} s"
         elif outcome.record.failed:
             what = f"{what}; no attempt left"
-        level = logging.INFO if not outcome.record.failed else logging.WARNING
         logger.log(
-            level,
-            "Task %s %s attempt %d/%d %s in %.0f ms",
+            logging.WARNING if outcome.record.failed else logging.INFO,
+            "Task %s %s attempt %d/%d %s",
             job.task_path,
             job.id,
             job.attempts,
             job.max_attempts or 1,
             what,
-            duration_ms,
         )
-
 
 def _retry_at(settlement: Settlement) -> str | None:
     run_after = settlement.patch.get("run_after")

@@ -1,0 +1,220 @@
+"""django.tasks on the Django ORM: enqueueing a task (with ``NOTIFY`` on PostgreSQL),
+claiming tasks in priority order, renewing a worker's leases and listing the tasks whose
+lease ran out.
+
+On PostgreSQL a claim is one statement: ``UPDATE ... FROM (SELECT ... ORDER BY ... LIMIT
+n FOR UPDATE SKIP LOCKED) RETURNING``, reading the partial index
+``jobstate_job_task_claim_idx`` in claim order. A worker of several queues reads each
+queue's part of the index in order (a ``LATERAL`` subquery per queue, each locking at
+most ``n`` rows) and keeps the first ``n`` overall, so no claim sorts a backlog. Raw SQL
+because the ORM has no ``UPDATE ... FROM ... RETURNING``; elsewhere the portable path
+picks and moves the tasks one by one inside one transaction, which SQLite's
+``IMMEDIATE`` transactions serialise.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from jobstate.conf import jobstate_settings
+from jobstate.models import TASK_DUE, Job
+from jobstate.states import TASK_NOTIFY_CHANNEL, JobStatus, task_notify_payload
+from jobstate.stores.database.hotpath import hot_cursor, load_jobs
+from jobstate.stores.database.intake import create_job
+from jobstate.stores.database.tables import is_postgresql, job_rows
+
+__all__ = [
+    "claim_tasks",
+    "enqueue_task",
+    "extend_claim_leases",
+    "list_expired_tasks",
+]
+
+def enqueue_task(using: str, cleaned: dict[str, Any]) -> Job:
+    """Insert a task's job and, on PostgreSQL with ``JOBSTATE['LISTEN_NOTIFY']``, send
+    ``NOTIFY`` on :data:`~jobstate.states.TASK_NOTIFY_CHANNEL` in the same transaction:
+    PostgreSQL delivers it when the caller's transaction commits (never if it rolls
+    back), and folds identical notifications of one transaction into one, so enqueueing
+    many tasks of one queue in a transaction wakes the workers once."""
+    job = create_job(using, cleaned)
+    if jobstate_settings.LISTEN_NOTIFY and is_postgresql(using):
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_notify(%s, %s)",
+                [TASK_NOTIFY_CHANNEL, task_notify_payload(job.target or "", job.queue_name or "")],
+            )
+    return job
+
+
+def claim_tasks(
+    using: str,
+    target: str,
+    queues: list[str] | None,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+) -> list[Job]:
+    """Claim up to ``limit`` ready tasks of ``target`` in ``queues`` (``None``: any)."""
+    if is_postgresql(using):
+        return _claim_postgresql(using, target, queues, owner, lease, limit)
+    return _claim_portable(using, target, queues, owner, lease, limit)
+
+
+def extend_claim_leases(
+    using: str, claims: list[tuple[uuid.UUID, uuid.UUID]], lease: timedelta
+) -> list[uuid.UUID]:
+    """Renew every claim in one ``UPDATE``; the ids renewed. A claim token belongs to one
+    job and is replaced by every claim, so matching ids and tokens as two sets matches
+    exactly the pairs given. Only when some claim was not renewed does a second query
+    find out which."""
+    ids = [pk for pk, _token in claims]
+    rows = job_rows(using).filter(id__in=ids, claim_token__in=[token for _pk, token in claims])
+    renewed = rows.claimed().update(lease_until=Now() + lease, updated_at=Now())
+    if renewed == len(claims):
+        return ids
+    held = set(rows.claimed().values_list("id", flat=True))
+    return [pk for pk in ids if pk in held]
+
+
+def list_expired_tasks(using: str, limit: int) -> list[Job]:
+    """Running tasks whose lease ended, oldest lease first. The lease index,
+    ``(status, lease_until, id)``, serves the order."""
+    rows = job_rows(using).filter(
+        status=JobStatus.RUNNING, task_path__isnull=False, lease_until__lt=Now()
+    )
+    return list(rows.order_by("lease_until", "id")[:limit])
+
+
+# --- PostgreSQL: one statement ---------------------------------------------------------
+
+#: The claim statements' text by queue filter: ``"any"``, ``"one"`` or ``"several"``.
+_STATEMENTS: dict[str, str] = {}
+
+#: A queued task of the target that is due, written exactly as the claim index states
+#: its condition and its due column, so the planner reads the index in claim order.
+_READY = """
+    c.status = 'queued' AND c.task_path IS NOT NULL AND c.target = %s
+    AND COALESCE(c.run_after, c.created_at) <= statement_timestamp()
+"""
+
+_PICK_COLUMNS = "c.id, c.priority, COALESCE(c.run_after, c.created_at) AS due, c.created_at"
+
+_INDEX_ORDER = "c.priority DESC, COALESCE(c.run_after, c.created_at), c.created_at, c.id"
+
+
+def _claim_postgresql(
+    using: str,
+    target: str,
+    queues: list[str] | None,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+) -> list[Job]:
+    connection = connections[using]
+    shape = "any" if queues is None else "one" if len(queues) == 1 else "several"
+    sql = _STATEMENTS.get(shape)
+    if sql is None:
+        sql = _STATEMENTS[shape] = _claim_statement(connection, shape)
+    params: list[Any] = [target]
+    if shape == "one":
+        params += [*(queues or []), limit]
+    elif shape == "several":
+        params = [queues, target, limit, limit]
+    else:
+        params.append(limit)
+    params += [JobStatus.RUNNING.value, owner, lease]
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return load_jobs(connection, using, rows)
+
+
+def _claim_statement(connection: Any, shape: str) -> str:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    if shape == "several":
+        # One ordered read of the index per queue, each locking at most LIMIT rows;
+        # the first LIMIT of all of them are claimed, the others unlocked at the end
+        # of the statement.
+        picked = f"""
+            SELECT p.id FROM unnest(%s::text[]) AS q(name),
+            LATERAL (
+                SELECT {_PICK_COLUMNS} FROM {table} AS c
+                WHERE {_READY} AND c.queue_name = q.name
+                ORDER BY {_INDEX_ORDER}
+                LIMIT %s
+                FOR UPDATE OF c SKIP LOCKED
+            ) AS p
+            ORDER BY p.priority DESC, p.due, p.created_at, p.id
+            LIMIT %s
+        """
+    else:
+        queue = " AND c.queue_name = %s" if shape == "one" else ""
+        picked = f"""
+            SELECT c.id FROM {table} AS c
+            WHERE {_READY}{queue}
+            ORDER BY {_INDEX_ORDER}
+            LIMIT %s
+            FOR UPDATE OF c SKIP LOCKED
+        """
+    returning = ", ".join(
+        f"j.{connection.ops.quote_name(field.column)}" for field in Job._meta.concrete_fields
+    )
+    # The claim starts an attempt: ``attempts`` counts the attempts that started.
+    return f"""
+        WITH picked AS ({picked})
+        UPDATE {table} AS j
+        SET status = %s, executor_id = %s, claimed_at = statement_timestamp(),
+            dispatched_at = NULL, lease_until = statement_timestamp() + %s,
+            claim_token = gen_random_uuid(), attempts = j.attempts + 1,
+            updated_at = statement_timestamp()
+        FROM picked
+        WHERE j.id = picked.id AND j.status = 'queued'
+        RETURNING {returning}
+    """
+
+
+# --- elsewhere: one task at a time, in one transaction --------------------------------
+
+
+def _claim_portable(
+    using: str,
+    target: str,
+    queues: list[str] | None,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+) -> list[Job]:
+    candidates = job_rows(using).filter(
+        status=JobStatus.QUEUED, task_path__isnull=False, target=target
+    )
+    if queues is not None:
+        candidates = candidates.filter(queue_name__in=queues)
+    candidates = candidates.alias(due=TASK_DUE).filter(due__lte=Now())
+    ordered = candidates.order_by(F("priority").desc(), "due", "created_at", "id")
+    with transaction.atomic(using=using):
+        picked = list(ordered.values_list("id", flat=True)[:limit])
+        claimed = []
+        for pk in picked:
+            moved = (
+                job_rows(using)
+                .filter(id=pk, status=JobStatus.QUEUED)
+                .update(
+                    status=JobStatus.RUNNING,
+                    executor_id=owner,
+                    claimed_at=Now(),
+                    dispatched_at=None,
+                    lease_until=Now() + lease,
+                    claim_token=uuid.uuid4(),
+                    attempts=F("attempts") + 1,
+                    updated_at=Now(),
+                )
+            )
+            if moved:
+                claimed.append(pk)
+        return list(job_rows(using).filter(id__in=claimed)) if claimed else []
