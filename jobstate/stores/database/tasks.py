@@ -4,9 +4,11 @@ lease ran out.
 
 On PostgreSQL a claim is one statement: ``UPDATE ... FROM (SELECT ... ORDER BY ... LIMIT
 n FOR UPDATE SKIP LOCKED) RETURNING``, reading the partial index
-``jobstate_job_task_claim_idx`` in claim order. A worker of several queues reads each
-queue's part of the index in order (a ``LATERAL`` subquery per queue, each locking at
-most ``n`` rows) and keeps the first ``n`` overall, so no claim sorts a backlog. Raw SQL
+``jobstate_job_task_claim_idx`` (target, queue, then claim order) in claim order. A worker
+of several queues reads each queue's part of the index in order (a ``LATERAL`` subquery
+per queue, each locking at most ``n`` rows) and keeps the first ``n`` overall; a worker
+of any queue first finds the queues that hold tasks by skipping through the index. No
+claim sorts a backlog. Raw SQL
 because the ORM has no ``UPDATE ... FROM ... RETURNING``; elsewhere the portable path
 picks and moves the tasks one by one inside one transaction, which SQLite's
 ``IMMEDIATE`` transactions serialise.
@@ -30,6 +32,7 @@ from jobstate.stores.database.intake import create_job
 from jobstate.stores.database.tables import is_postgresql, job_rows
 
 __all__ = [
+    "claim_statement",
     "claim_tasks",
     "enqueue_task",
     "extend_claim_leases",
@@ -117,32 +120,74 @@ def _claim_postgresql(
     limit: int,
 ) -> list[Job]:
     connection = connections[using]
-    shape = "any" if queues is None else "one" if len(queues) == 1 else "several"
-    sql = _STATEMENTS.get(shape)
-    if sql is None:
-        sql = _STATEMENTS[shape] = _claim_statement(connection, shape)
-    params: list[Any] = [target]
-    if shape == "one":
-        params += [*(queues or []), limit]
-    elif shape == "several":
-        params = [queues, target, limit, limit]
-    else:
-        params.append(limit)
-    params += [JobStatus.RUNNING.value, owner, lease]
+    sql, params = claim_statement(connection, target, queues, owner, lease, limit)
     with hot_cursor(connection) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return load_jobs(connection, using, rows)
 
 
+def claim_statement(
+    connection: Any,
+    target: str,
+    queues: list[str] | None,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+) -> tuple[str, list[Any]]:
+    """The PostgreSQL claim statement and its parameters. Its text depends only on
+    whether ``queues`` is ``None``, one queue or several, so the database can keep one
+    plan per kind of worker."""
+    shape = "any" if queues is None else "one" if len(queues) == 1 else "several"
+    sql = _STATEMENTS.get(shape)
+    if sql is None:
+        sql = _STATEMENTS[shape] = _claim_statement(connection, shape)
+    params: list[Any]
+    if shape == "one":
+        params = [target, *(queues or []), limit]
+    elif shape == "several":
+        params = [queues, target, limit, limit]
+    else:
+        params = [target, target, target, limit, limit]
+    return sql, [*params, JobStatus.RUNNING.value, owner, lease]
+
+
 def _claim_statement(connection: Any, shape: str) -> str:
     table = connection.ops.quote_name(Job._meta.db_table)
-    if shape == "several":
-        # One ordered read of the index per queue, each locking at most LIMIT rows;
-        # the first LIMIT of all of them are claimed, the others unlocked at the end
-        # of the statement.
+    queues = ""
+    if shape == "one":
         picked = f"""
-            SELECT p.id FROM unnest(%s::text[]) AS q(name),
+            SELECT c.id FROM {table} AS c
+            WHERE {_READY} AND c.queue_name = %s
+            ORDER BY {_INDEX_ORDER}
+            LIMIT %s
+            FOR UPDATE OF c SKIP LOCKED
+        """
+    else:
+        if shape == "several":
+            names = "SELECT name FROM unnest(%s::text[]) AS given(name)"
+        else:
+            # Every queue that holds a waiting task of the target, found by skipping
+            # through the claim index one queue name at a time (a handful of probes,
+            # however long each queue is).
+            waiting = "c.status = 'queued' AND c.task_path IS NOT NULL AND c.target = %s"
+            queues = f"""
+                RECURSIVE waiting(name) AS (
+                    (SELECT c.queue_name FROM {table} AS c WHERE {waiting}
+                     ORDER BY c.queue_name LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT c.queue_name FROM {table} AS c
+                            WHERE {waiting} AND c.queue_name > waiting.name
+                            ORDER BY c.queue_name LIMIT 1)
+                    FROM waiting WHERE waiting.name IS NOT NULL
+                ),
+            """
+            names = "SELECT name FROM waiting WHERE name IS NOT NULL"
+        # One ordered read of the index per queue, each locking at most LIMIT rows;
+        # the first LIMIT of all of them are claimed, the others unlocked at the end of
+        # the statement.
+        picked = f"""
+            SELECT p.id FROM ({names}) AS q,
             LATERAL (
                 SELECT {_PICK_COLUMNS} FROM {table} AS c
                 WHERE {_READY} AND c.queue_name = q.name
@@ -153,21 +198,12 @@ def _claim_statement(connection: Any, shape: str) -> str:
             ORDER BY p.priority DESC, p.due, p.created_at, p.id
             LIMIT %s
         """
-    else:
-        queue = " AND c.queue_name = %s" if shape == "one" else ""
-        picked = f"""
-            SELECT c.id FROM {table} AS c
-            WHERE {_READY}{queue}
-            ORDER BY {_INDEX_ORDER}
-            LIMIT %s
-            FOR UPDATE OF c SKIP LOCKED
-        """
     returning = ", ".join(
         f"j.{connection.ops.quote_name(field.column)}" for field in Job._meta.concrete_fields
     )
     # The claim starts an attempt: ``attempts`` counts the attempts that started.
     return f"""
-        WITH picked AS ({picked})
+        WITH {queues} picked AS ({picked})
         UPDATE {table} AS j
         SET status = %s, executor_id = %s, claimed_at = statement_timestamp(),
             dispatched_at = NULL, lease_until = statement_timestamp() + %s,
