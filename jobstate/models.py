@@ -26,6 +26,7 @@ from jobstate.states import (
 )
 
 __all__ = [
+    "TASK_DUE",
     "ApprovalDecision",
     "AuditEntry",
     "AuditEntryQuerySet",
@@ -40,7 +41,6 @@ __all__ = [
     "Notification",
     "RuntimeLock",
     "RuntimeLockQuerySet",
-    "TASK_DUE",
     "thread_blockers",
     "time_ordered_uuid",
 ]

@@ -88,7 +88,7 @@ class TaskAttempt:
         empty rather than breaking every reader of the task."""
         value = entry if isinstance(entry, dict) else {}
         try:
-            outcome = AttemptOutcome(value.get("outcome"))
+            outcome = AttemptOutcome(str(value.get("outcome")))
         except ValueError:
             outcome = AttemptOutcome.FAILED
         return cls(

@@ -7,7 +7,7 @@ they give.
 - ``MAX_ATTEMPTS`` (int, default 1): attempts a task makes before it is ``FAILED``;
   1 means no retry.
 - ``RETRY_BACKOFF`` (timedelta, default 10 s): the delay before attempt k+1 is
-  ``RETRY_BACKOFF × 2^(k−1)``, with ±10 % jitter, at most an hour (or
+  ``RETRY_BACKOFF * 2**(k-1)``, with ±10 % jitter, at most an hour (or
   ``RETRY_BACKOFF`` itself, when that is longer).
 - ``LEASE`` (timedelta, default 5 minutes): how long a claimed task stays its worker's
   without a renewal; a worker renews its tasks' leases several times per ``LEASE``,
@@ -87,7 +87,7 @@ class TaskOptions:
 
     def retry_delay(self, failed_attempt: int) -> timedelta:
         """The wait before the attempt after ``failed_attempt`` (1 for the first):
-        ``RETRY_BACKOFF × 2^(failed_attempt−1)``, ±10 %, capped."""
+        ``RETRY_BACKOFF * 2**(failed_attempt-1)``, ±10 %, capped."""
         cap = max(RETRY_BACKOFF_CAP, self.retry_backoff)
         # 2**40 times any backoff is past the cap, and bounds the float below.
         doublings = min(max(failed_attempt, 1) - 1, 40)
@@ -104,8 +104,7 @@ def option_problems(options: Any) -> list[str]:
     unknown = sorted(str(name) for name in options if name not in OPTION_DEFAULTS)
     if unknown:
         problems.append(
-            f"OPTIONS has unknown key(s) {', '.join(unknown)}; "
-            f"known: {', '.join(OPTION_DEFAULTS)}."
+            f"OPTIONS has unknown key(s) {', '.join(unknown)}; known: {', '.join(OPTION_DEFAULTS)}."
         )
     attempts = options.get("MAX_ATTEMPTS", OPTION_DEFAULTS["MAX_ATTEMPTS"])
     if (

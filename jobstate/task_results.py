@@ -77,7 +77,7 @@ def task_result(job: Job, alias: str, task: Task[Any, Any] | None = None) -> Tas
     if running:
         starts.append(job.claimed_at)
     payload = job.input if isinstance(job.input, dict) else {}
-    result = TaskResult(
+    result: TaskResult[Any, Any] = TaskResult(
         task=task if task is not None else task_of(job, alias),
         id=str(job.id),
         status=RESULT_STATUSES[job.status],

@@ -21,7 +21,7 @@ any process. The options are described in :mod:`jobstate.task_options`.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
@@ -78,21 +78,22 @@ class JobStateBackend(BaseTaskBackend):
 
     # --- Django's interface -------------------------------------------------------------
 
-    def enqueue(
-        self, task: Task[Any, Any], args: Any, kwargs: Any
-    ) -> TaskResult[Any, Any]:
+    def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Queue ``task`` with ``args`` and ``kwargs`` (JSON: tuples become lists) and
         return its ``READY`` result. Part of the caller's transaction, when there is
         one."""
         self.validate_task(task)
+        # normalize_json returns JSON of the shape it is given: a list, a dict.
+        job_args = cast("list[Any]", normalize_json(list(args)))
+        job_kwargs = cast("dict[str, Any]", normalize_json(dict(kwargs)))
         job = self.store.enqueue_task(
             NewTask(
                 target=self.target,
                 task_path=task.module_path,
                 queue_name=task.queue_name,
                 priority=task.priority,
-                args=normalize_json(list(args)),
-                kwargs=normalize_json(dict(kwargs)),
+                args=job_args,
+                kwargs=job_kwargs,
                 max_attempts=self.task_options.max_attempts,
                 run_after=task.run_after,
             )

@@ -38,21 +38,7 @@ builtin_tasks = django.VERSION >= (6, 0)
 #: The app that registers the task system checks on Django 5.2 (``INSTALLED_APPS``).
 DJANGO_TASKS_APP = "django_tasks"
 
-if TYPE_CHECKING:
-    from django.tasks import (
-        Task,
-        TaskContext,
-        TaskResult,
-        TaskResultStatus,
-        task,
-        task_backends,
-    )
-    from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import TaskError
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued, task_finished, task_started
-    from django.utils.json import normalize_json
-elif builtin_tasks:
+if TYPE_CHECKING or builtin_tasks:
     from django.tasks import (
         Task,
         TaskContext,

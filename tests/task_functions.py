@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 from jobstate.tasks_compat import TaskContext, task
@@ -38,9 +39,12 @@ def fails_before(context: TaskContext[Any, Any], succeed_on: int) -> int:
 
 
 @task
-def started_then_sleeps(seconds: float) -> dict[str, float]:
-    """Returns when it started (the wall clock, shared by the test and its workers)."""
+def started_then_sleeps(seconds: float, marker: str | None = None) -> dict[str, float]:
+    """Returns when it started (the wall clock, shared by the test and its workers);
+    creates the file ``marker`` first, when given, to tell a test it has started."""
     started = time.time()
+    if marker is not None:
+        Path(marker).touch()
     time.sleep(seconds)
     return {"started": started, "ended": time.time()}
 

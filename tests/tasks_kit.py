@@ -32,7 +32,9 @@ def use_options(settings: Any, **options: Any) -> dict[str, Any]:
         "default": {
             **django_settings.TASKS["default"],
             "OPTIONS": {
-                name: timedelta(seconds=value) if name in _DURATIONS and value is not None else value
+                name: timedelta(seconds=value)
+                if name in _DURATIONS and value is not None
+                else value
                 for name, value in chosen.items()
             },
         }

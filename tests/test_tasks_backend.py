@@ -130,7 +130,10 @@ def test_get_result_of_an_unknown_malformed_or_foreign_id_raises(settings: Any) 
     [
         (lambda: add.using(priority=101).enqueue(1, 2), InvalidTask),
         (lambda: add.using(queue_name="nowhere").enqueue(1, 2), InvalidTask),
-        (lambda: add.using(run_after=timezone.now().replace(tzinfo=None)).enqueue(1, 2), InvalidTask),
+        (
+            lambda: add.using(run_after=timezone.now().replace(tzinfo=None)).enqueue(1, 2),
+            InvalidTask,
+        ),
         (lambda: echo.enqueue(object()), TypeError),
         (lambda: echo.enqueue(math.nan), InvalidPayload),
         (lambda: echo.enqueue(payload="x" * (1024 * 1024)), InvalidPayload),
@@ -232,7 +235,11 @@ def _listener() -> Any:
     import psycopg
 
     params = connection.get_connection_params()
-    params = {k: v for k, v in params.items() if k not in {"cursor_factory", "context", "prepare_threshold"}}
+    params = {
+        k: v
+        for k, v in params.items()
+        if k not in {"cursor_factory", "context", "prepare_threshold"}
+    }
     listener = psycopg.connect(**params, autocommit=True)
     listener.execute("LISTEN jobstate_tasks")
     return listener

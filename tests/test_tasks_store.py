@@ -63,7 +63,9 @@ def new_task(
     )
 
 
-def claim(store: StateStore, queues: list[str] | None = None, limit: int = 10, **kw: Any) -> list[Job]:
+def claim(
+    store: StateStore, queues: list[str] | None = None, limit: int = 10, **kw: Any
+) -> list[Job]:
     return store.claim_tasks(
         target=kw.get("target", TARGET),
         queues=["default"] if queues is None else queues,
@@ -132,7 +134,13 @@ def test_claim_arguments_are_checked_before_anything_is_written(store: StateStor
         {"limit": 0},
     ]
     for override in bad:
-        arguments = {"target": TARGET, "queues": ["default"], "worker_id": "w", "lease": LEASE, "limit": 1}
+        arguments = {
+            "target": TARGET,
+            "queues": ["default"],
+            "worker_id": "w",
+            "lease": LEASE,
+            "limit": 1,
+        }
         with pytest.raises(InvalidJobState):
             store.claim_tasks(**{**arguments, **override})
     assert [job.status for job in store.list_jobs_by_status(["queued"])] == ["queued"]

@@ -76,9 +76,7 @@ def _recent_job_values(request: HttpRequest, field: str) -> list[str]:
     cache: dict[str, list[str]] | None = getattr(request, "_jobstate_recent_values", None)
     if cache is None:
         fields = ("target", "source", "task_path", "queue_name")
-        recent = list(
-            Job.objects.order_by("-created_at").values_list(*fields)[:RECENT_JOBS_SAMPLE]
-        )
+        recent = list(Job.objects.order_by("-created_at").values_list(*fields)[:RECENT_JOBS_SAMPLE])
         cache = {
             name: sorted({row[index] for row in recent if row[index]})
             for index, name in enumerate(fields)

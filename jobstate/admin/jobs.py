@@ -196,9 +196,7 @@ class JobAdmin(TaskFieldsAdmin):
             queryset, term, uuid_fields=["id"], int_fields=["thread_id"], text_fields=["request_id"]
         )
 
-    def get_fieldsets(
-        self, request: HttpRequest, obj: Job | None = None
-    ) -> list[tuple[Any, dict[str, Any]]]:
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
         # A task's page shows what it runs right after what the job is.
         first, *rest = super().get_fieldsets(request, obj)
         return [first, *self.task_fieldset(request, obj), *rest]

@@ -24,7 +24,10 @@ from jobstate.admin.redaction import Redactor
 from jobstate.models import Job
 from jobstate.task_log import read_attempt_log
 
-__all__ = ["TASK_FIELDS", "AttemptRow", "TaskFieldsAdmin", "attempt_rows"]
+__all__ = ["TASK_FIELDS", "AttemptRow", "Fieldset", "TaskFieldsAdmin", "attempt_rows"]
+
+#: One section of an admin page: its title and its options (``{"fields": ...}``).
+Fieldset = tuple[Any, Any]
 
 #: The "Task" section of a task's page.
 TASK_FIELDS = (
@@ -77,9 +80,7 @@ class TaskFieldsAdmin(ReadOnlyAdmin):
     """The task's fields of :class:`~jobstate.admin.jobs.JobAdmin`, its base: a column,
     the page section (on tasks only) and its read-only values."""
 
-    def task_fieldset(
-        self, request: HttpRequest, obj: Job | None
-    ) -> list[tuple[Any, dict[str, Any]]]:
+    def task_fieldset(self, request: HttpRequest, obj: Job | None) -> list[Fieldset]:
         """The "Task" section, for a task's page; none for any other job."""
         if obj is None or obj.task_path is None:
             return []

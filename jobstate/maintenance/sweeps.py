@@ -108,8 +108,9 @@ def expire_stale_queued(
     *, ttl: timedelta | None = None, **options: Unpack[SweepOptions]
 ) -> SweepResult:
     """``queued``: move jobs (not tasks) that waited in the queue longer than ``ttl``
-    since they were created (default ``QUEUED_TTL``) to ``error``, each with an ``expired`` audit entry,
-    so stale work is not replayed in bulk once executors come back."""
+    since they were created (default ``QUEUED_TTL``) to ``error``, each with an
+    ``expired`` audit entry, so stale work is not replayed in bulk once executors come
+    back."""
     return run_sweep(REAPING_TABLE["queued"], {"ttl": ttl}, **options)
 
 

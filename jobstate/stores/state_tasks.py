@@ -97,7 +97,9 @@ class TaskStateStore(CoreStateStore):
         count = parse_batch_limit(limit)
         if scope == []:
             return []
-        return sorted(self._claim_tasks(target, scope, owner, duration, count), key=task_claim_order)
+        return sorted(
+            self._claim_tasks(target, scope, owner, duration, count), key=task_claim_order
+        )
 
     def recover_expired_tasks(self, *, limit: int | None = None) -> TaskRecovery:
         """Recover up to ``limit`` (default ``JOBSTATE['SWEEP_BATCH_SIZE']``) running
@@ -190,4 +192,6 @@ class TaskStateStore(CoreStateStore):
 def _queue_scope(queues: Sequence[str]) -> list[str]:
     if isinstance(queues, str) or not isinstance(queues, Sequence):
         raise InvalidJobState(f"queues must be a list of queue names or None, got {queues!r}.")
-    return [require_text(name, field="queue name", max_length=100) for name in dict.fromkeys(queues)]
+    return [
+        require_text(name, field="queue name", max_length=100) for name in dict.fromkeys(queues)
+    ]

@@ -167,7 +167,9 @@ def parse_claim_pairs(claims: Sequence[tuple[Any, Any]]) -> list[tuple[uuid.UUID
     seen: set[uuid.UUID] = set()
     for pair in claims:
         if not isinstance(pair, tuple | list) or len(pair) != 2:
-            raise InvalidJobState(f"every claim must be a (job id, claim token) pair, got {pair!r}.")
+            raise InvalidJobState(
+                f"every claim must be a (job id, claim token) pair, got {pair!r}."
+            )
         pk = parse_uuid(pair[0], field="job_id")
         if pk in seen:
             raise InvalidJobState(f"job {pk} appears twice in one batch of claims.")

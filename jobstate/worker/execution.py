@@ -67,6 +67,8 @@ class Attempt:
     timeout: float | None
     claimed_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
+    #: The task, once the attempt has loaded it (``None``: not yet, or it did not import).
+    task: Any = None
     _state: _State = _State.CLAIMED
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -117,7 +119,7 @@ class Attempt:
         job = self.job
         started_at = job.claimed_at
         try:
-            task = task_of(job, self.alias)
+            task = self.task = task_of(job, self.alias)
             result = task_result(job, self.alias, task)
             task_started.send(self.sender, task_result=result)
             args, kwargs = result.args, result.kwargs
@@ -129,7 +131,7 @@ class Attempt:
         # The task is the host's code: whatever it raises (SystemExit included, which in
         # a thread would end it silently) is that attempt's failure, as in Django's own
         # ImmediateBackend.
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             return failure(self.worker_id, started_at, exc), None
         finally:
             # What a request's end does: give back the connections the task used, or

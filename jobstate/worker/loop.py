@@ -174,7 +174,7 @@ class Worker:
                     return
                 if self._done():
                     return
-                claimed = self._claim()
+                free, claimed = self._claim()
             except StoreError as exc:
                 if not exc.retryable:
                     raise
@@ -184,7 +184,6 @@ class Worker:
                 self._wake.wait(wait)
                 continue
             failures = 0
-            free, claimed = claimed
             if free and claimed == free:
                 # Every free slot got a task: more may be ready, so claim again at once.
                 continue

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -31,6 +31,9 @@ from jobstate.task_options import TaskOptions
 from jobstate.task_results import task_result
 from jobstate.tasks_compat import task_finished
 from jobstate.worker.execution import Attempt, Outcome, class_path
+
+if TYPE_CHECKING:
+    from jobstate.models import Job
 
 __all__ = ["Reporter", "Settled", "interrupted"]
 
@@ -103,10 +106,7 @@ class Reporter:
         for item, result in zip(settled, results, strict=True):
             self._log(item)
             if item.written and not item.settlement.retrying and result.job is not None:
-                task_finished.send(
-                    self.sender,
-                    task_result=task_result(result.job, item.outcome.attempt.alias),
-                )
+                self._finished(item.outcome.attempt, result.job)
         return settled
 
     def hand_back(self, attempts: Sequence[Attempt]) -> int:
@@ -125,6 +125,23 @@ class Reporter:
         ]
         results = self.store.complete_claimed_jobs(reports)
         return sum(1 for result in results if result.completed)
+
+    def _finished(self, attempt: Attempt, job: Job) -> None:
+        """Send ``task_finished`` for a task that reached its final status. A task that
+        did not import has no ``Task`` to build a result of, so it sends nothing; a
+        receiver that raises is logged and does not stop the worker."""
+        if attempt.task is None:
+            return
+        result = task_result(job, attempt.alias, attempt.task)
+        for receiver, response in task_finished.send_robust(self.sender, task_result=result):
+            if isinstance(response, Exception):
+                logger.error(
+                    "A task_finished receiver (%r) raised for task %s: %r",
+                    receiver,
+                    job.id,
+                    response,
+                    exc_info=response,
+                )
 
     def _settlement(self, outcome: Outcome) -> Settlement:
         job = outcome.attempt.job
@@ -191,6 +208,7 @@ class Reporter:
             job.max_attempts or 1,
             what,
         )
+
 
 def _retry_at(settlement: Settlement) -> str | None:
     run_after = settlement.patch.get("run_after")

@@ -173,7 +173,11 @@ class Command(BaseCommand):
                 returncode=EXIT_USAGE,
             )
         worker_id = options["worker_id"]
-        worker_id = default_worker_id() if worker_id is None else checked_name(worker_id, option="--worker-id")
+        worker_id = (
+            default_worker_id()
+            if worker_id is None
+            else checked_name(worker_id, option="--worker-id")
+        )
         interval = options["interval"]
         try:
             config = WorkerConfig(
@@ -191,7 +195,9 @@ class Command(BaseCommand):
         except (InvalidJobState, ImproperlyConfigured) as exc:
             raise command_error(exc) from exc
         except (JobStateError, DatabaseError) as exc:
-            raise CommandError(f"the worker stopped: {command_error(exc)}", returncode=EXIT_FAILED) from exc
+            raise CommandError(
+                f"the worker stopped: {command_error(exc)}", returncode=EXIT_FAILED
+            ) from exc
 
     def _configure_logging(self, verbosity: int) -> None:
         """Show the worker's log at the level ``verbosity`` asks for, unless the project

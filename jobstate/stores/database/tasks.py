@@ -39,6 +39,7 @@ __all__ = [
     "list_expired_tasks",
 ]
 
+
 def enqueue_task(using: str, cleaned: dict[str, Any]) -> Job:
     """Insert a task's job and, on PostgreSQL with ``JOBSTATE['LISTEN_NOTIFY']``, send
     ``NOTIFY`` on :data:`~jobstate.states.TASK_NOTIFY_CHANNEL` in the same transaction:
