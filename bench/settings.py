@@ -47,10 +47,21 @@ DATABASES = {
     }
 }
 
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+# django-tasks-db is the default backend (its db_worker runs "default"); jobstate's task
+# backend runs beside it as "jobstate" (python -m bench tasks).
+TASKS = {
+    "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+    "jobstate": {"BACKEND": "jobstate.tasks_backend.JobStateBackend"},
+}
 
-# Tasks are imported explicitly by the worker processes (bench.peer_tasks).
+# JOBSTATE_BENCH_LISTEN_NOTIFY=0 makes jobstate's task workers poll (the latency
+# benchmark's second figure).
+JOBSTATE = {"LISTEN_NOTIFY": os.environ.get("JOBSTATE_BENCH_LISTEN_NOTIFY", "1") != "0"}
+
+# The peers' tasks live in bench.peer_tasks; procrastinate's worker imports them from
+# there (and finds no tasks module of its own to autodiscover).
 PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "bench_tasks_not_autodiscovered"
+PROCRASTINATE_IMPORT_PATHS = ["bench.peer_tasks"]
 
 LOGGING = {
     "version": 1,

@@ -69,6 +69,8 @@ class Attempt:
     started_at: float | None = None
     #: The task, once the attempt has loaded it (``None``: not yet, or it did not import).
     task: Any = None
+    #: Set when a lease renewal found the claim gone (the task was recovered elsewhere).
+    claim_lost: bool = False
     _state: _State = _State.CLAIMED
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

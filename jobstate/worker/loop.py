@@ -113,6 +113,7 @@ class Worker:
         self._wake = threading.Event()
         self._stop_requested: str | None = None
         self._ended: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._pending: list[Outcome] = []
         self._active: dict[Any, Attempt] = {}
         self._pool: ExecutionPool | None = None
         self._listener: NotificationListener | None = None
@@ -161,8 +162,8 @@ class Worker:
         while True:
             self._wake.clear()
             try:
-                self._settle_ended()
                 self._enforce_timeouts()
+                self._settle_ended()
                 now = time.monotonic()
                 if now >= next_beat:
                     self._renew_leases()
@@ -239,18 +240,18 @@ class Worker:
         self._wake.set()
 
     def _settle_ended(self) -> None:
-        outcomes: list[Outcome] = []
+        """Report every attempt that has ended. What a failed report leaves stays in
+        ``_pending`` for the next round: an attempt is never dropped unreported."""
         while True:
             try:
-                outcomes.append(self._ended.get_nowait())
+                self._pending.append(self._ended.get_nowait())
             except queue.Empty:
                 break
-        self._settle(outcomes)
-
-    def _settle(self, outcomes: list[Outcome]) -> None:
-        if not outcomes:
+        if not self._pending:
             return
-        for item in self.reporter.settle(outcomes):
+        settled = self.reporter.settle(self._pending)
+        self._pending = []
+        for item in settled:
             self._active.pop(item.outcome.attempt.job.id, None)
             if not item.written:
                 self.summary.lost += 1
@@ -266,11 +267,10 @@ class Worker:
             return
         assert self._pool is not None
         now = time.monotonic()
-        timed_out = []
         for attempt in list(self._active.values()):
             deadline = attempt.deadline
             if deadline is not None and now >= deadline and self._pool.abandon(attempt):
-                timed_out.append(_timed_out(attempt, self.options.timeout))
+                self._ended.put(_timed_out(attempt, self.options.timeout))
                 logger.warning(
                     "Task %s %s ran past its timeout of %s; its thread keeps running until "
                     "the task returns, and whatever it returns is dropped",
@@ -278,23 +278,25 @@ class Worker:
                     attempt.job.id,
                     self.options.timeout,
                 )
-        self._settle(timed_out)
 
     def _renew_leases(self) -> None:
-        held = [
+        held = [attempt for attempt in self._active.values() if not attempt.claim_lost]
+        claims = [
             (attempt.job.id, attempt.job.claim_token)
-            for attempt in self._active.values()
+            for attempt in held
             if attempt.job.claim_token is not None
         ]
-        if not held:
+        if not claims:
             return
-        renewed = set(self.store.extend_claim_leases(held, self.options.lease))
-        for job_id, _token in held:
-            if job_id not in renewed:
+        renewed = set(self.store.extend_claim_leases(claims, self.options.lease))
+        for attempt in held:
+            if attempt.job.id not in renewed:
+                attempt.claim_lost = True
                 logger.warning(
-                    "Lost the claim of task %s: its lease ran out and it was recovered; "
-                    "its result will be dropped",
-                    job_id,
+                    "Lost the claim of task %s %s: its lease ran out and it was recovered "
+                    "elsewhere; what this attempt returns will be dropped",
+                    attempt.job.task_path,
+                    attempt.job.id,
                 )
 
     def _recover_lost_tasks(self) -> None:
@@ -406,20 +408,20 @@ class Worker:
             )
         while self._active and time.monotonic() < deadline:
             self._wake.clear()
-            self._settle_ended()
             self._enforce_timeouts()
+            self._settle_ended()
             if time.monotonic() >= next_beat:
                 self._renew_leases()
                 next_beat = time.monotonic() + self.options.beat.total_seconds()
             if self._active:
                 self._wake.wait(min(self._sleep_seconds(next_beat), deadline - time.monotonic()))
-        self._settle_ended()
         assert self._pool is not None
         late = [attempt for attempt in self._active.values() if self._pool.abandon(attempt)]
-        if late:
-            why = f"the worker stopped and its grace of {self.config.grace:g} s ran out"
-            self._settle([interrupted(attempt, why) for attempt in late])
-            self.summary.interrupted += len(late)
+        why = f"the worker stopped and its grace of {self.config.grace:g} s ran out"
+        for attempt in late:
+            self._ended.put(interrupted(attempt, why))
+        self.summary.interrupted += len(late)
+        self._settle_ended()
 
 
 def _timed_out(attempt: Attempt, timeout: timedelta) -> Outcome:
