@@ -306,9 +306,11 @@ class Job(models.Model):
         help_text=_("Dotted path of the django.tasks task this job runs."),
     )
     queue_name = models.CharField(_("queue"), max_length=100, null=True, blank=True)
+    # db_default too: rows inserted by SQL of a host's own (or an older jobstate) get 0.
     priority = models.IntegerField(
         _("priority"),
         default=0,
+        db_default=0,
         help_text=_("Tasks of a higher priority are claimed first (-100 to 100)."),
     )
     max_attempts = models.PositiveIntegerField(
