@@ -4,6 +4,7 @@
     python -m bench sweeps --rows 1000000
     python -m bench tasks --workers 4 --tasks 20000 --repeats 3
     python -m bench all
+    python -m bench calls --jobs 5000
 
 See ``docs/benchmarks.md`` for what each measures and the figures of a real run.
 """
@@ -148,6 +149,15 @@ def _tasks(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
     }
 
 
+def _calls(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import calls
+
+    print(f"calls: {args.jobs} jobs per path, batch k={args.batch}", flush=True)
+    result["calls"] = calls.run(
+        jobs=args.jobs, batch=args.batch, log=lambda line: print(line, flush=True)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -185,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         "--samples", type=int, default=200, help="tasks of each latency measurement"
     )
     all_parser = commands.add_parser("all", help="drain, then sweeps")
+    calls_parser = commands.add_parser(
+        "calls", help="Python calls and CPU per job on the hot paths, in one process"
+    )
+    calls_parser.add_argument("--jobs", type=int, default=5000)
+    calls_parser.add_argument("--batch", type=int, default=50)
     for sub in (drain_parser, all_parser):
         sub.add_argument("--workers", default="4", help="worker processes, e.g. 4 or 1,4")
         sub.add_argument("--jobs", type=int, default=20000)
@@ -221,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             _sweeps(args, url, result)
         if args.command == "tasks":
             _tasks(args, url, result)
+        if args.command == "calls":
+            _calls(args, url, result)
         result["load_average_at_end"] = load_average()
         if args.output:
             args.output.write_text(json.dumps(result, indent=2, default=str))

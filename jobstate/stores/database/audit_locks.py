@@ -24,6 +24,7 @@ from jobstate.stores.integrity import violates
 __all__ = [
     "acquire_lock",
     "append_audit_entry",
+    "audit_row",
     "list_audit",
     "prune_audit",
     "record_audit",
@@ -32,6 +33,22 @@ __all__ = [
 
 
 # --- audit ledger ----------------------------------------------------------------------
+
+
+def audit_row(
+    job_id: uuid.UUID | None, request_id: str, event: str, fields: AuditFields
+) -> AuditEntry:
+    """An unsaved entry with completed ``fields``; the database clock stamps it."""
+    return AuditEntry(
+        job_id=job_id,
+        request_id=request_id,
+        event=event,
+        stage=fields.stage,
+        severity=fields.severity,
+        title=fields.title,
+        summary=fields.summary,
+        detail=fields.detail,
+    )
 
 
 def append_audit_entry(
@@ -43,16 +60,7 @@ def append_audit_entry(
     at: datetime | None,
 ) -> AuditEntry:
     """Insert one entry; without ``at`` the database clock stamps it."""
-    entry = AuditEntry(
-        job_id=job_id,
-        request_id=request_id,
-        event=event,
-        stage=fields.stage,
-        severity=fields.severity,
-        title=fields.title,
-        summary=fields.summary,
-        detail=fields.detail,
-    )
+    entry = audit_row(job_id, request_id, event, fields)
     if at is not None:
         entry.ts = at
     entry.save(using=using, force_insert=True)
