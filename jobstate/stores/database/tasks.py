@@ -31,6 +31,10 @@ from jobstate.stores.database.hotpath import hot_cursor, load_jobs
 from jobstate.stores.database.intake import create_job
 from jobstate.stores.database.tables import is_postgresql, job_rows
 
+#: The statements' text: the enqueue, and a claim by queue filter (``"any"``, ``"one"``
+#: or ``"several"``).
+_STATEMENTS: dict[str, str] = {}
+
 __all__ = [
     "claim_statement",
     "claim_tasks",
@@ -45,15 +49,44 @@ def enqueue_task(using: str, cleaned: dict[str, Any]) -> Job:
     ``NOTIFY`` on :data:`~jobstate.states.TASK_NOTIFY_CHANNEL` in the same transaction:
     PostgreSQL delivers it when the caller's transaction commits (never if it rolls
     back), and folds identical notifications of one transaction into one, so enqueueing
-    many tasks of one queue in a transaction wakes the workers once."""
-    job = create_job(using, cleaned)
-    if jobstate_settings.LISTEN_NOTIFY and is_postgresql(using):
-        with connections[using].cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_notify(%s, %s)",
-                [TASK_NOTIFY_CHANNEL, task_notify_payload(job.target or "", job.queue_name or "")],
+    many tasks of one queue in a transaction wakes the workers once.
+
+    On PostgreSQL the insert and the notification are one statement (``enqueue`` runs in
+    web requests, where every round trip shows); elsewhere the ORM inserts. A task's
+    request id is fresh (``task-<uuid4>``), so no duplicate needs answering here."""
+    if not is_postgresql(using):
+        return create_job(using, cleaned)
+    connection = connections[using]
+    job = Job(**cleaned)  # the model's defaults: a time-ordered id, queued, no attempts
+    fields = [field for field in Job._meta.concrete_fields if field.name not in _DATABASE_STAMPED]
+    sql = _STATEMENTS.get("enqueue")
+    if sql is None:
+        quote = connection.ops.quote_name
+        table = quote(Job._meta.db_table)
+        columns = ", ".join(quote(field.column) for field in fields)
+        values = ", ".join(["%s"] * len(fields))
+        returning = ", ".join(
+            f"inserted.{quote(field.column)}" for field in Job._meta.concrete_fields
+        )
+        sql = _STATEMENTS["enqueue"] = f"""
+            WITH inserted AS (
+                INSERT INTO {table} ({columns}) VALUES ({values}) RETURNING *
             )
-    return job
+            SELECT {returning}, CASE WHEN %s THEN pg_notify(%s, %s) END FROM inserted
+        """
+    params: list[Any] = [
+        field.get_db_prep_save(getattr(job, field.attname), connection) for field in fields
+    ]
+    payload = task_notify_payload(job.target or "", job.queue_name or "")
+    params += [jobstate_settings.LISTEN_NOTIFY, TASK_NOTIFY_CHANNEL, payload]
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return load_jobs(connection, using, [row[:-1]])[0]
+
+
+#: The columns the database stamps when a row is inserted (``db_default=Now()``).
+_DATABASE_STAMPED = frozenset({"created_at", "updated_at"})
 
 
 def claim_tasks(
@@ -96,9 +129,6 @@ def list_expired_tasks(using: str, limit: int) -> list[Job]:
 
 
 # --- PostgreSQL: one statement ---------------------------------------------------------
-
-#: The claim statements' text by queue filter: ``"any"``, ``"one"`` or ``"several"``.
-_STATEMENTS: dict[str, str] = {}
 
 #: A queued task of the target that is due, written exactly as the claim index states
 #: its condition and its due column, so the planner reads the index in claim order.
