@@ -117,8 +117,9 @@ class JobStateBackend(BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         """Django's checks of the backend, and jobstate's: the ``OPTIONS``
-        (``jobstate.E020``), the ``QUEUES`` (``jobstate.E021``) and the jobstate app the
-        tasks' table belongs to (``jobstate.E022``)."""
+        (``jobstate.E020``), the ``QUEUES`` (``jobstate.E021``), the jobstate app the
+        tasks' table belongs to (``jobstate.E022``) and a configured state store that
+        can hold tasks (``jobstate.E024``)."""
         messages = list(super().check(**kwargs))
         where = f"TASKS[{self.alias!r}]"
         if not apps.is_installed("jobstate"):
@@ -128,6 +129,17 @@ class JobStateBackend(BaseTaskBackend):
                     "INSTALLED_APPS: its tasks are rows of jobstate's job table.",
                     hint="Add 'jobstate' to INSTALLED_APPS and run manage.py migrate.",
                     id="jobstate.E022",
+                )
+            )
+        elif not self.store.supports_tasks:
+            messages.append(
+                Error(
+                    f"{where} uses jobstate's task backend, but JOBSTATE['STATE_STORE'] "
+                    f"({type(self.store).__qualname__}) does not support tasks "
+                    "(supports_tasks is False).",
+                    hint="Use jobstate.stores.database.DatabaseStateStore, or a store "
+                    "that implements the task primitives.",
+                    id="jobstate.E024",
                 )
             )
         messages += [

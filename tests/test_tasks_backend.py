@@ -27,6 +27,7 @@ from jobstate.tasks_compat import (
     TaskResultStatus,
     task_backends,
 )
+from jobstate.testing.memory_state import MemoryStateStore
 from tests.task_functions import add, async_add, echo
 from tests.tasks_kit import use_options
 
@@ -221,6 +222,19 @@ def test_the_system_check_names_every_bad_option_and_queue(settings: Any) -> Non
     ):
         assert fragment in text
     assert all(message.msg.startswith("TASKS['default']: ") for message in messages)
+
+
+def test_a_state_store_without_tasks_fails_the_check(settings: Any) -> None:
+    settings.JOBSTATE = {
+        **getattr(settings, "JOBSTATE", {}),
+        "STATE_STORE": "tests.test_tasks_backend.NoTasksStore",
+    }
+    messages = [m for m in checks.run_checks() if m.id == "jobstate.E024"]
+    assert len(messages) == 1 and "NoTasksStore" in messages[0].msg
+
+
+class NoTasksStore(MemoryStateStore):
+    supports_tasks = False
 
 
 def test_good_options_pass_the_check(settings: Any) -> None:

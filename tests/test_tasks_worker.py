@@ -276,6 +276,17 @@ def test_a_backend_that_is_not_jobstates_is_refused(settings: Any) -> None:
     assert raised.value.returncode == 2
 
 
+def test_a_state_store_without_tasks_is_refused(settings: Any) -> None:
+    use_options(settings)
+    settings.JOBSTATE = {
+        **getattr(settings, "JOBSTATE", {}),
+        "STATE_STORE": "tests.test_tasks_backend.NoTasksStore",
+    }
+    with pytest.raises(CommandError, match="does not support tasks") as raised:
+        call_command("jobstate_worker", "--batch")
+    assert raised.value.returncode == 2
+
+
 def test_invalid_numbers_are_refused_by_the_process(settings: Any) -> None:
     options = use_options(settings)
     for args in (["--concurrency", "0"], ["--grace", "-1"], ["--max-tasks", "x"]):

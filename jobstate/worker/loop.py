@@ -36,7 +36,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from jobstate.conf import jobstate_settings
-from jobstate.exceptions import StoreError, TaskTimedOut
+from jobstate.exceptions import ImproperlyConfiguredStore, StoreError, TaskTimedOut
 from jobstate.states import task_notify_payload
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
@@ -104,6 +104,11 @@ class Worker:
         self.backend = backend
         self.options = backend.task_options
         self.store: StateStore = get_state_store(using=config.using)
+        if not self.store.supports_tasks:
+            raise ImproperlyConfiguredStore(
+                f"JOBSTATE['STATE_STORE'] ({type(self.store).__qualname__}) does not support "
+                "tasks (supports_tasks is False); the worker has nothing to claim from."
+            )
         self.reporter = Reporter(
             self.store, using=config.using, options=self.options, sender=type(backend)
         )

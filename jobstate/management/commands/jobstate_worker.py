@@ -27,7 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from jobstate.exceptions import InvalidJobState, JobStateError
+from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, JobStateError
 
 from ._common import EXIT_FAILED, EXIT_USAGE, checked_name, command_error, interval_seconds
 
@@ -192,7 +192,7 @@ class Command(BaseCommand):
             )
             worker = Worker(config, backend)
             worker.run()
-        except (InvalidJobState, ImproperlyConfigured) as exc:
+        except (InvalidJobState, ImproperlyConfigured, ImproperlyConfiguredStore) as exc:
             raise command_error(exc) from exc
         except (JobStateError, DatabaseError) as exc:
             raise CommandError(
