@@ -341,7 +341,10 @@ class Worker:
         return bool(target == self.backend.target)
 
     def _start_listener(self) -> None:
-        if not (jobstate_settings.LISTEN_NOTIFY and listen_notify_available(self.config.using)):
+        # A --batch worker ends once the queue is empty, so a new task need not wake it.
+        if self.config.batch or not (
+            jobstate_settings.LISTEN_NOTIFY and listen_notify_available(self.config.using)
+        ):
             return
         self._listener = NotificationListener(
             self.config.using, accepts=self._accepts, wake=self._wake.set
