@@ -131,3 +131,27 @@ def check_task_backends(**kwargs: Any) -> list[CheckMessage]:
     for alias in ours:
         messages += task_backends[alias].check()
     return messages
+
+
+@register()
+def check_schedules(**kwargs: Any) -> list[CheckMessage]:
+    """Each schedule of ``JOBSTATE["SCHEDULES"]``: its declaration (``jobstate.E030``:
+    unknown keys, a bad cron expression, an unknown time zone, arguments that are not
+    JSON), then what it runs (``jobstate.E031``: a task path that does not import or is
+    no task, a backend that is not jobstate's or refuses the task's queue or priority,
+    an operations job that is not registered or refuses its input). One message per
+    problem, naming the schedule."""
+    from jobstate.schedules import declared_schedules, schedule_problems, target_problems
+
+    try:
+        schedules = jobstate_settings.SCHEDULES
+    except ImproperlyConfigured:
+        return []  # jobstate.E001 says what is wrong with it
+    problems = schedule_problems(schedules)
+    if problems:
+        return [Error(problem, id="jobstate.E030") for problem in problems]
+    return [
+        Error(problem, id="jobstate.E031")
+        for definition in declared_schedules().values()
+        for problem in target_problems(definition)
+    ]

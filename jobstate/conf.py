@@ -79,6 +79,12 @@ DEFAULTS: dict[str, Any] = {
     # Turn it off behind a pooler in transaction mode, which does not deliver
     # notifications; workers then poll at their --interval.
     "LISTEN_NOTIFY": True,
+    # Periodic schedules, by key: what each enqueues and when (a cron expression in a
+    # time zone). jobstate.schedules checks and evaluates them; see docs/schedules.md.
+    "SCHEDULES": {},
+    # The most missed slots one evaluation enqueues for a schedule with catch_up "all"
+    # (the latest ones; older missed slots are skipped).
+    "SCHEDULE_CATCH_UP_LIMIT": 100,
 }
 
 _DURATIONS = {
@@ -113,6 +119,7 @@ _POSITIVE_INTS = {
     "METRICS_EXACT_LIMIT",
     "MAX_PAYLOAD_BYTES",
     "ERROR_TEXT_LIMIT",
+    "SCHEDULE_CATCH_UP_LIMIT",
 }
 _OPTIONAL = {"THREAD_INFLIGHT_QUOTA", "METRICS_EXACT_LIMIT"}
 
@@ -159,6 +166,8 @@ class JobStateSettings:
     DELIVERED_NOTIFICATION_RETENTION: timedelta
     ADMIN_REDACTED_KEYS: list[str]
     LISTEN_NOTIFY: bool
+    SCHEDULES: dict[str, dict[str, Any]]
+    SCHEDULE_CATCH_UP_LIMIT: int
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
@@ -215,6 +224,13 @@ def _check_shape(name: str, value: Any) -> None:
     if name == "LISTEN_NOTIFY" and not isinstance(value, bool):
         raise ImproperlyConfigured(
             f"JOBSTATE['LISTEN_NOTIFY'] must be True or False, got {value!r}."
+        )
+    # Each schedule's own keys are checked by jobstate.schedules (jobstate.E030), one
+    # message per problem; here only what every reader relies on.
+    if name == "SCHEDULES" and not isinstance(value, dict):
+        raise ImproperlyConfigured(
+            "JOBSTATE['SCHEDULES'] must be a dict of schedule key -> declaration, got "
+            f"{type(value).__name__}."
         )
     if name == "ADMIN_REDACTED_KEYS" and (
         isinstance(value, str)

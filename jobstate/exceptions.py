@@ -220,3 +220,13 @@ class WorkerLost(JobStateError):
 class TaskReturnValueNotJSON(JobStateError, TypeError):
     """A task returned a value that cannot be stored as strict JSON, so ``get_result``
     could not give it back unchanged. The attempt failed with this error."""
+
+
+class ScheduleError(JobStateError):
+    """A schedule could not be evaluated or enqueued: its task or operations job cannot
+    be found or refuses its arguments, or its backend cannot hold it. The schedule's
+    key is in the message; other schedules are evaluated all the same."""
+
+
+class UnknownSchedule(JobStateError, LookupError):
+    """No schedule has that key (or it was removed from settings)."""
