@@ -342,7 +342,7 @@ def _evaluate(
         if result_id is None:
             continue
         result.enqueued.append(EnqueuedOccurrence(row.key, slot, result_id))
-        logger.info("Schedule %s enqueued its slot %s as %s", row.key, slot.isoformat(), result_id)
+        logger.debug("Schedule %s enqueued its slot %s as %s", row.key, slot.isoformat(), result_id)
     if not due and row.next_slot != upcoming:
         # Only the display of the next run changes; a stale row (another revision,
         # paused meanwhile) is left to whoever changed it.

@@ -10,8 +10,13 @@ of the worker itself:
   and then recovers tasks whose worker died (their lease ran out);
 - it fails an attempt that runs past the backend's ``TIMEOUT`` and lets a fresh thread
   take its slot;
+- it evaluates the periodic schedules (:mod:`jobstate.schedules`) when it starts and
+  again at each schedule's next slot (at least once a minute), so a deployment with
+  workers needs no other scheduler: however many workers evaluate a slot, it is
+  enqueued once;
 - between rounds it sleeps until an attempt ends, a notification names one of its
-  queues (:mod:`.waiter`, PostgreSQL), a timeout or beat is due, or ``interval`` passes.
+  queues (:mod:`.waiter`, PostgreSQL), a timeout, beat or slot is due, or ``interval``
+  passes.
 
 A store failure that retrying can cure (the database restarting, a deadlock) is logged
 and retried with a growing wait, while the running tasks go on; any other failure ends
@@ -37,6 +42,7 @@ from django.utils.crypto import get_random_string
 
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import ImproperlyConfiguredStore, StoreError, TaskTimedOut
+from jobstate.schedules import evaluate_schedules, sync_schedules
 from jobstate.states import task_notify_payload
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
@@ -55,6 +61,12 @@ logger = logging.getLogger("jobstate.worker")
 _RETRY_CAP = 30.0
 #: Recovery of lost tasks runs twice per lease, within these bounds.
 _RECOVERY_BOUNDS = (1.0, 60.0)
+#: Longest wait between two evaluations of the schedules: a schedule resumed in the
+#: console is seen within it.
+_SCHEDULES_RECHECK = 60.0
+#: Shortest wait: the database's clock and this process's may differ by a little, so
+#: an evaluation just before a slot comes again at once.
+_SCHEDULES_MIN_WAIT = 0.01
 
 
 def default_worker_id() -> str:
@@ -77,6 +89,8 @@ class WorkerConfig:
     worker_id: str = field(default_factory=default_worker_id)
     grace: float = 30.0
     using: str = "default"
+    schedules: bool = True
+    """Evaluate the periodic schedules (``--no-schedules`` turns it off)."""
 
 
 @dataclass
@@ -94,6 +108,8 @@ class WorkerSummary:
     interrupted: int = 0
     """Attempts still running when ``--grace`` ran out, counted and handed back."""
     stopped_by: str = ""
+    scheduled: int = 0
+    """Occurrences of periodic schedules this worker enqueued."""
 
 
 class Worker:
@@ -122,6 +138,8 @@ class Worker:
         self._active: dict[Any, Attempt] = {}
         self._pool: ExecutionPool | None = None
         self._listener: NotificationListener | None = None
+        self._schedules_synced = False
+        self._next_schedules = time.monotonic()
         #: The queues claimed from: ``None`` when the backend allows any queue and the
         #: worker was asked for every queue.
         self.queues: tuple[str, ...] | None = config.queues
@@ -178,6 +196,8 @@ class Worker:
                     next_recovery = now + recovery_every
                 if self._stop_requested is not None:
                     return
+                if self.config.schedules and now >= self._next_schedules:
+                    self._next_schedules = now + self._evaluate_schedules()
                 if self._done():
                     return
                 free, claimed = self._claim()
@@ -315,9 +335,32 @@ class Worker:
                 recovery.failed,
             )
 
+    def _evaluate_schedules(self) -> float:
+        """Enqueue the due slots of the schedules (after bringing their rows in step
+        with settings, the first time); the seconds until the next slot, within
+        bounds."""
+        if not self._schedules_synced:
+            sync_schedules(using=self.config.using)
+            self._schedules_synced = True
+        result = evaluate_schedules(using=self.config.using, by=self.config.worker_id)
+        self.summary.scheduled += len(result.enqueued)
+        for occurrence in result.enqueued:
+            logger.info(
+                "Schedule %s: enqueued its slot %s as %s",
+                occurrence.schedule,
+                occurrence.slot.isoformat(),
+                occurrence.result_id,
+            )
+        if result.next_slot is None:
+            return _SCHEDULES_RECHECK
+        wait = (result.next_slot - result.now).total_seconds()
+        return min(max(wait, _SCHEDULES_MIN_WAIT), _SCHEDULES_RECHECK)
+
     def _sleep_seconds(self, next_beat: float) -> float:
         now = time.monotonic()
         wake_at = min(now + self.config.interval, next_beat)
+        if self.config.schedules and self._stop_requested is None:
+            wake_at = min(wake_at, self._next_schedules)
         for attempt in self._active.values():
             if attempt.deadline is not None:
                 wake_at = min(wake_at, attempt.deadline)

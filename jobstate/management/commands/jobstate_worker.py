@@ -11,6 +11,9 @@ within ``--grace`` seconds, hands back the rest and exits 0. A second signal exi
 once with status 128 + the signal number; the tasks it ran are recovered when their
 leases run out.
 
+Every worker also evaluates the periodic schedules (``JOBSTATE["SCHEDULES"]``) at each
+slot, unless ``--no-schedules``: however many workers do, each slot is enqueued once.
+
 Exit status: 0 the worker stopped as asked (``--batch``, ``--max-tasks``, a signal);
 1 the database or the store failed in a way retrying cannot cure; 2 invalid options or
 settings.
@@ -145,6 +148,12 @@ class Command(BaseCommand):
             "they are handed back (default: 30). Keep it below your supervisor's stop "
             "timeout.",
         )
+        parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="Do not evaluate the periodic schedules of JOBSTATE['SCHEDULES'] (by "
+            "default every worker does; each slot is enqueued once however many do).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here, so the other commands work on Django 5.2 without the backport.
@@ -189,6 +198,7 @@ class Command(BaseCommand):
                 interval=1.0 if interval is None else interval.total_seconds(),
                 worker_id=worker_id,
                 grace=options["grace"],
+                schedules=not options["no_schedules"],
             )
             worker = Worker(config, backend)
             worker.run()
