@@ -25,8 +25,9 @@ from typing import Any, cast
 
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ImproperlyConfigured
 
-from jobstate.exceptions import InvalidJobState
+from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState
 from jobstate.states import NewTask, task_target
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
@@ -131,17 +132,8 @@ class JobStateBackend(BaseTaskBackend):
                     id="jobstate.E022",
                 )
             )
-        elif not self.store.supports_tasks:
-            messages.append(
-                Error(
-                    f"{where} uses jobstate's task backend, but JOBSTATE['STATE_STORE'] "
-                    f"({type(self.store).__qualname__}) does not support tasks "
-                    "(supports_tasks is False).",
-                    hint="Use jobstate.stores.database.DatabaseStateStore, or a store "
-                    "that implements the task primitives.",
-                    id="jobstate.E024",
-                )
-            )
+        else:
+            messages += self._store_messages(where)
         messages += [
             Error(f"{where}: {problem}", id="jobstate.E020")
             for problem in option_problems(self.options)
@@ -151,3 +143,25 @@ class JobStateBackend(BaseTaskBackend):
             for problem in queue_problems(sorted(self.queues, key=str))
         ]
         return messages
+
+    def _store_messages(self, where: str) -> list[CheckMessage]:
+        """``jobstate.E024`` when the configured state store cannot hold tasks."""
+        try:
+            store = self.store
+        except ImproperlyConfigured:
+            # A bad JOBSTATE setting: jobstate.E001 names it.
+            return []
+        except ImproperlyConfiguredStore as exc:
+            return [Error(f"{where}: {exc}", id="jobstate.E024")]
+        if store.supports_tasks:
+            return []
+        return [
+            Error(
+                f"{where} uses jobstate's task backend, but JOBSTATE['STATE_STORE'] "
+                f"({type(store).__qualname__}) does not support tasks "
+                "(supports_tasks is False).",
+                hint="Use jobstate.stores.database.DatabaseStateStore, or a store that "
+                "implements the task primitives.",
+                id="jobstate.E024",
+            )
+        ]
