@@ -40,7 +40,13 @@ __all__ = [
 
 #: Audit events the admin's own actions write (besides the store's ``rerun``,
 #: ``rejected``, ``approved`` and ``dlq_resend_ok``).
-ADMIN_AUDIT_EVENTS = ("lock_force_released", "run_reaped")
+ADMIN_AUDIT_EVENTS = (
+    "lock_force_released",
+    "run_reaped",
+    "schedule_run_now",
+    "schedule_paused",
+    "schedule_resumed",
+)
 
 #: How many of the newest jobs the target, source, task and queue filters look at for
 #: choices.
