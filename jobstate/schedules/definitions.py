@@ -165,9 +165,8 @@ class Slots:
                 found.append(slot)
                 seen += 1
             if len(found) >= count or start == after:
-                # A window that did not reach back to ``after`` may have left slots
-                # out before it; one that did knows.
-                return list(found), seen > len(found) or start > after
+                earlier = start > after and next(self.after(after, start), None) is not None
+                return list(found), seen > len(found) or earlier
         raise AssertionError("the last window always reaches back to the watermark")
 
 
