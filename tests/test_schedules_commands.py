@@ -155,9 +155,8 @@ def test_a_worker_with_no_schedules_leaves_them_alone(settings: Any) -> None:
 
 
 def test_the_beat_task_enqueues_due_slots_and_reports_failures(settings: Any) -> None:
-    from project.celery import app
-
     from jobstate.tasks import enqueue_due_schedules_task
+    from project.celery import app
 
     app.loader.import_default_modules()
     entry = JOBSTATE_BEAT_SCHEDULE["jobstate-enqueue-due-schedules"]
