@@ -15,6 +15,7 @@ from django.core import checks
 from jobstate.exceptions import InvalidJobState, ScheduleError, UnknownSchedule
 from jobstate.models import AuditEntry, Job, ScheduleOccurrence
 from jobstate.schedules import (
+    ScheduleFailures,
     enqueue_due,
     pause_schedule,
     resume_schedule,
@@ -305,9 +306,11 @@ def test_a_schedule_that_cannot_be_enqueued_is_named_and_the_others_go_on(
     # The code changed under the running process: the task is gone.
     declare(settings, sums=every_five(), broken=every_five(task="tests.task_functions.gone"))
     sync_schedules(now=T0)
-    with pytest.raises(ScheduleError, match=r"'broken'.*does not import") as raised:
+    with pytest.raises(ScheduleFailures, match=r"'broken'.*does not import") as raised:
         enqueue_due(now=T0 + timedelta(minutes=5))
-    assert [item.schedule for item in raised.value.enqueued] == ["sums"]  # type: ignore[attr-defined]
+    assert isinstance(raised.value, ScheduleError)
+    assert [item.schedule for item in raised.value.enqueued] == ["sums"]
+    assert list(raised.value.failures) == ["broken"]
     assert slots_of("broken") == [] and row("broken").last_slot is None
     assert Job.objects.count() == 1
 

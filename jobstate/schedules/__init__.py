@@ -21,6 +21,7 @@ from jobstate.schedules.control import pause_schedule, resume_schedule, run_sche
 from jobstate.schedules.definitions import ScheduleDefinition
 from jobstate.schedules.service import (
     EnqueuedOccurrence,
+    ScheduleFailures,
     SchedulePass,
     SyncReport,
     declared_schedules,
@@ -35,6 +36,7 @@ from jobstate.schedules.targets import target_problems
 __all__ = [
     "EnqueuedOccurrence",
     "ScheduleDefinition",
+    "ScheduleFailures",
     "SchedulePass",
     "SyncReport",
     "declared_schedules",

@@ -54,6 +54,7 @@ from jobstate.stores.validation import validate_instant
 
 __all__ = [
     "EnqueuedOccurrence",
+    "ScheduleFailures",
     "SchedulePass",
     "SyncReport",
     "declared_schedules",
@@ -82,6 +83,18 @@ class EnqueuedOccurrence:
     """The enqueued task's result id, which is its job's id."""
     manual: bool = False
     """A run now, outside the cron slots."""
+
+
+class ScheduleFailures(ScheduleError):
+    """Raised by :func:`enqueue_due` when some schedules could not be enqueued; the
+    others were, and are in :attr:`enqueued`."""
+
+    def __init__(self, failures: dict[str, str], enqueued: list[EnqueuedOccurrence]) -> None:
+        super().__init__(" ".join(failures.values()))
+        #: Schedule key -> why it could not be enqueued.
+        self.failures = failures
+        #: What the call enqueued all the same.
+        self.enqueued = enqueued
 
 
 @dataclass
@@ -280,13 +293,11 @@ def enqueue_due(
 
     Declared schedules without a row get one first (effective from ``now``). A schedule
     that cannot be enqueued (its task no longer imports, its backend refuses it) does
-    not stop the others: the call then raises :class:`ScheduleError` naming each,
-    with ``enqueued`` set to what was enqueued."""
+    not stop the others: the call then raises :class:`ScheduleFailures` (a
+    :class:`ScheduleError`) naming each, with ``enqueued`` set to what was enqueued."""
     result = evaluate_schedules(now=now, using=using)
     if result.failures:
-        error = ScheduleError(" ".join(result.failures.values()))
-        error.enqueued = result.enqueued  # type: ignore[attr-defined]
-        raise error
+        raise ScheduleFailures(result.failures, result.enqueued)
     return result.enqueued
 
 
