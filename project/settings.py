@@ -141,6 +141,27 @@ TASKS = {
 JOBSTATE: dict[str, object] = {
     "OPERATIONS_JOB_MODULES": [],
 }
+# The demo's periodic schedules (the Schedules page), on when scripts/demo runs; off
+# otherwise, so the test suite's workers enqueue nothing of their own.
+if env.bool("JOBSTATE_DEMO_SCHEDULES", default=False):
+    JOBSTATE["SCHEDULES"] = {
+        "demo-welcome-mail": {
+            "task": "project.demo.tasks.send_welcome_email",
+            "cron": "* * * * *",
+            "kwargs": {"user_id": 7},
+        },
+        "demo-report-build": {
+            "operations_job": "demo.report-build",
+            "cron": "*/5 * * * *",
+            "kwargs": {"rows": 100},
+        },
+        "demo-nightly-close": {
+            "operations_job": "demo.nightly-close",
+            "cron": "30 2 * * *",
+            "timezone": "Europe/Berlin",
+            "kwargs": {"seconds": 2},
+        },
+    }
 
 LOGGING = {
     "version": 1,
