@@ -65,7 +65,7 @@ class Attempt:
     worker_id: str
     sender: type
     timeout: float | None
-    claimed_at: float = field(default_factory=time.monotonic)
+    #: When a thread started the attempt (monotonic), for its timeout.
     started_at: float | None = None
     #: The task, once the attempt has loaded it (``None``: not yet, or it did not import).
     task: Any = None
