@@ -41,6 +41,7 @@ def _prepare(url: str) -> dict[str, Any]:
 
 def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
     from bench import drain
+    from bench.variants import SELECTABLE
 
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = set(contenders) - set(drain.CONTENDERS)
@@ -48,16 +49,20 @@ def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         raise BenchError(
             f"unknown contender(s) {sorted(unknown)}; known: {', '.join(drain.CONTENDERS)}"
         )
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if not settings or set(settings) - set(SELECTABLE):
+        raise BenchError(f"--settings takes some of {', '.join(SELECTABLE)}, got {args.settings!r}")
     workers = [int(w) for w in str(args.workers).split(",")]
     print(
         f"drain: {args.jobs} jobs, workers {workers}, {args.repeats} repeats, "
-        f"batch k={args.batch}; "
+        f"batch k={args.batch}, settings {', '.join(settings)}; "
         f"load average {load_average()}",
         flush=True,
     )
     summaries = drain.run(
         url,
         contenders=contenders,
+        settings=settings,
         workers=workers,
         jobs=args.jobs,
         repeats=args.repeats,
@@ -66,15 +71,19 @@ def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         log=lambda line: print(line, flush=True),
     )
     text = drain.table(summaries, args.batch)
+    side_by_side = drain.settings_table(summaries, args.batch)
     checks = drain.targets(summaries, workers=4 if 4 in workers else workers[-1])
     print()
     print(text)
+    print()
+    print(side_by_side)
     print()
     for line in checks:
         print(line)
     print(f"load average at the end: {load_average()}")
     result["drain"] = {
         "table": text,
+        "settings_table": side_by_side,
         "targets": checks,
         "cells": [vars(c) for s in summaries.values() for c in s.cells],
     }
@@ -129,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument(
             "--contenders",
             default=",".join(CONTENDERS),
+        )
+        sub.add_argument(
+            "--settings",
+            default="defaults,prepared",
+            help="connection settings of the contenders whose statements they change "
+            "(some of defaults, prepared, unprepared; see bench/variants.py)",
         )
         sub.add_argument(
             "--memory-every",
