@@ -143,11 +143,11 @@ def prepare_raw_jobstate_sql(
 
     from jobstate.conf import jobstate_settings
     from jobstate.models import Job, JobStatus
-    from jobstate.stores.database.state import _claim_statement, _complete_statement
+    from jobstate.stores.database.hotpath import claim_statement, complete_statement
 
     django_connection = connections["default"]
-    claim = _claim_statement(django_connection, 1, JobStatus.RUNNING)
-    complete, _ = _complete_statement(django_connection, (), 1)
+    claim = claim_statement(django_connection, 1, JobStatus.RUNNING)
+    complete, _ = complete_statement(django_connection, (), 1)
     # The claim returns the picked id, then every column in model order.
     token_at = 1 + [field.attname for field in Job._meta.concrete_fields].index("claim_token")
     conn = psycopg.connect(url, autocommit=True)

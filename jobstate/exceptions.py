@@ -83,6 +83,13 @@ class StoreTimeout(StoreError):
     retryable = True
 
 
+class UnsupportedStoreOperation(JobStateError, NotImplementedError):
+    """The store does not offer this optional operation: its ``supports_*`` flag for it
+    is off (see :class:`~jobstate.stores.base.StateStore`). Raised before anything is
+    checked or written. It is also a ``NotImplementedError``, which is what such a call
+    raised before stores declared their capabilities."""
+
+
 class UnknownOperationsJob(JobStateError, LookupError):
     """No operations job is registered under that key."""
 

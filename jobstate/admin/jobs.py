@@ -41,8 +41,7 @@ from jobstate.stores.base import (
     ApprovalRequeueOutcome,
     JobStatus,
 )
-from jobstate.stores.database.continuations import APPROVAL_COMMENT_LIMIT
-from jobstate.stores.database.state import REJECT_REASON_LIMIT
+from jobstate.stores.state_validation import APPROVAL_COMMENT_LIMIT, REJECT_REASON_LIMIT
 
 __all__ = ["JobAdmin"]
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from jobstate.exceptions import UnsupportedStoreOperation
 from jobstate.jsonvalues import ensure_json
 from jobstate.states import JobRunStatus, Trigger
 from jobstate.stores.validation import (
@@ -221,7 +222,9 @@ class JobRunStore(ABC):
     def sweep_store(self) -> RunSweepStore:
         """A new :class:`~jobstate.stores.sweeps.RunSweepStore` over this store's runs,
         for one sweep. Only stores with ``supports_sweeps`` have one."""
-        raise NotImplementedError(f"{type(self).__qualname__} does not support sweeps")
+        raise UnsupportedStoreOperation(
+            f"{type(self).__name__} does not support sweep_store() (supports_sweeps is False)."
+        )
 
     # The primitives a store implements. Each receives checked values only.
 

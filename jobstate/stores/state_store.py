@@ -1,49 +1,76 @@
 """The state store's contract (the job part of RuntimeStateStore): the job queue, the
 audit ledger, runtime locks and the optional extensions (outbox, approvals, replay,
-readiness, metrics)."""
+readiness, metrics).
+
+:class:`StateStore` works like Django's ``SessionBase``: its public methods hold the
+behaviour every store shares (argument checks, defaults, and the transitions written
+once over primitives: refire, reject, approval) and call the protected primitives a
+backend implements (:class:`~jobstate.stores.state_primitives.StateStorePrimitives`).
+The required half of the public API lives in :mod:`jobstate.stores.state_core`.
+"""
 
 from __future__ import annotations
 
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from jobstate.exceptions import LockHeld
+from jobstate.audit import AuditStage
+from jobstate.exceptions import InvalidJobState, LockHeld
 from jobstate.states import (
+    TERMINAL_JOB_STATUSES,
     ApprovalRequeueOutcome,
-    ClaimReport,
-    CompletionOutcome,
     DeliveryRequeueOutcome,
     JobId,
     JobOperationalMetrics,
+    JobStatus,
     NotificationRequest,
-    NotificationState,
     Readiness,
+)
+from jobstate.stores.notification_outbox import NotificationOutbox
+from jobstate.stores.state_core import CompletionResult, CoreStateStore
+from jobstate.stores.state_primitives import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
+from jobstate.stores.state_validation import (
+    CLEARED_CLAIM,
+    JOB_COMPLETION_FIELDS,
+    validate_approval_arguments,
+    validate_notification_requests,
+    validate_reject_arguments,
+    validate_requeue_arguments,
+)
+from jobstate.stores.validation import (
+    clean_job_fields,
+    parse_uuid,
+    require_text,
+    validate_instant,
 )
 
 if TYPE_CHECKING:
-    from jobstate.models import AuditEntry, Job, Notification
+    from jobstate.models import Job
     from jobstate.stores.sweeps import SweepStore
 
+__all__ = [
+    "METRICS_TERMINAL_WINDOW",
+    "MONITOR_SOURCE",
+    "NO_DELIVERY_KEY",
+    "CompletionResult",
+    "NotificationOutbox",
+    "StateStore",
+    "runtime_lock",
+]
 
-@dataclass(frozen=True)
-class CompletionResult:
-    """The outcome of a fenced report and the job as stored afterwards (``None`` only
-    for ``NOT_FOUND``)."""
-
-    outcome: CompletionOutcome
-    job: Job | None
-
-    @property
-    def completed(self) -> bool:
-        return self.outcome is CompletionOutcome.COMPLETED
+#: ``metadata`` key that suppresses delivery of a job's result; a refired job delivers
+#: again, so the refire drops it.
+NO_DELIVERY_KEY = "no_delivery"
 
 
-class StateStore(ABC):
+class _Superseded(Exception):
+    """Rolls back an approval's block: the job was requeued by someone else."""
+
+
+class StateStore(CoreStateStore):
     """Persistence port for the job queue, the audit ledger and runtime locks (the job
     part of the RuntimeStateStore contract).
 
@@ -71,230 +98,15 @@ class StateStore(ABC):
     Instants handed in (``run_after``, ``lease_until``, an audit ``at``) are stored
     verbatim and must be aware; durations are :class:`datetime.timedelta`. Bad input
     raises before anything is written.
+
+    Every public method is concrete: it checks its arguments once and calls the
+    primitives of :class:`~jobstate.stores.state_primitives.StateStorePrimitives`, which
+    a backend implements. Optional capabilities are declared by that class's
+    ``supports_*`` flags; a method whose flag is off raises
+    :class:`~jobstate.exceptions.UnsupportedStoreOperation` before anything else.
     """
 
-    # --- jobs ------------------------------------------------------------------------
-
-    @abstractmethod
-    def find_by_request_id(self, request_id: str) -> Job | None:
-        """The job with that ``request_id``, or ``None``."""
-
-    @abstractmethod
-    def get_job(self, job_id: JobId) -> Job | None:
-        """The job with that id, or ``None``. A malformed id raises ``InvalidJobState``."""
-
-    @abstractmethod
-    def create_job(self, **fields: Any) -> Job:
-        """Insert a job and return it as stored. ``request_id`` is required; the other
-        fields come from :data:`JOB_PATCH_FIELDS` (``status`` defaults to queued). An
-        existing ``request_id`` raises :class:`~jobstate.exceptions.DuplicateRequestId`
-        and writes nothing."""
-
-    @abstractmethod
-    def enqueue(self, **fields: Any) -> tuple[Job, bool]:
-        """Queue a new job, idempotently by ``request_id``: return ``(job, True)`` when it
-        was created, ``(existing, False)`` when the same request (see
-        :data:`ENQUEUE_PAYLOAD_FIELDS`) was queued before, and raise
-        :class:`~jobstate.exceptions.IdempotencyConflict` for a different payload under the
-        same ``request_id``. A new job in a thread that already has
-        ``JOBSTATE['THREAD_INFLIGHT_QUOTA']`` in-flight jobs raises
-        :class:`~jobstate.exceptions.ThreadQuotaExceeded`. Accepts :data:`ENQUEUE_FIELDS`."""
-
-    @abstractmethod
-    def update_job(self, job_id: JobId, **patch: Any) -> Job | None:
-        """Write ``patch`` (see :func:`clean_job_fields`) and ``updated_at``; return the job
-        re-read, or ``None`` when no job has that id."""
-
-    @abstractmethod
-    def update_job_if_status(
-        self, job_id: JobId, expected_statuses: Iterable[str], **patch: Any
-    ) -> Job | None:
-        """Like :meth:`update_job`, but only while the job's status is one of
-        ``expected_statuses`` (one atomic conditional write). ``None`` means the job is
-        missing or another caller moved it on; nothing was written. An empty
-        ``expected_statuses`` writes nothing and returns ``None``."""
-
-    # --- claims ----------------------------------------------------------------------
-
-    @abstractmethod
-    def claim_next_job(
-        self, targets: Sequence[str], executor_id: str, lease: timedelta | None = None
-    ) -> Job | None:
-        """Claim the oldest ready queued job of ``targets`` for a remote executor: it
-        becomes ``dispatched`` with ``executor_id``, ``claimed_at`` and ``dispatched_at``
-        set to the store's clock, ``lease_until`` = clock + ``lease`` (default
-        ``JOBSTATE['EXECUTOR_LEASE']``), a fresh ``claim_token`` and ``run_after`` cleared.
-        ``None`` when nothing is claimable or ``targets`` is empty."""
-
-    @abstractmethod
-    def claim_next_inhub_job(
-        self, targets: Sequence[str], worker_id: str, lease: timedelta | None = None
-    ) -> Job | None:
-        """As :meth:`claim_next_job` for an in-process worker: the job becomes ``running``
-        with ``executor_id = worker_id`` and no ``dispatched_at``; ``lease`` defaults to
-        ``JOBSTATE['WORKER_LEASE']``."""
-
-    @abstractmethod
-    def complete_claimed_job(
-        self, job_id: JobId, claim_token: uuid.UUID | str, status: str, **patch: Any
-    ) -> CompletionResult:
-        """Fenced report of a claim holder. ``status`` is terminal (done / error /
-        rejected) or ``queued`` (give the job back, e.g. for a retry with ``run_after``
-        and ``attempts`` in ``patch``). Writes only while the job is running or
-        dispatched under ``claim_token``; then it clears the claim fields
-        (:data:`JOB_CLAIM_FIELDS`). A stale token, or a job requeued meanwhile, writes
-        nothing and answers ``STALE_CLAIM``."""
-
-    def claim_next_inhub_jobs(
-        self,
-        targets: Sequence[str],
-        worker_id: str,
-        lease: timedelta | None = None,
-        *,
-        limit: int,
-    ) -> list[Job]:
-        """Claim up to ``limit`` ready queued jobs of ``targets`` for an in-process worker
-        at once, each exactly as :meth:`claim_next_inhub_job` would (``running``, its own
-        fresh ``claim_token``, the same lease). Returns them oldest first; an empty list
-        when nothing is claimable or ``targets`` is empty.
-
-        Guarantees: no job is claimed by two callers; every job returned was ready and
-        passed the per-thread FIFO gate when it was claimed, and at most one job of a
-        thread is in a batch (its siblings wait for it). Jobs without a thread may be
-        taken ahead of an older threaded job: a store may claim the thread-less part of
-        the batch in one step and the threaded part one job at a time through the gate.
-        ``limit`` must be a positive int."""
-        raise NotImplementedError("this store does not support claim_next_inhub_jobs()")
-
-    def complete_claimed_jobs(self, reports: Sequence[ClaimReport]) -> list[CompletionResult]:
-        """Apply many fenced reports (:class:`ClaimReport`) at once. Each report is
-        fenced on its own exactly as :meth:`complete_claimed_job`: it writes only while
-        its job is running or dispatched under its ``claim_token``, and a stale one
-        writes nothing. Returns one :class:`CompletionResult` per report, in the order
-        given. Every report is validated before anything is written: one bad report (or
-        the same job twice) raises and writes nothing."""
-        raise NotImplementedError("this store does not support complete_claimed_jobs()")
-
-    @abstractmethod
-    def extend_claim_lease(
-        self, job_id: JobId, claim_token: uuid.UUID | str, lease: timedelta | None = None
-    ) -> bool:
-        """Move one claimed job's ``lease_until`` to the store's clock + ``lease``
-        (default: the worker or executor lease for its status) while ``claim_token`` is
-        current. ``False`` means the claim is gone and nothing was written."""
-
-    # --- leases and maintenance ------------------------------------------------------
-
-    @abstractmethod
-    def extend_executor_leases(self, executor_id: str, lease: timedelta | None = None) -> int:
-        """Renew every ``dispatched`` job of ``executor_id`` to clock + ``lease`` (default
-        ``JOBSTATE['EXECUTOR_LEASE']``); return how many were renewed."""
-
-    @abstractmethod
-    def requeue_stale_dispatched(
-        self,
-        dead_after: timedelta | None = None,
-        hard_cap: timedelta | None = None,
-        *,
-        targets: Sequence[str] | None = None,
-    ) -> int:
-        """Move ``dispatched`` jobs back to ``queued`` with their claim fields cleared when
-        their lease has expired, when they have no lease and were last written more than
-        ``dead_after`` ago, or when they were dispatched more than ``hard_cap`` ago
-        (defaults: ``EXECUTOR_DEAD_AFTER``, ``EXECUTOR_HARD_CAP``). ``targets`` narrows
-        the sweep. Returns the jobs this call moved."""
-
-    @abstractmethod
-    def list_expired_leases(
-        self,
-        statuses: Iterable[str],
-        fallback_older_than: timedelta,
-        *,
-        targets: Sequence[str] | None = None,
-        limit: int | None = None,
-    ) -> list[Job]:
-        """Jobs in ``statuses`` whose lease has expired, or that have no lease and were
-        last written more than ``fallback_older_than`` ago; oldest first, at most ``limit``
-        (default ``JOBSTATE['LIST_LIMIT']``). Empty ``statuses`` -> ``[]``."""
-
-    @abstractmethod
-    def list_jobs_by_status(
-        self,
-        statuses: Iterable[str],
-        older_than: timedelta | None = None,
-        *,
-        targets: Sequence[str] | None = None,
-        limit: int | None = None,
-    ) -> list[Job]:
-        """Jobs in ``statuses`` (last written more than ``older_than`` ago when given),
-        oldest first, at most ``limit`` (default ``JOBSTATE['LIST_LIMIT']``). Empty
-        ``statuses`` -> ``[]``."""
-
-    @abstractmethod
-    def expire_stale_queued(
-        self, ttl: timedelta | None = None, *, targets: Sequence[str] | None = None
-    ) -> int:
-        """Move ``queued`` jobs created more than ``ttl`` ago (default
-        ``JOBSTATE['QUEUED_TTL']``) to ``error`` with :data:`EXPIRED_QUEUED_ERROR`; a job
-        claimed meanwhile is left alone. Returns the jobs this call moved."""
-
-    @abstractmethod
-    def count_inflight_by_thread(self, thread_id: int) -> int:
-        """How many jobs of the thread are queued, running or dispatched."""
-
-    # --- audit ledger ----------------------------------------------------------------
-
-    @abstractmethod
-    def append_audit(
-        self,
-        *,
-        job: Job | JobId | None = None,
-        request_id: str = "",
-        event: str,
-        stage: str | None = None,
-        severity: str | None = None,
-        title: str = "",
-        summary: str = "",
-        detail: dict[str, Any] | None = None,
-        at: datetime | None = None,
-    ) -> AuditEntry:
-        """Append one entry and return it. Stage, severity, title and summary left out are
-        filled from the event (:func:`complete_audit_fields`); ``request_id`` defaults to
-        the job's. ``at`` is stored verbatim; without it the store's clock stamps the
-        entry."""
-
-    @abstractmethod
-    def list_audit(
-        self,
-        *,
-        job: Job | JobId | None = None,
-        request_id: str | None = None,
-        limit: int | None = None,
-    ) -> list[AuditEntry]:
-        """Entries of one job and/or request id, oldest first, at most ``limit``
-        (default ``JOBSTATE['LIST_LIMIT']``)."""
-
-    @abstractmethod
-    def prune_audit_older_than(self, cutoff: datetime, *, batch_size: int | None = None) -> int:
-        """Delete entries stamped before ``cutoff`` in batches of ``batch_size`` (default
-        ``JOBSTATE['AUDIT_PRUNE_BATCH_SIZE']``), each its own short transaction, and
-        return how many were deleted."""
-
-    # --- runtime locks ---------------------------------------------------------------
-
-    @abstractmethod
-    def acquire_runtime_lock(self, lock_key: str, owner: str, ttl: timedelta) -> bool:
-        """Take or renew ``lock_key`` for ``owner`` until clock + ``ttl``. ``True`` when
-        the lock was free, expired or already ``owner``'s; ``False`` while another owner
-        holds it. Atomic: of concurrent callers for a free key exactly one wins."""
-
-    @abstractmethod
-    def release_runtime_lock(self, lock_key: str, owner: str) -> None:
-        """Release ``lock_key`` if ``owner`` holds it; otherwise do nothing."""
-
-    # --- optional extensions: outbox, approvals, replay, readiness, metrics -----------
-    # A store may leave these out (they raise NotImplementedError); the database store
-    # implements them all.
+    # --- transitions written once: refire, reject, approval ---------------------------
 
     def requeue_job(
         self,
@@ -309,8 +121,15 @@ class StateStore(ABC):
         is still in one of ``from_statuses``, put it back to ``queued`` with attempts
         reset, ``run_after``/``error`` and every claim field cleared, and write an audit
         entry ``event`` naming ``by`` and ``via`` in the same transaction. ``None`` (and
-        nothing written) when the job is gone or no longer in those statuses."""
-        raise NotImplementedError("this store does not support requeue_job()")
+        nothing written) when the job is gone or no longer in those statuses.
+
+        The job is held (:meth:`_lock_job`) from the read of its status to the commit, so
+        the audit entry's ``prev_status`` is exactly the status the refire replaced.
+        ``metadata['no_delivery']`` is removed. Runs in the caller's transaction when
+        there is one."""
+        pk = parse_uuid(job_id, field="job_id")
+        statuses = validate_requeue_arguments(from_statuses, by, via, event)
+        return self._refire(pk, statuses, by=by, via=via, event=event) if statuses else None
 
     def requeue_expired_lease_job(
         self, job_id: JobId, *, by: str, via: str, event: str = "rerun"
@@ -321,7 +140,14 @@ class StateStore(ABC):
         renews or reports at that moment either wins (nothing written, ``None``) or
         finds its claim gone. ``None`` too when the job is gone, not claimed, has no
         lease or a lease still running."""
-        raise NotImplementedError("this store does not support requeue_expired_lease_job()")
+        pk = parse_uuid(job_id, field="job_id")
+        validate_requeue_arguments([JobStatus.RUNNING], by, via, event)
+        with self._atomic():
+            job = self._lock_job(pk, lease_ended=True)
+            if job is None:
+                return None
+            statuses = [JobStatus(job.status)]
+            return self._refire(pk, statuses, by=by, via=via, event=event)
 
     def reject_queued_job(self, job_id: JobId, *, by: str, reason: str = "") -> Job | None:
         """Cancel a job that is still ``queued``: it becomes ``rejected`` with ``error``
@@ -329,7 +155,99 @@ class StateStore(ABC):
         naming ``by`` and ``reason`` is written in the same transaction. ``None`` (and
         nothing written) when the job is gone or no longer queued, e.g. claimed
         meanwhile. ``reason`` is at most 2000 characters."""
-        raise NotImplementedError("this store does not support reject_queued_job()")
+        pk = parse_uuid(job_id, field="job_id")
+        error = validate_reject_arguments(by, reason)
+        changes = {"status": JobStatus.REJECTED, "error": error}
+        with self._atomic():
+            job = self._update_job(pk, changes, [JobStatus.QUEUED])
+            if job is not None:
+                detail = {"by": by, "reason": error, "prev_status": JobStatus.QUEUED.value}
+                self.append_audit(job=job, event="rejected", detail=detail)
+            return job
+
+    def requeue_approved_job_once(
+        self, *, job_id: JobId, decision_id: str, approver: str, comment: str = ""
+    ) -> ApprovalRequeueOutcome:
+        """Requeue a terminal job for an approval exactly once per ``decision_id``: the
+        refire transition and a permanent :class:`~jobstate.models.ApprovalDecision`
+        marker in one transaction, with an audit entry naming the approver.
+
+        The job is held first, so concurrent approvals of one job (same or different
+        ``decision_id``) run one after another and each later one sees either its own
+        marker (``ALREADY_REQUEUED``) or the job back in the queue (``JOB_IN_FLIGHT``).
+        A ``decision_id`` raced for two jobs is settled by the marker: the loser answers
+        ``DECISION_CONFLICT``. On ``REQUEUED`` the audit has an ``approved`` entry (stage
+        approval: approver, decision, comment) and the ``rerun`` entry of the refire."""
+        self._require(self.supports_approvals, "supports_approvals", "requeue_approved_job_once")
+        pk = parse_uuid(job_id, field="job_id")
+        validate_approval_arguments(decision_id, approver, comment)
+        with self._atomic():
+            job = self._lock_job(pk)
+            if job is None:
+                return ApprovalRequeueOutcome.NOT_FOUND
+            decided = self._recorded_decision(decision_id)
+            if decided is not None:
+                return _decided(decided, pk)
+            if job.status not in TERMINAL_JOB_STATUSES:
+                return ApprovalRequeueOutcome.JOB_IN_FLIGHT
+            try:
+                # An inner block: a job that left its terminal status in spite of the
+                # hold undoes the marker and the audit entry.
+                with self._atomic():
+                    winner = self._record_decision(decision_id, pk, approver, comment)
+                    if winner is not None:
+                        return _decided(winner, pk)
+                    self.append_audit(
+                        job=job,
+                        event="approved",
+                        stage=AuditStage.APPROVAL,
+                        title="Approved",
+                        summary=f"approved by {approver}" + (f": {comment}" if comment else ""),
+                        detail={
+                            "decision_id": decision_id,
+                            "approver": approver,
+                            "comment": comment,
+                        },
+                    )
+                    statuses = [JobStatus(job.status)]
+                    if (
+                        self._refire(pk, statuses, by=approver, via=f"approval:{decision_id}")
+                        is None
+                    ):
+                        raise _Superseded
+            except _Superseded:
+                return ApprovalRequeueOutcome.JOB_IN_FLIGHT
+            return ApprovalRequeueOutcome.REQUEUED
+
+    def _refire(
+        self, pk: uuid.UUID, statuses: list[JobStatus], *, by: str, via: str, event: str = "rerun"
+    ) -> Job | None:
+        """:meth:`requeue_job` on checked arguments."""
+        with self._atomic():
+            held = self._lock_job(pk)
+            if held is None or held.status not in statuses:
+                return None
+            prev_status = JobStatus(held.status)
+            # The job is held until the block ends, so no writer can change metadata
+            # between this read and the write below.
+            metadata = {
+                key: value for key, value in held.metadata.items() if key != NO_DELIVERY_KEY
+            }
+            changes: dict[str, Any] = {
+                "status": JobStatus.QUEUED,
+                "attempts": 0,
+                "run_after": None,
+                "error": None,
+                "metadata": metadata,
+                **CLEARED_CLAIM,
+            }
+            job = self._update_job(pk, changes, [prev_status])
+            if job is not None:
+                detail = {"by": by, "via": via, "prev_status": prev_status.value}
+                self.append_audit(job=job, event=event, detail=detail)
+            return job
+
+    # --- optional: outbox, replay, observability -------------------------------------
 
     def complete_job_with_notifications(
         self,
@@ -341,29 +259,57 @@ class StateStore(ABC):
         ``patch`` (its ``status`` must be terminal) only while the job is still in
         ``original.status`` with ``original.claim_token``, clears the claim fields, writes
         a ``finished`` audit entry and one ``Notification`` per request. Nothing is sent
-        inside the transaction. A stale ``original`` writes nothing and returns ``None``."""
-        raise NotImplementedError("this store does not support complete_job_with_notifications()")
+        inside the transaction. A stale ``original`` writes nothing and returns ``None``.
+
+        An ``original`` that is already terminal is settled, so it also answers ``None``.
+        ``patch`` may not name claim fields (they are cleared). Each notification's
+        idempotency key defaults to
+        :func:`~jobstate.stores.state_validation.default_idempotency_key`; a key already
+        in the outbox raises :class:`~jobstate.exceptions.DuplicateNotification` and
+        rolls back the whole transition. Runs in the caller's transaction when there is
+        one, so the caller can add its own writes to the same commit."""
+        from jobstate.models import Job
+
+        self._require(self.supports_outbox, "supports_outbox", "complete_job_with_notifications")
+        if not isinstance(original, Job):
+            raise InvalidJobState(f"original must be a Job, got {type(original).__name__}.")
+        if not isinstance(patch, dict):
+            raise InvalidJobState(f"patch must be a dict, got {type(patch).__name__}.")
+        cleaned = clean_job_fields(
+            patch, allowed=JOB_COMPLETION_FIELDS, action="complete_job_with_notifications"
+        )
+        status = cleaned.get("status")
+        if status not in TERMINAL_JOB_STATUSES:
+            raise InvalidJobState(
+                "complete_job_with_notifications needs a terminal status in patch "
+                f"(done, error or rejected), got {status!r}."
+            )
+        requests = validate_notification_requests(original, notifications)
+        if original.status in TERMINAL_JOB_STATUSES:
+            return None
+        return self._complete_with_notifications(original, cleaned, requests)
 
     @property
     def notification_outbox(self) -> NotificationOutbox:
         """The outbox repository relays use (claim due rows, mark delivered or failed)."""
-        raise NotImplementedError("this store has no notification outbox")
-
-    def requeue_approved_job_once(
-        self, *, job_id: JobId, decision_id: str, approver: str, comment: str = ""
-    ) -> ApprovalRequeueOutcome:
-        """Requeue a terminal job for an approval exactly once per ``decision_id``: the
-        refire transition and a permanent :class:`~jobstate.models.ApprovalDecision`
-        marker in one transaction, with an audit entry naming the approver."""
-        raise NotImplementedError("this store does not support requeue_approved_job_once()")
+        self._require(self.supports_outbox, "supports_outbox", "notification_outbox")
+        return self._notification_outbox()
 
     def requeue_delivery_job_once(
         self, *, notification_id: JobId, dlq_key: str, requested_by: str
     ) -> DeliveryRequeueOutcome:
         """Send a dead notification (the original row, never a copy) back to pending
         together with a permanent :class:`~jobstate.models.DeliveryReplay` marker for
-        ``dlq_key``, in one transaction; a key replays at most once."""
-        raise NotImplementedError("this store does not support requeue_delivery_job_once()")
+        ``dlq_key``, in one transaction; a key replays at most once. A key already used
+        for this notification answers ``ALREADY_REQUEUED``, one used for another
+        notification ``KEY_CONFLICT``."""
+        self._require(
+            self.supports_delivery_replay, "supports_delivery_replay", "requeue_delivery_job_once"
+        )
+        pk = parse_uuid(notification_id, field="notification_id")
+        require_text(dlq_key, field="dlq_key")
+        require_text(requested_by, field="requested_by")
+        return self._requeue_delivery(pk, dlq_key, requested_by)
 
     def operational_metrics_snapshot(
         self, now: datetime | None = None, *, exact: bool = False
@@ -371,58 +317,26 @@ class StateStore(ABC):
         """The six operational figures at ``now`` (default: the store's clock). A store
         may estimate the counts of finished jobs on a large table (it names them in
         ``estimated_statuses``); ``exact=True`` asks for exact counts whatever they cost."""
-        raise NotImplementedError("this store does not support operational_metrics_snapshot()")
+        self._require(self.supports_metrics, "supports_metrics", "operational_metrics_snapshot")
+        instant = None if now is None else validate_instant(now, field="now")
+        return self._metrics_snapshot(instant, exact)
 
     def schema_readiness(self) -> Readiness:
         """Whether the store's schema is usable. Never raises: any error means not ready."""
-        raise NotImplementedError("this store does not support schema_readiness()")
-
-    #: Whether :meth:`sweep_store` gives the batch operations of the maintenance sweeps
-    #: over this store's jobs, audit entries, locks and outbox (:mod:`jobstate.maintenance`).
-    supports_sweeps: bool = False
+        self._require(self.supports_readiness, "supports_readiness", "schema_readiness")
+        return self._schema_readiness()
 
     def sweep_store(self) -> SweepStore:
-        """A new :class:`~jobstate.stores.sweeps.SweepStore` over this store's data, for
-        one sweep. Only stores with ``supports_sweeps`` have one."""
-        raise NotImplementedError(f"{type(self).__qualname__} does not support sweeps")
+        """A new :class:`~jobstate.stores.sweeps.SweepStore` over this store's jobs, audit
+        entries, locks and outbox, for one sweep of :mod:`jobstate.maintenance`."""
+        self._require(self.supports_sweeps, "supports_sweeps", "sweep_store")
+        return self._sweep_store()
 
 
-class NotificationOutbox(ABC):
-    """The outbox repository a relay uses. Rows move pending -> delivering (claimed with a
-    lease) -> delivered, or back to pending with a backoff, or to dead after the last
-    attempt. A relay that dies leaves its rows delivering until the lease ends; then they
-    are due again (at-least-once delivery)."""
-
-    @abstractmethod
-    def claim_due(self, *, relay_id: str, limit: int, lease: timedelta) -> list[Notification]:
-        """Claim up to ``limit`` due pending rows (and delivering rows whose lease ended)
-        under ``SKIP LOCKED``: no two relays ever hold the same row at once. Each claim
-        counts one attempt, and the row is held until clock + ``lease``."""
-
-    @abstractmethod
-    def mark_delivered(
-        self, *, notification_id: JobId, relay_id: str, started_at: datetime | None = None
-    ) -> bool:
-        """Settle a row this relay holds as delivered; ``False`` if it no longer holds it.
-        ``started_at`` (when the send began, recorded verbatim in the attempt history)
-        defaults to the store's clock."""
-
-    @abstractmethod
-    def mark_failed(
-        self,
-        *,
-        notification_id: JobId,
-        relay_id: str,
-        error: str,
-        started_at: datetime | None = None,
-    ) -> NotificationState | None:
-        """Record a failed attempt of a row this relay holds: back to pending with an
-        exponential backoff and jitter, or dead after the last attempt. Returns the new
-        state, or ``None`` if the relay no longer holds the row."""
-
-    @abstractmethod
-    def dead_letters(self, *, limit: int = 100) -> list[Notification]:
-        """The newest dead rows, at most ``limit``."""
+def _decided(decided_job: uuid.UUID, pk: uuid.UUID) -> ApprovalRequeueOutcome:
+    if decided_job == pk:
+        return ApprovalRequeueOutcome.ALREADY_REQUEUED
+    return ApprovalRequeueOutcome.DECISION_CONFLICT
 
 
 @contextmanager

@@ -1,10 +1,9 @@
-"""Operational metrics and schema readiness on the Django ORM
-(``DatabaseObservabilityMixin``)."""
+"""Operational metrics and schema readiness on the Django ORM."""
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.apps import apps
@@ -26,31 +25,29 @@ from django.db.models.functions import Now
 
 from jobstate.conf import jobstate_settings
 from jobstate.models import Job
-from jobstate.stores.base import (
+from jobstate.states import (
     CLAIMED_JOB_STATUSES,
     INFLIGHT_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
     JobOperationalMetrics,
     JobStatus,
     Readiness,
-    StateStore,
 )
-from jobstate.stores.validation import validate_instant
+from jobstate.stores.state_primitives import (
+    METRICS_TERMINAL_WINDOW,
+    MONITOR_SOURCE,
+    operational_metrics,
+)
 
 __all__ = [
     "METRICS_TERMINAL_WINDOW",
     "MONITOR_SOURCE",
-    "DatabaseObservabilityMixin",
+    "metrics_snapshot",
     "pending_jobstate_migrations",
+    "schema_readiness",
 ]
 
 logger = logging.getLogger("jobstate.readiness")
-
-#: How far back ``terminal_last_15m`` looks.
-METRICS_TERMINAL_WINDOW = timedelta(minutes=15)
-
-#: Jobs of this ``source`` are probes; they do not age the queue (``oldest_queued_age``).
-MONITOR_SOURCE = "monitor"
 
 _APP_LABEL = "jobstate"
 
@@ -93,161 +90,144 @@ def pending_jobstate_migrations(connection: BaseDatabaseWrapper) -> list[str]:
     return pending
 
 
-class DatabaseObservabilityMixin(StateStore):
-    """``operational_metrics_snapshot`` and ``schema_readiness`` for the database state
-    store. One of the bases of :class:`~jobstate.stores.database.DatabaseStateStore`;
-    it relies on that class's ``using``."""
+def metrics_snapshot(using: str, now: datetime | None, exact: bool) -> JobOperationalMetrics:
+    """The six operational figures of database ``using``. Definitions:
 
-    using: str
+    - ``by_status``: jobs per status, every status present (0 when none). Queued,
+      running and dispatched jobs are always counted exactly. Done, error and
+      rejected jobs are counted exactly too, unless the store is on PostgreSQL, the
+      jobs table holds more than ``JOBSTATE['METRICS_EXACT_LIMIT']`` rows and
+      ``exact`` is false: then they are estimated from the table's statistics and
+      named in ``estimated_statuses``.
+    - ``terminal_last_15m``: done / error / rejected jobs with ``updated_at >= now -
+      15 min``.
+    - ``oldest_queued_age_seconds``: ``now`` minus the oldest ``created_at`` of the
+      queued jobs whose ``source`` is not ``"monitor"``; 0 when there are none.
+    - ``delayed_queued_jobs``: queued jobs with ``run_after > now``.
+    - ``expired_leases``: running or dispatched jobs with ``lease_until < now``.
+    - ``blocked_threads``: distinct threads with at least one queued job and at
+      least one running or dispatched job.
 
-    def operational_metrics_snapshot(
-        self, now: datetime | None = None, *, exact: bool = False
-    ) -> JobOperationalMetrics:
-        """See :meth:`StateStore.operational_metrics_snapshot`. Definitions:
+    Every figure is clamped to ``>= 0`` (:func:`operational_metrics`). Each is read
+    by a small statement that one of the job table's partial indexes answers, so the
+    cost follows the live queue, not the history (an exact count of the finished jobs
+    is the exception: it reads them all). ``now`` (validated) defaults to the database clock.
+    """
+    at: Any
+    if now is None:
+        at = Now()
+        cutoff: Any = Now() - METRICS_TERMINAL_WINDOW
+    else:
+        at = Value(now, output_field=DateTimeField())
+        cutoff = Value(now - METRICS_TERMINAL_WINDOW, output_field=DateTimeField())
+    jobs = Job.objects.using(using).order_by()
+    queued = jobs.filter(status=JobStatus.QUEUED)
+    claimed = jobs.filter(status__in=_CLAIMED_KEYS)
 
-        - ``by_status``: jobs per status, every status present (0 when none). Queued,
-          running and dispatched jobs are always counted exactly. Done, error and
-          rejected jobs are counted exactly too, unless the store is on PostgreSQL, the
-          jobs table holds more than ``JOBSTATE['METRICS_EXACT_LIMIT']`` rows and
-          ``exact`` is false: then they are estimated from the table's statistics and
-          named in ``estimated_statuses``.
-        - ``terminal_last_15m``: done / error / rejected jobs with ``updated_at >= now -
-          15 min``.
-        - ``oldest_queued_age_seconds``: ``now`` minus the oldest ``created_at`` of the
-          queued jobs whose ``source`` is not ``"monitor"``; 0 when there are none.
-        - ``delayed_queued_jobs``: queued jobs with ``run_after > now``.
-        - ``expired_leases``: running or dispatched jobs with ``lease_until < now``.
-        - ``blocked_threads``: distinct threads with at least one queued job and at
-          least one running or dispatched job.
+    by_status = _count_by_status(jobs.filter(status__in=_INFLIGHT_KEYS))
+    estimate = None if exact else _estimated_finished(using, sum(by_status.values()))
+    if estimate is None:
+        by_status.update(_count_by_status(jobs.filter(status__in=_TERMINAL_KEYS)))
+    terminal = _count_by_status(jobs.filter(status__in=_TERMINAL_KEYS, updated_at__gte=cutoff))
+    oldest = queued.exclude(source=MONITOR_SOURCE).aggregate(
+        age=ExpressionWrapper(at - Min("created_at"), output_field=DurationField())
+    )["age"]
+    delayed = queued.filter(run_after__isnull=False, run_after__gt=at).count()
+    expired = claimed.filter(lease_until__isnull=False, lease_until__lt=at).count()
+    # Driven from the claimed jobs, which are few (one per busy worker or executor).
+    blocked = (
+        claimed.filter(thread_id__isnull=False)
+        .filter(Exists(queued.filter(thread_id=OuterRef("thread_id"))))
+        .values("thread_id")
+        .distinct()
+        .count()
+    )
+    return operational_metrics(
+        by_status=by_status,
+        terminal=terminal,
+        oldest_queued_age=oldest,
+        delayed=delayed,
+        expired=expired,
+        blocked=blocked,
+        estimated=estimate,
+    )
 
-        Every figure is clamped to ``>= 0``. Each is read by a small statement that one
-        of the job table's partial indexes answers, so the cost follows the live queue,
-        not the history (an exact count of the finished jobs is the exception: it reads
-        them all). ``now`` defaults to the database clock.
-        """
-        at: Any
-        if now is None:
-            at = Now()
-            cutoff: Any = Now() - METRICS_TERMINAL_WINDOW
-        else:
-            instant = validate_instant(now, field="now")
-            at = Value(instant, output_field=DateTimeField())
-            cutoff = Value(instant - METRICS_TERMINAL_WINDOW, output_field=DateTimeField())
-        jobs = Job.objects.using(self.using).order_by()
-        queued = jobs.filter(status=JobStatus.QUEUED)
-        claimed = jobs.filter(status__in=_CLAIMED_KEYS)
 
-        by_status = dict.fromkeys(JobStatus.values, 0)
-        by_status.update(_count_by_status(jobs.filter(status__in=_INFLIGHT_KEYS)))
-        estimate = None if exact else self._estimated_finished(sum(by_status.values()))
-        if estimate is None:
-            by_status.update(_count_by_status(jobs.filter(status__in=_TERMINAL_KEYS)))
-        else:
-            by_status.update(estimate)
+def _estimated_finished(using: str, inflight: int) -> dict[str, int] | None:
+    """Done / error / rejected counts estimated from PostgreSQL's statistics of the
+    jobs table, or ``None`` when they should be counted exactly: another database,
+    no statistics yet, or a table no larger than ``METRICS_EXACT_LIMIT``.
 
-        terminal = dict.fromkeys(_TERMINAL_KEYS, 0)
-        terminal.update(
-            _count_by_status(jobs.filter(status__in=_TERMINAL_KEYS, updated_at__gte=cutoff))
-        )
-        oldest = queued.exclude(source=MONITOR_SOURCE).aggregate(
-            age=ExpressionWrapper(at - Min("created_at"), output_field=DurationField())
-        )["age"]
-        delayed = queued.filter(run_after__isnull=False, run_after__gt=at).count()
-        expired = claimed.filter(lease_until__isnull=False, lease_until__lt=at).count()
-        # Driven from the claimed jobs, which are few (one per busy worker or executor).
-        blocked = (
-            claimed.filter(thread_id__isnull=False)
-            .filter(Exists(queued.filter(thread_id=OuterRef("thread_id"))))
-            .values("thread_id")
-            .distinct()
-            .count()
-        )
-        return JobOperationalMetrics(
-            by_status={status: max(0, count) for status, count in by_status.items()},
-            terminal_last_15m={status: max(0, count) for status, count in terminal.items()},
-            oldest_queued_age_seconds=(
-                max(0.0, oldest.total_seconds()) if oldest is not None else 0.0
-            ),
-            delayed_queued_jobs=max(0, delayed),
-            expired_leases=max(0, expired),
-            blocked_threads=max(0, blocked),
-            estimated_statuses=tuple(sorted(estimate)) if estimate is not None else (),
-        )
+    The table's size is estimated the way the planner does (rows per page at the
+    last ``ANALYZE`` times the pages it has now); the finished jobs are that minus
+    the exact in-flight count, split by the status frequencies ``ANALYZE`` sampled.
+    """
+    limit = jobstate_settings.METRICS_EXACT_LIMIT
+    connection = connections[using]
+    if limit is None or connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_TABLE_STATISTICS_SQL, [Job._meta.db_table])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    reltuples, relpages, pages, values, frequencies = row
+    if reltuples is None or reltuples < 0:
+        return None  # never analyzed
+    rows = reltuples / relpages * pages if relpages else reltuples
+    if rows <= limit:
+        return None
+    sampled = {
+        value: frequency
+        for value, frequency in zip(values or [], frequencies or [], strict=True)
+        if value in _TERMINAL_KEYS
+    }
+    weight = sum(sampled.values())
+    if weight <= 0:
+        return None
+    finished = max(0.0, rows - inflight)
+    return {
+        status: round(finished * sampled.get(status, 0.0) / weight) for status in _TERMINAL_KEYS
+    }
 
-    def _estimated_finished(self, inflight: int) -> dict[str, int] | None:
-        """Done / error / rejected counts estimated from PostgreSQL's statistics of the
-        jobs table, or ``None`` when they should be counted exactly: another database,
-        no statistics yet, or a table no larger than ``METRICS_EXACT_LIMIT``.
 
-        The table's size is estimated the way the planner does (rows per page at the
-        last ``ANALYZE`` times the pages it has now); the finished jobs are that minus
-        the exact in-flight count, split by the status frequencies ``ANALYZE`` sampled.
-        """
-        limit = jobstate_settings.METRICS_EXACT_LIMIT
-        connection = connections[self.using]
-        if limit is None or connection.vendor != "postgresql":
-            return None
+def schema_readiness(using: str) -> Readiness:
+    """Whether the jobstate schema on database ``using`` is usable.
+
+    Runs ``SELECT 1`` on database ``using``, then compares the jobstate migrations
+    the code knows with those recorded as applied, then checks that every jobstate
+    table exists. Any exception (unknown alias, refused connection, broken
+    migration graph) answers not ready with the reason in ``detail``; nothing is
+    raised, so a probe can never mistake an error for readiness.
+    """
+    try:
+        connection = connections[using]
         with connection.cursor() as cursor:
-            cursor.execute(_TABLE_STATISTICS_SQL, [Job._meta.db_table])
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        reltuples, relpages, pages, values, frequencies = row
-        if reltuples is None or reltuples < 0:
-            return None  # never analyzed
-        rows = reltuples / relpages * pages if relpages else reltuples
-        if rows <= limit:
-            return None
-        sampled = {
-            value: frequency
-            for value, frequency in zip(values or [], frequencies or [], strict=True)
-            if value in _TERMINAL_KEYS
-        }
-        weight = sum(sampled.values())
-        if weight <= 0:
-            return None
-        finished = max(0.0, rows - inflight)
-        return {
-            status: round(finished * sampled.get(status, 0.0) / weight) for status in _TERMINAL_KEYS
-        }
-
-    def schema_readiness(self) -> Readiness:
-        """See :meth:`StateStore.schema_readiness`.
-
-        Runs ``SELECT 1`` on database ``using``, then compares the jobstate migrations
-        the code knows with those recorded as applied, then checks that every jobstate
-        table exists. Any exception (unknown alias, refused connection, broken
-        migration graph) answers not ready with the reason in ``detail``; nothing is
-        raised, so a probe can never mistake an error for readiness.
-        """
-        try:
-            connection = connections[self.using]
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-                cursor.fetchone()
-        # Fail closed: whatever went wrong, this process must not receive traffic.
-        except Exception as exc:
-            return _not_ready("failed", "failed", 0, f"database unreachable: {exc}")
-        try:
-            pending = pending_jobstate_migrations(connection)
-            if pending:
-                return _not_ready(
-                    "ok",
-                    "pending",
-                    len(pending),
-                    f"unapplied jobstate migrations: {', '.join(pending)}",
-                )
-            present = set(connection.introspection.table_names())
-            missing = sorted(
-                model._meta.db_table
-                for model in apps.get_app_config(_APP_LABEL).get_models()
-                if model._meta.managed and model._meta.db_table not in present
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    # Fail closed: whatever went wrong, this process must not receive traffic.
+    except Exception as exc:
+        return _not_ready("failed", "failed", 0, f"database unreachable: {exc}")
+    try:
+        pending = pending_jobstate_migrations(connection)
+        if pending:
+            return _not_ready(
+                "ok",
+                "pending",
+                len(pending),
+                f"unapplied jobstate migrations: {', '.join(pending)}",
             )
-            if missing:
-                return _not_ready("ok", "failed", 0, f"missing tables: {', '.join(missing)}")
-        except Exception as exc:
-            return _not_ready("ok", "failed", 0, f"migration state unreadable: {exc}")
-        return Readiness(ready=True, database="ok", migrations="ok", pending=0)
+        present = set(connection.introspection.table_names())
+        missing = sorted(
+            model._meta.db_table
+            for model in apps.get_app_config(_APP_LABEL).get_models()
+            if model._meta.managed and model._meta.db_table not in present
+        )
+        if missing:
+            return _not_ready("ok", "failed", 0, f"missing tables: {', '.join(missing)}")
+    except Exception as exc:
+        return _not_ready("ok", "failed", 0, f"migration state unreadable: {exc}")
+    return Readiness(ready=True, database="ok", migrations="ok", pending=0)
 
 
 def _not_ready(database: str, migrations: str, pending: int, detail: str) -> Readiness:

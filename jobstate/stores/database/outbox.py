@@ -1,10 +1,10 @@
 """The transactional notification outbox on the Django ORM.
 
-``DatabaseOutboxMixin`` gives the database state store its outbox transitions: the fenced
-terminal transition that writes notification rows in the same transaction
-(``complete_job_with_notifications``) and the one-time replay of a dead letter
-(``requeue_delivery_job_once``). ``DatabaseNotificationOutbox`` is the repository relays
-use to claim, settle and dead-letter those rows.
+:func:`complete_with_notifications` is the database state store's fenced terminal
+transition that writes notification rows in the same transaction.
+``DatabaseNotificationOutbox`` is the repository relays use to claim, settle and
+dead-letter those rows. The one-time replay of a dead letter lives with the other
+continuations (:mod:`jobstate.stores.database.continuations`).
 
 Nothing here sends anything: delivery happens in :mod:`jobstate.relay`, after commit and
 outside any transaction.
@@ -12,70 +12,49 @@ outside any transaction.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 
 from jobstate.conf import jobstate_settings
-from jobstate.exceptions import (
-    DuplicateNotification,
-    InvalidJobState,
-    InvalidNotification,
-    InvalidPayload,
-)
-from jobstate.jsonvalues import ensure_json
-from jobstate.models import (
-    NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY,
-    DeliveryAttempt,
-    DeliveryReplay,
-    Job,
-    Notification,
-)
-from jobstate.stores.base import (
-    TERMINAL_JOB_STATUSES,
-    DeliveryRequeueOutcome,
-    JobId,
-    NotificationOutbox,
-    NotificationRequest,
-    NotificationState,
-    StateStore,
-)
+from jobstate.exceptions import DuplicateNotification, InvalidJobState
+from jobstate.models import NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY, DeliveryAttempt, Job, Notification
+from jobstate.states import JobId, NotificationRequest, NotificationState
+from jobstate.stores.database.audit_locks import record_audit
+from jobstate.stores.database.tables import is_postgresql, job_rows
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
+from jobstate.stores.state_store import NotificationOutbox, StateStore
+
+# Defined with the state store's argument checks; importable from here too.
+from jobstate.stores.state_validation import (
+    CLEARED_CLAIM,
+    default_idempotency_key,
+    validate_notification_requests,
+)
 from jobstate.stores.validation import (
-    JOB_CLAIM_FIELDS,
-    JOB_PATCH_FIELDS,
-    clean_job_fields,
     parse_limit,
     parse_uuid,
     require_text,
-    text_problem,
     validate_duration,
     validate_instant,
 )
 
 __all__ = [
-    "DELIVERY_REPLAY_PKEY",
     "LEASE_EXPIRED_ERROR",
     "DatabaseNotificationOutbox",
-    "DatabaseOutboxMixin",
     "OutboxLeaseRecovery",
     "backoff_delay",
+    "complete_with_notifications",
     "default_idempotency_key",
     "validate_notification_requests",
 ]
-
-#: Name PostgreSQL gives the primary key of the replay markers; the only
-#: ``IntegrityError`` a replay turns into a domain answer.
-DELIVERY_REPLAY_PKEY = "jobstate_deliveryreplay_pkey"
 
 #: Error recorded for an attempt whose relay never settled it before its lease ended.
 LEASE_EXPIRED_ERROR = "the relay holding this attempt stopped before settling it (lease expired)"
@@ -83,11 +62,6 @@ LEASE_EXPIRED_ERROR = "the relay holding this attempt stopped before settling it
 #: What recording a lost attempt needs of its row.
 _LOST_ATTEMPT_FIELDS = ("id", "attempts", "relay_id", "updated_at", "lease_until", "job_id")
 
-_COMPLETION_FIELDS = JOB_PATCH_FIELDS - set(JOB_CLAIM_FIELDS)
-_CLEARED_CLAIM = dict.fromkeys(JOB_CLAIM_FIELDS)
-_CHANNEL_LIMIT = 100
-_DESTINATION_LIMIT = 2000
-_KEY_LIMIT = 200
 _RELAY_ID_LIMIT = 200
 # 2**32 times any sensible base is far past any cap; bounding the exponent keeps the
 # multiplication from overflowing timedelta after very many attempts.
@@ -124,78 +98,6 @@ def backoff_delay(
     ceiling = min(cap, base * 2 ** min(attempts - 1, _BACKOFF_EXPONENT_LIMIT))
     half = ceiling / 2
     return half + half * (rng or random).random()
-
-
-def default_idempotency_key(job: Job, channel: str, destination: str) -> str:
-    """``<job id>:<channel>:<destination>``, with the destination replaced by its SHA-256
-    when the key would exceed 200 characters. Stable across retries and reruns, so one
-    job notifies one destination once per channel unless the caller picks its own keys."""
-    key = f"{job.id}:{channel}:{destination}"
-    if len(key) <= _KEY_LIMIT:
-        return key
-    digest = hashlib.sha256(destination.encode("utf-8")).hexdigest()
-    return f"{job.id}:{channel}:sha256:{digest}"
-
-
-def validate_notification_requests(
-    job: Job, notifications: Iterable[NotificationRequest]
-) -> list[NotificationRequest]:
-    """Check every request (channel registered in ``JOBSTATE['CHANNELS']``, destination
-    and key sizes, payload a strict JSON object) and return them with their idempotency
-    keys filled in. Raises :class:`InvalidNotification` or :class:`InvalidPayload`, and
-    :class:`DuplicateNotification` for a key repeated within the list."""
-    if isinstance(notifications, NotificationRequest | str | bytes | dict) or not isinstance(
-        notifications, Iterable
-    ):
-        raise InvalidNotification(
-            f"notifications must be a list of NotificationRequest, got {notifications!r}."
-        )
-    channels = jobstate_settings.CHANNELS
-    cleaned: list[NotificationRequest] = []
-    seen: set[str] = set()
-    for request in notifications:
-        if not isinstance(request, NotificationRequest):
-            raise InvalidNotification(
-                f"every notification must be a NotificationRequest, got {type(request).__name__}."
-            )
-        channel, destination, key = request.channel, request.destination, request.idempotency_key
-        if not isinstance(channel, str) or channel not in channels:
-            known = ", ".join(sorted(channels)) or "none"
-            raise InvalidNotification(
-                f"channel {channel!r} is not in JOBSTATE['CHANNELS'] (known: {known})."
-            )
-        _check_text(destination, field="destination", limit=_DESTINATION_LIMIT)
-        if not isinstance(request.payload, dict):
-            raise InvalidPayload(
-                f"notification payload must be a dict, got {type(request.payload).__name__}."
-            )
-        ensure_json(request.payload, field="notification payload")
-        if key is None:
-            key = default_idempotency_key(job, channel, destination)
-        _check_text(key, field="idempotency_key", limit=_KEY_LIMIT)
-        if key in seen:
-            raise DuplicateNotification(
-                f"idempotency_key {key!r} appears twice in one completion.", idempotency_key=key
-            )
-        seen.add(key)
-        cleaned.append(
-            NotificationRequest(
-                channel=channel,
-                destination=destination,
-                payload=request.payload,
-                idempotency_key=key,
-            )
-        )
-    return cleaned
-
-
-def _check_text(value: Any, *, field: str, limit: int) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidNotification(f"{field} must be a non-empty string, got {value!r}.")
-    if len(value) > limit or text_problem(value):
-        raise InvalidNotification(
-            f"{field} must be at most {limit} characters of valid Unicode, without NUL."
-        )
 
 
 def _lease_ended() -> Q:
@@ -247,6 +149,10 @@ class DatabaseNotificationOutbox(NotificationOutbox):
       ``DeliveryAttempt`` row in the same transaction as the state change.
     - A row dies after ``OUTBOX_MAX_ATTEMPTS`` attempts, with a ``delivery_error`` audit
       entry on its job; only ``requeue_delivery_job_once`` brings it back.
+
+    ``store`` is the state store whose ``append_audit`` records a dead letter (the state
+    store hands itself in); without one the entry goes straight to the audit table of
+    ``using``. ``rng`` draws the backoff jitter.
     """
 
     def __init__(
@@ -280,7 +186,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         rows = self._rows()
         with transaction.atomic(using=self.using):
             candidates = rows.filter(_due()).order_by("next_attempt_at", "id")
-            if self._is_postgresql():
+            if is_postgresql(self.using):
                 candidates = candidates.select_for_update(skip_locked=True)
             picked = list(candidates.values("state", *_LOST_ATTEMPT_FIELDS)[:count])
             exhausted = self._settle_lost_attempts(
@@ -337,7 +243,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         with transaction.atomic(using=self.using):
             held = self._held(pk, relay_id)
             # The lock keeps the attempt count read here the one the update below settles.
-            locked = held.select_for_update() if self._is_postgresql() else held
+            locked = held.select_for_update() if is_postgresql(self.using) else held
             current = locked.values("attempts", "job_id").first()
             if current is None:
                 return None
@@ -384,7 +290,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         rows = self._rows()
         with transaction.atomic(using=self.using):
             candidates = self.expired_leases().order_by("lease_until", "id")
-            if self._is_postgresql():
+            if is_postgresql(self.using):
                 candidates = candidates.select_for_update(skip_locked=True)
             lost = list(candidates.values(*_LOST_ATTEMPT_FIELDS)[:count])
             if not lost:
@@ -402,9 +308,6 @@ class DatabaseNotificationOutbox(NotificationOutbox):
 
     def _held(self, pk: uuid.UUID, relay_id: str) -> QuerySet[Notification]:
         return self._rows().filter(id=pk, relay_id=relay_id, state=NotificationState.DELIVERING)
-
-    def _is_postgresql(self) -> bool:
-        return connections[self.using].vendor == "postgresql"
 
     def _settle_lost_attempts(self, lost: list[dict[str, Any]]) -> set[uuid.UUID]:
         """Record the attempts of ``lost`` (rows picked, and locked, in the caller's
@@ -461,204 +364,76 @@ class DatabaseNotificationOutbox(NotificationOutbox):
 
     def _audit_dead(self, pk: Any, job_id: Any, attempts: int, *, error: str | None = None) -> None:
         notification = self._rows().only("channel", "idempotency_key", "last_error").get(id=pk)
-        self._audit_store().append_audit(
-            job=job_id,
-            event="delivery_error",
-            detail={
-                "notification_id": str(pk),
-                "channel": notification.channel,
-                "idempotency_key": notification.idempotency_key,
-                "attempts": attempts,
-                "error": error if error is not None else notification.last_error or "",
-            },
-        )
-
-    def _audit_store(self) -> StateStore:
+        detail = {
+            "notification_id": str(pk),
+            "channel": notification.channel,
+            "idempotency_key": notification.idempotency_key,
+            "attempts": attempts,
+            "error": error if error is not None else notification.last_error or "",
+        }
         if self._store is None:
-            # Imported here: the state store module mixes in this module's mixin.
-            from jobstate.stores.database import DatabaseStateStore
-
-            self._store = DatabaseStateStore(using=self.using)
-        return self._store
+            record_audit(self.using, job_id=job_id, event="delivery_error", detail=detail)
+        else:
+            self._store.append_audit(job=job_id, event="delivery_error", detail=detail)
 
 
-class DatabaseOutboxMixin(StateStore):
-    """``complete_job_with_notifications``, ``notification_outbox`` and
-    ``requeue_delivery_job_once`` for the database state store.
+def complete_with_notifications(
+    using: str, original: Job, cleaned: dict[str, Any], requests: list[NotificationRequest]
+) -> Job | None:
+    """The fenced terminal transition plus its outbox rows, in one transaction.
 
-    Mixed into :class:`~jobstate.stores.database.DatabaseStateStore` (before it in
-    the bases); relies on its ``using`` and ``append_audit``.
+    One conditional ``UPDATE`` matches the job's id, ``original.status`` and
+    ``original.claim_token`` (``IS NULL`` when the original had none), so a job that was
+    requeued, claimed again or finished by someone else since ``original`` was read is
+    left alone and ``None`` comes back. A key already in the outbox raises
+    :class:`~jobstate.exceptions.DuplicateNotification` and rolls back the whole
+    transition. Runs in the caller's transaction when there is one, so the caller can
+    add its own writes to the same commit.
     """
-
-    using: str
-
-    def complete_job_with_notifications(
-        self,
-        original: Job,
-        patch: dict[str, Any],
-        notifications: Iterable[NotificationRequest] = (),
-    ) -> Job | None:
-        """See :meth:`StateStore.complete_job_with_notifications`.
-
-        One conditional ``UPDATE`` matches the job's id, ``original.status`` and
-        ``original.claim_token`` (``IS NULL`` when the original had none), so a job that
-        was requeued, claimed again or finished by someone else since ``original`` was
-        read is left alone and ``None`` comes back. An ``original`` that is already
-        terminal is settled, so it also answers ``None``. ``patch`` may not name claim
-        fields (they are cleared). Each notification's idempotency key defaults to
-        :func:`default_idempotency_key`; a key already in the outbox raises
-        :class:`~jobstate.exceptions.DuplicateNotification` and rolls back the whole
-        transition. Runs in the caller's transaction when there is one, so the caller can
-        add its own writes to the same commit.
-        """
-        if not isinstance(original, Job):
-            raise InvalidJobState(f"original must be a Job, got {type(original).__name__}.")
-        if not isinstance(patch, dict):
-            raise InvalidJobState(f"patch must be a dict, got {type(patch).__name__}.")
-        cleaned = clean_job_fields(
-            patch, allowed=_COMPLETION_FIELDS, action="complete_job_with_notifications"
-        )
-        status = cleaned.get("status")
-        if status not in TERMINAL_JOB_STATUSES:
-            raise InvalidJobState(
-                "complete_job_with_notifications needs a terminal status in patch "
-                f"(done, error or rejected), got {status!r}."
-            )
-        requests = validate_notification_requests(original, notifications)
-        if original.status in TERMINAL_JOB_STATUSES:
-            return None
-        jobs = Job.objects.using(self.using)
-        try:
-            with transaction.atomic(using=self.using):
-                moved = jobs.filter(
-                    id=original.id, status=original.status, claim_token=original.claim_token
-                ).update(**cleaned, **_CLEARED_CLAIM, updated_at=Now())
-                if not moved:
-                    return None
-                job = jobs.get(id=original.id)
-                self.append_audit(
-                    job=job,
-                    event="finished",
-                    detail={
-                        "status": str(status),
-                        "previous_status": original.status,
-                        "notifications": len(requests),
-                    },
-                )
-                Notification.objects.using(self.using).bulk_create(
-                    Notification(
-                        job_id=job.id,
-                        channel=request.channel,
-                        destination=request.destination,
-                        payload=request.payload,
-                        idempotency_key=str(request.idempotency_key),
-                    )
-                    for request in requests
-                )
-        except IntegrityError as exc:
-            if not violates(
-                exc,
-                constraint=NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY,
-                table=Notification._meta.db_table,
-                columns=["idempotency_key"],
-            ):
-                raise
-            keys = [str(request.idempotency_key) for request in requests]
-            taken = (
-                Notification.objects.using(self.using)
-                .filter(idempotency_key__in=keys)
-                .values_list("idempotency_key", flat=True)
-                .first()
-            )
-            key = taken or keys[0]
-            raise DuplicateNotification(
-                f"idempotency_key {key!r} is already in the outbox; the job was not changed.",
-                idempotency_key=key,
-            ) from exc
-        return job
-
-    @property
-    def notification_outbox(self) -> DatabaseNotificationOutbox:
-        return DatabaseNotificationOutbox(self.using, store=self)
-
-    def requeue_delivery_job_once(
-        self, *, notification_id: JobId, dlq_key: str, requested_by: str
-    ) -> DeliveryRequeueOutcome:
-        """See :meth:`StateStore.requeue_delivery_job_once`.
-
-        The notification row is locked first, so concurrent replays of one dead letter
-        run one after the other; a key already used for this row answers
-        ``ALREADY_REQUEUED`` even after the row was delivered or dead again, and one used
-        for another row ``KEY_CONFLICT``. The row keeps its id, idempotency key
-        and ``last_error``; ``attempts`` restarts at 0 and it is due at once. A
-        ``dlq_resend_ok`` audit entry names ``requested_by``. Markers are permanent:
-        pruning the notification does not free its key.
-        """
-        pk = parse_uuid(notification_id, field="notification_id")
-        require_text(dlq_key, field="dlq_key")
-        require_text(requested_by, field="requested_by")
-        rows = Notification.objects.using(self.using)
-        markers = DeliveryReplay.objects.using(self.using)
-        with transaction.atomic(using=self.using):
-            locked = rows.filter(id=pk)
-            if connections[self.using].vendor == "postgresql":
-                locked = locked.select_for_update()
-            row = locked.first()
-            if row is None:
-                return DeliveryRequeueOutcome.NOT_FOUND
-            used = _replay_outcome(markers, dlq_key, pk)
-            if used is not None:
-                return used
-            if row.state != NotificationState.DEAD:
-                return DeliveryRequeueOutcome.NOT_DEAD
-            try:
-                # A savepoint: a concurrent replay of the same key on another row wins
-                # the insert, and this transaction must stay usable to answer.
-                with transaction.atomic(using=self.using):
-                    markers.create(dlq_key=dlq_key, notification_id=pk, requested_by=requested_by)
-            except IntegrityError as exc:
-                if not violates(
-                    exc,
-                    constraint=DELIVERY_REPLAY_PKEY,
-                    table=DeliveryReplay._meta.db_table,
-                    columns=["dlq_key"],
-                ):
-                    raise
-                # A concurrent replay took the key first; it may have been for this
-                # row or for another one.
-                return _replay_outcome(markers, dlq_key, pk) or (
-                    DeliveryRequeueOutcome.ALREADY_REQUEUED
-                )
-            rows.filter(id=pk, state=NotificationState.DEAD).update(
-                state=NotificationState.PENDING,
-                attempts=0,
-                next_attempt_at=Now(),
-                lease_until=None,
-                delivered_at=None,
-                updated_at=Now(),
-            )
-            self.append_audit(
-                job=row.job_id,
-                event="dlq_resend_ok",
-                summary=f"dead letter {dlq_key} requeued by {requested_by}",
+    jobs = job_rows(using)
+    rows = Notification.objects.using(using)
+    try:
+        with transaction.atomic(using=using):
+            moved = jobs.filter(
+                id=original.id, status=original.status, claim_token=original.claim_token
+            ).update(**cleaned, **CLEARED_CLAIM, updated_at=Now())
+            if not moved:
+                return None
+            job = jobs.get(id=original.id)
+            record_audit(
+                using,
+                job_id=job.id,
+                request_id=job.request_id,
+                event="finished",
                 detail={
-                    "notification_id": str(pk),
-                    "dlq_key": dlq_key,
-                    "requested_by": requested_by,
-                    "channel": row.channel,
-                    "attempts": row.attempts,
+                    "status": str(cleaned["status"]),
+                    "previous_status": original.status,
+                    "notifications": len(requests),
                 },
             )
-        return DeliveryRequeueOutcome.REQUEUED
-
-
-def _replay_outcome(
-    markers: QuerySet[DeliveryReplay], dlq_key: str, notification_id: uuid.UUID
-) -> DeliveryRequeueOutcome | None:
-    """What an existing marker for ``dlq_key`` answers, or ``None`` when the key is free."""
-    replayed = markers.filter(dlq_key=dlq_key).values_list("notification_id", flat=True).first()
-    if replayed is None:
-        return None
-    if replayed == notification_id:
-        return DeliveryRequeueOutcome.ALREADY_REQUEUED
-    return DeliveryRequeueOutcome.KEY_CONFLICT
+            rows.bulk_create(
+                Notification(
+                    job_id=job.id,
+                    channel=request.channel,
+                    destination=request.destination,
+                    payload=request.payload,
+                    idempotency_key=str(request.idempotency_key),
+                )
+                for request in requests
+            )
+    except IntegrityError as exc:
+        if not violates(
+            exc,
+            constraint=NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY,
+            table=Notification._meta.db_table,
+            columns=["idempotency_key"],
+        ):
+            raise
+        keys = [str(request.idempotency_key) for request in requests]
+        taken = rows.filter(idempotency_key__in=keys).values_list("idempotency_key", flat=True)
+        key = taken.first() or keys[0]
+        raise DuplicateNotification(
+            f"idempotency_key {key!r} is already in the outbox; the job was not changed.",
+            idempotency_key=key,
+        ) from exc
+    return job

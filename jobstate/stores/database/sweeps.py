@@ -37,6 +37,7 @@ from jobstate.stores.base import (
     NotificationState,
     StateStore,
 )
+from jobstate.stores.database.audit_locks import audit_row
 from jobstate.stores.database.batched_delete import BatchedDeleter, pick_oldest
 from jobstate.stores.database.outbox import DatabaseNotificationOutbox, OutboxLeaseRecovery
 from jobstate.stores.errors import translate_store_errors
@@ -362,18 +363,7 @@ class DatabaseSweepStore(SweepStore):
                     summary="",
                     detail=detail(picked[job_id]),
                 )
-            entries.append(
-                AuditEntry(
-                    job_id=job_id,
-                    request_id=request_id,
-                    event=event,
-                    stage=fields.stage,
-                    severity=fields.severity,
-                    title=fields.title,
-                    summary=fields.summary,
-                    detail=fields.detail,
-                )
-            )
+            entries.append(audit_row(job_id, request_id, event, fields))
         AuditEntry.objects.using(self.using).bulk_create(entries)
 
 

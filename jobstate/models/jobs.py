@@ -1,0 +1,264 @@
+"""The job queue: one row per job, its states as QuerySet methods."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+
+from django.db import models
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from jobstate.states import (
+    CLAIMED_JOB_STATUSES,
+    INFLIGHT_JOB_STATUSES,
+    TERMINAL_JOB_STATUSES,
+    JobStatus,
+)
+
+#: Unique constraint behind request-id idempotency; stores match ``IntegrityError`` on it.
+JOB_UNIQUE_REQUEST_ID = "jobstate_job_unique_request_id"
+#: PostgreSQL's name for the runtime lock table's primary key.
+RUNTIME_LOCK_PKEY = "jobstate_runtimelock_pkey"
+
+_uuid_lock = threading.Lock()
+_uuid_last_ms = 0
+_uuid_counter = 0
+
+
+def time_ordered_uuid() -> uuid.UUID:
+    """A version 7 UUID (RFC 9562): 48 bits of Unix milliseconds, a 12-bit counter,
+    62 random bits.
+
+    Jobs are claimed oldest first by ``(created_at, id)``. ``created_at`` comes from the
+    database clock, whose precision (milliseconds on SQLite) can tie for jobs queued in
+    quick succession; time-ordered ids break such ties in the order this process created
+    the jobs, which keeps a thread's queue first in, first out. The counter keeps ids
+    from one process strictly increasing even within one millisecond.
+    """
+    global _uuid_last_ms, _uuid_counter
+    with _uuid_lock:
+        now_ms = time.time_ns() // 1_000_000
+        if now_ms > _uuid_last_ms:
+            _uuid_last_ms, _uuid_counter = now_ms, 0
+        else:
+            # Same millisecond, or the clock stepped back: stay on the last instant.
+            _uuid_counter += 1
+            if _uuid_counter > 0xFFF:
+                _uuid_last_ms, _uuid_counter = _uuid_last_ms + 1, 0
+        millis, counter = _uuid_last_ms, _uuid_counter
+    random_bits = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    value = (millis & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | random_bits
+    return uuid.UUID(int=value)
+
+
+def _ready() -> Q:
+    """Queued jobs without a delay, or whose delay has passed on the database clock."""
+    return Q(run_after__isnull=True) | Q(run_after__lte=Now())
+
+
+def thread_blockers() -> JobQuerySet:
+    """A subquery over the outer job's thread: the jobs that keep the outer job waiting
+    (running or dispatched ones, and ready queued ones ahead of it by ``(created_at,
+    id)``). Use as ``~Exists(thread_blockers())``."""
+    return (
+        Job.objects.filter(thread_id=OuterRef("thread_id"))
+        .exclude(id=OuterRef("id"))
+        .filter(
+            Q(status__in=list(CLAIMED_JOB_STATUSES))
+            | (
+                Q(status=JobStatus.QUEUED)
+                & _ready()
+                & (
+                    Q(created_at__lt=OuterRef("created_at"))
+                    | Q(created_at=OuterRef("created_at"), id__lt=OuterRef("id"))
+                )
+            )
+        )
+    )
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def with_status(self, statuses: Iterable[str]) -> JobQuerySet:
+        return self.filter(status__in=list(statuses))
+
+    def queued(self) -> JobQuerySet:
+        return self.filter(status=JobStatus.QUEUED)
+
+    def inflight(self) -> JobQuerySet:
+        """Queued, running or dispatched: what per-thread quotas count."""
+        return self.with_status(INFLIGHT_JOB_STATUSES)
+
+    def claimed(self) -> JobQuerySet:
+        return self.with_status(CLAIMED_JOB_STATUSES)
+
+    def terminal(self) -> JobQuerySet:
+        return self.with_status(TERMINAL_JOB_STATUSES)
+
+    def ready(self) -> JobQuerySet:
+        """Queued jobs whose ``run_after`` is unset or has passed."""
+        return self.queued().filter(_ready())
+
+    def delayed(self) -> JobQuerySet:
+        """Queued jobs whose ``run_after`` is still in the future."""
+        return self.queued().filter(run_after__gt=Now())
+
+    def for_targets(self, targets: Iterable[str] | None) -> JobQuerySet:
+        return self if targets is None else self.filter(target__in=list(targets))
+
+    def thread_unblocked(self) -> JobQuerySet:
+        """The per-thread FIFO gate: jobs without a thread, or whose thread has no
+        running or dispatched job and no earlier ready queued job (earlier by
+        ``(created_at, id)``)."""
+        return self.filter(Q(thread_id__isnull=True) | ~Exists(thread_blockers()))
+
+    def claimable(self, targets: Iterable[str]) -> JobQuerySet:
+        """What a claim may take, oldest first."""
+        return self.ready().for_targets(targets).thread_unblocked().order_by("created_at", "id")
+
+    def expired_leases(self, fallback_older_than: timedelta) -> JobQuerySet:
+        """Jobs whose lease ended before the database clock, or that have no lease and
+        were last written more than ``fallback_older_than`` ago."""
+        return self.filter(
+            Q(lease_until__isnull=False, lease_until__lt=Now())
+            | Q(lease_until__isnull=True, updated_at__lt=Now() - fallback_older_than)
+        )
+
+    def stale_dispatched(self, dead_after: timedelta, hard_cap: timedelta) -> JobQuerySet:
+        """Dispatched jobs to hand back to the queue: lease expired, no lease and silent
+        for ``dead_after``, or dispatched longer than ``hard_cap`` ago."""
+        return self.filter(status=JobStatus.DISPATCHED).filter(
+            Q(lease_until__isnull=False, lease_until__lt=Now())
+            | Q(lease_until__isnull=True, updated_at__lt=Now() - dead_after)
+            | Q(dispatched_at__lt=Now() - hard_cap)
+        )
+
+    def not_written_for(self, older_than: timedelta) -> JobQuerySet:
+        return self.filter(updated_at__lt=Now() - older_than)
+
+    def stale_queued(self, ttl: timedelta) -> JobQuerySet:
+        return self.queued().filter(created_at__lt=Now() - ttl)
+
+
+class Job(models.Model):
+    """One unit of background work in the queue: queued, claimed by an in-process worker
+    (running) or a remote executor (dispatched), then done, error or rejected."""
+
+    id = models.UUIDField(primary_key=True, default=time_ordered_uuid, editable=False)
+    request_id = models.CharField(
+        _("request id"),
+        max_length=200,
+        help_text=_("Business idempotency key: one job per request."),
+    )
+    status = models.CharField(
+        _("status"), max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED
+    )
+    target = models.CharField(_("target"), max_length=200, null=True, blank=True)
+    source = models.CharField(_("source"), max_length=100, blank=True, default="")
+    thread_id = models.BigIntegerField(_("thread"), null=True, blank=True)
+    session_id = models.CharField(_("session"), max_length=200, null=True, blank=True)
+    input = models.JSONField(_("input"), null=True, blank=True)
+    input_preview = models.TextField(_("input preview"), blank=True, default="")
+    result = models.JSONField(_("result"), null=True, blank=True)
+    report = models.JSONField(_("report"), null=True, blank=True)
+    usage = models.JSONField(_("usage"), null=True, blank=True)
+    error = models.TextField(_("error"), null=True, blank=True)
+    metadata = models.JSONField(_("metadata"), default=dict, blank=True)
+    callback_url = models.CharField(_("callback URL"), max_length=2000, null=True, blank=True)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    run_after = models.DateTimeField(
+        _("run after"),
+        null=True,
+        blank=True,
+        help_text=_("A queued job is not claimed before this instant (delay, backoff)."),
+    )
+    # Claim fields: set by a claim, cleared by every release.
+    claimed_at = models.DateTimeField(_("claimed at"), null=True, blank=True)
+    lease_until = models.DateTimeField(_("lease until"), null=True, blank=True)
+    executor_id = models.CharField(_("executor / worker"), max_length=200, null=True, blank=True)
+    dispatched_at = models.DateTimeField(_("dispatched at"), null=True, blank=True)
+    claim_token = models.UUIDField(_("claim token"), null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(_("updated at"), db_default=Now(), editable=False)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        ordering = ["-created_at"]
+        # The admin's actions; each needs its own permission besides view_job.
+        permissions = [
+            ("requeue_job", _("Can requeue finished or expired jobs")),
+            ("reject_job", _("Can reject queued jobs")),
+            ("approve_job", _("Can approve and requeue finished jobs")),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["request_id"], name=JOB_UNIQUE_REQUEST_ID),
+            models.CheckConstraint(
+                condition=models.Q(status__in=JobStatus.values),
+                name="jobstate_job_status_valid",
+            ),
+        ]
+        indexes = [
+            # Claims: ready queued jobs of some targets, oldest first. Partial, so it
+            # holds only the queue, not the history.
+            models.Index(
+                fields=["target", "created_at", "id"],
+                condition=models.Q(status="queued"),
+                name="jobstate_job_claim_idx",
+            ),
+            # The per-thread gate and quotas. Rows without a thread (most jobs) stay out,
+            # so their claims and completions never write this index.
+            models.Index(
+                fields=["thread_id", "status", "created_at"],
+                condition=models.Q(thread_id__isnull=False),
+                name="jobstate_job_thread_idx",
+            ),
+            # Lease sweeps (expired leases, stale dispatched jobs). Only claimed rows hold
+            # a lease; a release clears it and takes the row out of the index. The id
+            # makes it the sweeps' exact order, so a batch reads no more than it takes.
+            models.Index(
+                fields=["status", "lease_until", "id"],
+                condition=models.Q(lease_until__isnull=False),
+                name="jobstate_job_lease_idx",
+            ),
+            # Executor lease renewal: only jobs dispatched to remote executors, so an
+            # in-process worker's claim never writes it.
+            models.Index(
+                fields=["executor_id"],
+                condition=models.Q(status="dispatched"),
+                name="jobstate_job_executor_idx",
+            ),
+            # Queue expiry and listing the queue or the failures oldest first. Running and
+            # done jobs are left out: claims and completions are the hot path, and those
+            # listings are served by the metrics and recent indexes below.
+            models.Index(
+                fields=["status", "created_at"],
+                condition=models.Q(status__in=["queued", "error", "rejected"]),
+                name="jobstate_job_created_idx",
+            ),
+            # Delayed jobs (the metrics' delayed count); tiny, as most jobs never wait.
+            models.Index(
+                fields=["run_after"],
+                condition=models.Q(status="queued", run_after__isnull=False),
+                name="jobstate_job_delayed_idx",
+            ),
+            # Metrics (terminal in the last minutes), listing claimed jobs and "not
+            # written for" scans.
+            models.Index(fields=["status", "updated_at"], name="jobstate_job_metrics_idx"),
+            # The admin changelist's default ordering.
+            models.Index(fields=["-created_at"], name="jobstate_job_recent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.status} ({self.id})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_JOB_STATUSES

@@ -1,0 +1,120 @@
+"""Intake and updates on the Django ORM: reading a job, creating it, enqueueing it
+idempotently, and conditional patches.
+
+Request-id idempotency rests on the unique constraint ``jobstate_job_unique_request_id``;
+only its violation becomes ``DuplicateRequestId`` or an idempotent replay. Every function
+takes values the state store has already validated.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
+
+from jobstate.models import JOB_UNIQUE_REQUEST_ID, Job
+from jobstate.states import JobStatus
+from jobstate.stores.database.hotpath import lock_thread
+from jobstate.stores.database.tables import job_rows
+from jobstate.stores.integrity import violates
+from jobstate.stores.state_validation import check_thread_quota, duplicate_request
+
+__all__ = [
+    "create_job",
+    "enqueue_job",
+    "find_by_request_id",
+    "get_job",
+    "lock_job",
+    "update_job",
+]
+
+
+def find_by_request_id(using: str, request_id: str) -> Job | None:
+    return job_rows(using).filter(request_id=request_id).first()
+
+
+def get_job(using: str, pk: uuid.UUID) -> Job | None:
+    return job_rows(using).filter(id=pk).first()
+
+
+def create_job(using: str, cleaned: dict[str, Any]) -> Job:
+    """Insert a job; a taken ``request_id`` raises ``DuplicateRequestId``."""
+    try:
+        # The savepoint keeps a host's surrounding transaction usable after a duplicate.
+        with transaction.atomic(using=using):
+            job = job_rows(using).create(**cleaned)
+    except IntegrityError as exc:
+        if _is_duplicate_request(exc):
+            raise duplicate_request(str(cleaned["request_id"])) from exc
+        raise
+    return job_rows(using).get(id=job.id)
+
+
+def enqueue_job(using: str, cleaned: dict[str, Any], quota: int | None) -> tuple[Job, bool]:
+    """Insert a job unless its ``request_id`` exists: ``(job, True)`` when inserted,
+    ``(existing, False)`` otherwise. With a ``quota`` the thread's in-flight jobs are
+    counted under the thread's advisory lock, which its claims take too, so the count
+    cannot miss a sibling inserted concurrently: exact on PostgreSQL; SQLite's
+    ``IMMEDIATE`` transactions already serialise."""
+    request_id = cleaned["request_id"]
+    existing = find_by_request_id(using, request_id)
+    if existing is not None:
+        return existing, False
+    thread_id = cleaned.get("thread_id")
+    try:
+        with transaction.atomic(using=using):
+            if quota is not None and thread_id is not None:
+                lock_thread(using, thread_id)
+                existing = find_by_request_id(using, request_id)
+                if existing is None:
+                    inflight = job_rows(using).filter(thread_id=thread_id).inflight().count()
+                    check_thread_quota(thread_id, inflight, quota)
+            if existing is None:
+                job = job_rows(using).create(**cleaned)
+    except IntegrityError as exc:
+        if not _is_duplicate_request(exc):
+            raise
+        # A concurrent enqueue of the same request won the insert.
+        existing = find_by_request_id(using, request_id)
+        if existing is None:
+            raise
+    if existing is not None:
+        return existing, False
+    return job_rows(using).get(id=job.id), True
+
+
+def update_job(
+    using: str, pk: uuid.UUID, cleaned: dict[str, Any], expected: list[JobStatus] | None
+) -> Job | None:
+    """Write ``cleaned`` and ``updated_at`` in one conditional ``UPDATE`` (narrowed to
+    ``expected`` statuses when given) and return the job as written."""
+    with transaction.atomic(using=using):
+        rows = job_rows(using).filter(id=pk)
+        if expected is not None:
+            rows = rows.with_status(expected)
+        if rows.update(**cleaned, updated_at=Now()) != 1:
+            return None
+        # Re-read inside the transaction: the row lock taken by the UPDATE means this
+        # is exactly what was written.
+        return job_rows(using).get(id=pk)
+
+
+def lock_job(using: str, pk: uuid.UUID, *, lease_ended: bool) -> Job | None:
+    """The job, locked (``SELECT ... FOR UPDATE``) until the caller's transaction ends;
+    with ``lease_ended`` only while it is claimed and its lease ended on the database
+    clock. On SQLite the ``IMMEDIATE`` transaction already keeps other writers out."""
+    rows = job_rows(using).select_for_update().filter(id=pk)
+    if lease_ended:
+        rows = rows.filter(lease_until__lt=Now()).claimed()
+    return rows.first()
+
+
+def _is_duplicate_request(exc: IntegrityError) -> bool:
+    return violates(
+        exc,
+        constraint=JOB_UNIQUE_REQUEST_ID,
+        table=Job._meta.db_table,
+        columns=["request_id"],
+    )
