@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         sub.add_argument(
             "--settings",
-            default="defaults,prepared",
+            default="defaults,prepared,unprepared",
             help="connection settings of the contenders whose statements they change "
             "(some of defaults, prepared, unprepared; see bench/variants.py)",
         )

@@ -174,6 +174,60 @@ def prepare_raw_jobstate_sql(
     return drain
 
 
+def prepare_raw_jobstate_seed_sql(
+    url: str, index: int, batch: int
+) -> Callable[[Callable[[int], None]], int]:
+    """The seed path's statements as jobstate sends them (the claim, then the outbox
+    completion with its audit entry and no notification), run by raw psycopg on
+    jobstate's tables, building no ``Job``: the schema-and-SQL share of ``jobstate-seed``."""
+    from django.db import connections
+    from psycopg.types.json import Jsonb
+
+    from jobstate.audit import complete_audit_fields
+    from jobstate.conf import jobstate_settings
+    from jobstate.models import Job, JobStatus
+    from jobstate.stores.database.hotpath import claim_statement, finish_statement
+
+    django_connection = connections["default"]
+    claim = claim_statement(django_connection, 1, JobStatus.RUNNING)
+    finish, _ = finish_statement(django_connection, ("result", "status"), True, 0)
+    names = [field.attname for field in Job._meta.concrete_fields]
+    token_at, input_at = 1 + names.index("claim_token"), 1 + names.index("input")
+    audit = complete_audit_fields(
+        event="finished",
+        stage=None,
+        severity=None,
+        title="",
+        summary="",
+        detail={"status": "done", "previous_status": "running", "notifications": 0},
+    )
+    entry = [audit.stage.value, audit.severity.value, audit.title, audit.summary]
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("SET TimeZone = 'UTC'")
+    worker = f"raw-jobstate-seed-sql-{index}"
+    lease = jobstate_settings.WORKER_LEASE
+
+    def drain(tick: Callable[[int], None]) -> int:
+        done = 0
+        with conn:
+            while True:
+                params = [TARGET, JobStatus.RUNNING.value, worker, lease, uuid.uuid4()]
+                row = conn.execute(claim, params).fetchone()
+                if row is None:
+                    return done
+                result = Jsonb({"n": row[input_at]["n"], "ok": True})
+                finished = conn.execute(
+                    finish,
+                    [result, "done", row[1], "running", row[token_at], *entry, Jsonb(audit.detail)],
+                ).fetchall()
+                if not finished:
+                    raise RuntimeError("a fresh claim's completion was refused")
+                done += 1
+                tick(done)
+
+    return drain
+
+
 def prepare_jobstate(url: str, index: int, batch: int) -> Callable[[Callable[[int], None]], int]:
     from django.db import connection
 
@@ -310,6 +364,16 @@ CONTENDERS: dict[str, Contender] = {
             load_jobstate,
             prepare_raw_jobstate_sql,
             RAW_SETTINGS,
+        ),
+        Contender(
+            "raw-jobstate-seed-sql",
+            "raw psycopg running the seed path's statements as jobstate sends them",
+            "jobstate_job",
+            "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
+            load_jobstate,
+            prepare_raw_jobstate_seed_sql,
+            RAW_SETTINGS,
+            ((_FINISHED_SQL, 1),),
         ),
         Contender(
             "jobstate",

@@ -1,6 +1,7 @@
 """The drain benchmark runs end to end on tiny counts: every contender (the raw SQL
-floor, jobstate one job at a time and in batches, procrastinate, django-tasks-db) drains
-every job it was given, and the harness cleans up after itself. Speed is not asserted
+floor, jobstate one job at a time, in batches and on the seed's outbox path,
+procrastinate, django-tasks-db) drains every job it was given under every setting that
+changes its statements, and the harness cleans up after itself. Speed is not asserted
 here; the figures belong to the benchmark's own runs."""
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -66,13 +67,23 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
         assert cell["done"] == cell["jobs"] == JOBS, cell
         assert cell["transactions"] > 0, cell
         assert cell["statements"] > 0, cell
-    ours = [cell for cell in cells if cell["contender"] == "jobstate"]
+    settings = {(cell["contender"], cell["setting"]) for cell in cells}
+    # Every jobstate contender under Django's defaults, with prepared statements, and
+    # with jobstate's own preparation off; the peers under what changes theirs.
+    for name in ("jobstate", "jobstate-batch", "jobstate-seed", "jobstate-seed-2"):
+        assert {s for n, s in settings if n == name} == {"defaults", "prepared", "unprepared"}
+    assert {s for n, s in settings if n == "procrastinate"} == {"defaults", "prepared"}
+    seed = [cell for cell in cells if cell["contender"].startswith("jobstate-seed")]
+    # A claim and a completion per job, and each worker's last claim that found nothing.
+    assert {cell["statements"] - 2 * cell["done"] for cell in seed} == {2}
+    ours = [c for c in cells if (c["contender"], c["setting"]) == ("jobstate", "defaults")]
     assert ours[0]["rss_growth"] is not None, "worker memory was not sampled"
     manifest = report["manifest"]
     assert manifest["postgresql"].startswith("PostgreSQL")
     assert manifest["postgresql_settings"]["synchronous_commit"] in {"on", "off", "local"}
-    assert "| jobstate | 2 |" in result.stdout
-    assert "jobstate-batch / jobstate at 2 workers" in result.stdout
+    assert "| jobstate | defaults | 2 |" in result.stdout
+    assert "jobstate-seed [defaults] / faster peer at 2 workers" in result.stdout
+    assert "jobstate-batch [prepared] / jobstate [prepared] at 2 workers" in result.stdout
     with psycopg.connect(postgres_server_url() + "postgres") as conn:
         left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
     assert left is None, "the benchmark left its database behind"
