@@ -29,14 +29,27 @@ from bench.pg import (
 )
 
 
-def _prepare(url: str) -> dict[str, Any]:
+def _prepare(url: str, *, django: bool = True) -> dict[str, Any]:
     recreate_database(url)
+    if not django:
+        # The command sets Django up itself, under the settings it measures.
+        _migrate_in_a_subprocess(url)
+        with connect(url) as conn:
+            return manifest(conn)
     setup_django(url)
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
     with connect(url) as conn:
         return manifest(conn)
+
+
+def _migrate_in_a_subprocess(url: str) -> None:
+    import subprocess
+
+    code = "from bench.pg import setup_django; from django.core.management import call_command; "
+    code += f"setup_django({url!r}); call_command('migrate', verbosity=0, interactive=False)"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 
 def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
@@ -89,6 +102,19 @@ def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
     }
 
 
+def _profile(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import profile
+
+    result["profile"] = profile.run(
+        url,
+        jobs=args.jobs,
+        notifications=args.notifications,
+        setting=args.setting,
+        cprofile=args.cprofile,
+        log=lambda line: print(line, flush=True),
+    )
+
+
 def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
     from bench import sweeps
 
@@ -130,6 +156,17 @@ def main(argv: list[str] | None = None) -> int:
         "sweeps", help="heartbeat, reap, prune and metrics at scale"
     )
     all_parser = commands.add_parser("all", help="drain, then sweeps")
+    profile_parser = commands.add_parser(
+        "profile", help="one worker on the seed's completion path: where a job's time goes"
+    )
+    profile_parser.add_argument("--jobs", type=int, default=5000)
+    profile_parser.add_argument("--notifications", type=int, default=0, choices=[0, 2])
+    profile_parser.add_argument(
+        "--setting", default="defaults", choices=["defaults", "prepared", "unprepared"]
+    )
+    profile_parser.add_argument(
+        "--cprofile", type=int, default=0, help="also profile, printing the top N functions"
+    )
     for sub in (drain_parser, all_parser):
         sub.add_argument("--workers", default="4", help="worker processes, e.g. 4 or 1,4")
         sub.add_argument("--jobs", type=int, default=20000)
@@ -165,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     url = database_url(args.server, args.database)
     try:
         result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}
-        result["manifest"] = _prepare(url)
+        result["manifest"] = _prepare(url, django=args.command != "profile")
+        if args.command == "profile":
+            _profile(args, url, result)
         if args.command in ("drain", "all"):
             _drain(args, url, result)
         if args.command in ("sweeps", "all"):

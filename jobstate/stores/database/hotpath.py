@@ -16,6 +16,7 @@ them (:mod:`jobstate.stores.database.hotcursor`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import Sequence
@@ -26,7 +27,6 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
-from jobstate.audit import AuditFields
 from jobstate.models import AuditEntry, Job, Notification, time_ordered_uuid
 from jobstate.states import (
     CLAIMED_JOB_STATUSES,
@@ -39,6 +39,7 @@ from jobstate.stores.state_validation import ParsedReport
 from jobstate.stores.validation import JOB_CLAIM_FIELDS
 
 __all__ = [
+    "FinishedEntry",
     "claim_one",
     "claim_statement",
     "claim_unthreaded",
@@ -49,6 +50,10 @@ __all__ = [
     "lock_thread",
     "try_lock_thread",
 ]
+
+#: A ``finished`` audit entry's completed stage, severity, title, summary, and detail as
+#: JSON text: the parameters :func:`finish_with_notifications` inserts it with.
+FinishedEntry = tuple[str, str, str, str, str]
 
 #: The per-thread FIFO gate of ``JobQuerySet.thread_unblocked`` for a candidate ``c``,
 #: in SQL: a running or dispatched sibling, or a ready queued sibling ahead of it.
@@ -279,13 +284,13 @@ def finish_with_notifications(
     using: str,
     original: Job,
     cleaned: dict[str, Any],
-    audit: AuditFields,
+    entry: FinishedEntry,
     requests: Sequence[NotificationRequest],
 ) -> Job | None:
     """``complete_job_with_notifications`` on PostgreSQL in one statement: the fenced
-    terminal ``UPDATE ... RETURNING`` of the job, its ``finished`` audit entry (fields
-    ``audit``) and one outbox row per request, inserted from what the ``UPDATE``
-    returned. Returns the job as written, or ``None`` when the fence failed, in which
+    terminal ``UPDATE ... RETURNING`` of the job, its ``finished`` audit entry (the
+    completed fields ``entry``) and one outbox row per request, inserted from what the
+    ``UPDATE`` returned. Returns the job as written, or ``None`` when the fence failed, in which
     case nothing was inserted either.
 
     One statement is atomic on its own: in autocommit it commits or fails whole, and
@@ -302,14 +307,8 @@ def finish_with_notifications(
     params += [original.id, original.status]
     if tokened:
         params.append(original.claim_token)
-    detail, payload = _json_fields()
-    params += [
-        audit.stage,
-        audit.severity,
-        audit.title,
-        audit.summary,
-        detail.get_db_prep_save(audit.detail, connection),
-    ]
+    params += entry
+    payload = _payload_field()
     for request in requests:
         params += [
             time_ordered_uuid(),
@@ -372,7 +371,7 @@ def finish_statement(
                 WHERE j.id = %s AND j.status = %s AND {token}
                 RETURNING {_returning_columns(connection, "j")}
             ),
-            entry AS (
+            finished AS (
                 INSERT INTO {entries}
                     (job_id, request_id, event, stage, severity, title, summary, detail)
                 SELECT moved.id, moved.request_id, 'finished', %s, %s, %s, %s, CAST(%s AS jsonb)
@@ -384,11 +383,11 @@ def finish_statement(
     return cast("tuple[str, list[Field[Any, Any]]]", cached)
 
 
-def _json_fields() -> tuple[Field[Any, Any], Field[Any, Any]]:
-    """The audit entry's ``detail`` and the notification's ``payload`` fields, whose
-    ``get_db_prep_save`` adapts a value as the ORM would."""
-    detail = AuditEntry._meta.get_field("detail")
+@functools.cache
+def _payload_field() -> Field[Any, Any]:
+    """The notification's ``payload`` field, whose ``get_db_prep_save`` adapts a value as
+    the ORM would."""
     payload = Notification._meta.get_field("payload")
-    if not isinstance(detail, Field) or not isinstance(payload, Field):
-        raise TypeError("the audit detail and the notification payload are concrete fields.")
-    return detail, payload
+    if not isinstance(payload, Field):
+        raise TypeError("Notification.payload is a concrete field.")
+    return payload
