@@ -91,6 +91,41 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
 
 @pytest.mark.postgres
 @pytest.mark.slow
+def test_the_profile_splits_a_seed_job_and_names_where_the_python_goes(tmp_path: Path) -> None:
+    name = f"jobstate_bench_profile_smoke_{os.getpid()}"
+    out = tmp_path / "profile.json"
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench", "--server", postgres_server_url(), "--database", name),
+            *("--output", str(out), "profile", "--jobs", "100", "--notifications", "2"),
+            *("--cprofile", "5"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    profile = json.loads(out.read_text())["profile"]
+    assert (profile["contender"], profile["setting"], profile["jobs"]) == (
+        "jobstate-seed-2",
+        "defaults",
+        100,
+    )
+    # The claim and the one-statement completion per job, and a last claim finding none.
+    assert profile["statements"] == pytest.approx(2 + 1 / 100)
+    assert profile["wall_us"] >= profile["worker_cpu_us"] > 0
+    assert "function calls" in profile["cprofile"]
+    with psycopg.connect(postgres_server_url() + "postgres") as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+    assert left is None, "the benchmark left its database behind"
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
 def test_the_sweeps_run_reaps_and_prunes_every_row_and_reports_its_targets(
     tmp_path: Path,
 ) -> None:
