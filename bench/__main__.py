@@ -3,6 +3,7 @@
     python -m bench drain --workers 4 --jobs 20000 --repeats 3
     python -m bench sweeps --rows 1000000
     python -m bench all
+    python -m bench calls --jobs 5000
 
 See ``docs/benchmarks.md`` for what each measures and the figures of a real run.
 """
@@ -132,6 +133,15 @@ def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         print(line)
 
 
+def _calls(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import calls
+
+    print(f"calls: {args.jobs} jobs per path, batch k={args.batch}", flush=True)
+    result["calls"] = calls.run(
+        jobs=args.jobs, batch=args.batch, log=lambda line: print(line, flush=True)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -167,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     profile_parser.add_argument(
         "--cprofile", type=int, default=0, help="also profile, printing the top N functions"
     )
+    calls_parser = commands.add_parser(
+        "calls", help="Python calls and CPU per job on the hot paths, in one process"
+    )
+    calls_parser.add_argument("--jobs", type=int, default=5000)
+    calls_parser.add_argument("--batch", type=int, default=50)
     for sub in (drain_parser, all_parser):
         sub.add_argument("--workers", default="4", help="worker processes, e.g. 4 or 1,4")
         sub.add_argument("--jobs", type=int, default=20000)
@@ -209,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             _drain(args, url, result)
         if args.command in ("sweeps", "all"):
             _sweeps(args, url, result)
+        if args.command == "calls":
+            _calls(args, url, result)
         result["load_average_at_end"] = load_average()
         if args.output:
             args.output.write_text(json.dumps(result, indent=2, default=str))

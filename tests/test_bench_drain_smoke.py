@@ -162,3 +162,28 @@ def test_the_sweeps_run_reaps_and_prunes_every_row_and_reports_its_targets(
 def test_refuses_to_recreate_a_database_it_must_not_drop(name: str) -> None:
     with pytest.raises(BenchError):
         recreate_database(f"postgres://postgres@127.0.0.1:5432/{name}")
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_call_count_drains_every_path_and_reports_per_job_figures(tmp_path: Path) -> None:
+    name = f"jobstate_bench_calls_smoke_{os.getpid()}"
+    out = tmp_path / "calls.json"
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    command = ["-m", "bench", "--server", postgres_server_url(), "--database", name]
+    result = subprocess.run(
+        [sys.executable, *command, "--output", str(out), "calls", "--jobs", "60", "--batch", "25"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    calls = json.loads(out.read_text())["calls"]
+    assert set(calls) == {"one-job", "batch", "seed", "seed-2"}
+    for path in calls.values():
+        assert path["jobs"] == 60
+        # Claiming and completing a job is real work: far more than a handful of calls.
+        assert path["calls_per_job"] > 50 and path["cpu_us_per_job"] > 0
+    assert "Python calls per job" in result.stdout
