@@ -6,7 +6,8 @@ function calls one process makes to claim and complete a job does not. This coun
 ``complete_claimed_job``), the batch path (``claim_next_inhub_jobs`` then
 ``complete_claimed_jobs``) and the seed's outbox path (``claim_next_inhub_job`` then
 ``complete_job_with_notifications`` with 0 and with 2 notifications), one process, one
-connection, and prints calls and CPU microseconds per job. Run it at two revisions to compare what a change costs in Python::
+connection, and prints calls and CPU microseconds per job. Run it at two revisions to
+compare what a change costs in Python::
 
     python -m bench calls --jobs 5000
 """
