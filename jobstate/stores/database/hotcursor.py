@@ -59,8 +59,9 @@ def hot_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
         reused = cursor_class(raw)
         reused.adapters.register_loader("timestamptz", _compiled_timestamptz_loader())
         _HOT_CURSORS[connection] = reused
-    # Read on every call, so a test's settings override applies to a kept cursor too.
-    reused.prepare_hot = jobstate_settings.PREPARED_STATEMENTS
+    # Read on every call, so a test's settings override applies to a kept cursor too. A
+    # host that set a threshold already has psycopg prepare as it chose.
+    reused.prepare_hot = raw.prepare_threshold is None and jobstate_settings.PREPARED_STATEMENTS
     # Django wraps its own cursors the same way (``_prepare_cursor``): debug logging,
     # execute wrappers and thread-sharing checks apply unchanged. The wrapper is not
     # closed: the psycopg cursor is reused by the next call on this connection.
@@ -83,7 +84,8 @@ def _hot_cursor_class() -> type[Any] | None:
     base: Any = ServerBindingCursor
 
     class HotCursor(base):
-        """Prepares what it runs while ``prepare_hot`` is set.
+        """Prepares what it runs while ``prepare_hot`` is set (by :func:`hot_cursor`: the
+        setting is on and the connection's threshold is ``None``).
 
         psycopg ignores ``execute(..., prepare=True)`` on a connection whose
         ``prepare_threshold`` is ``None`` (Django's default), so the threshold is set
@@ -100,14 +102,9 @@ def _hot_cursor_class() -> type[Any] | None:
             prepare: bool | None = None,
             binary: bool | None = None,
         ) -> Any:
-            connection = self.connection
-            # A host that set a threshold already has psycopg prepare as it chose.
-            if (
-                not self.prepare_hot
-                or prepare is not None
-                or connection.prepare_threshold is not None
-            ):
+            if not self.prepare_hot or prepare is not None:
                 return super().execute(query, params, prepare=prepare, binary=binary)
+            connection = self.connection
             connection.prepare_threshold = PREPARE_AFTER
             try:
                 return super().execute(query, params, binary=binary)
