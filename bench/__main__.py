@@ -31,8 +31,13 @@ from bench.pg import (
 )
 
 
-def _prepare(url: str) -> dict[str, Any]:
+def _prepare(url: str, *, django: bool = True) -> dict[str, Any]:
     recreate_database(url)
+    if not django:
+        # The command sets Django up itself, under the settings it measures.
+        _migrate_in_a_subprocess(url)
+        with connect(url) as conn:
+            return manifest(conn)
     setup_django(url)
     from django.core.management import call_command
 
@@ -41,8 +46,17 @@ def _prepare(url: str) -> dict[str, Any]:
         return manifest(conn)
 
 
+def _migrate_in_a_subprocess(url: str) -> None:
+    import subprocess
+
+    code = "from bench.pg import setup_django; from django.core.management import call_command; "
+    code += f"setup_django({url!r}); call_command('migrate', verbosity=0, interactive=False)"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
 def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
     from bench import drain
+    from bench.variants import SELECTABLE
 
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = set(contenders) - set(drain.CONTENDERS)
@@ -50,16 +64,20 @@ def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         raise BenchError(
             f"unknown contender(s) {sorted(unknown)}; known: {', '.join(drain.CONTENDERS)}"
         )
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if not settings or set(settings) - set(SELECTABLE):
+        raise BenchError(f"--settings takes some of {', '.join(SELECTABLE)}, got {args.settings!r}")
     workers = [int(w) for w in str(args.workers).split(",")]
     print(
         f"drain: {args.jobs} jobs, workers {workers}, {args.repeats} repeats, "
-        f"batch k={args.batch}; "
+        f"batch k={args.batch}, settings {', '.join(settings)}; "
         f"load average {load_average()}",
         flush=True,
     )
     summaries = drain.run(
         url,
         contenders=contenders,
+        settings=settings,
         workers=workers,
         jobs=args.jobs,
         repeats=args.repeats,
@@ -68,18 +86,35 @@ def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         log=lambda line: print(line, flush=True),
     )
     text = drain.table(summaries, args.batch)
+    side_by_side = drain.settings_table(summaries, args.batch)
     checks = drain.targets(summaries, workers=4 if 4 in workers else workers[-1])
     print()
     print(text)
+    print()
+    print(side_by_side)
     print()
     for line in checks:
         print(line)
     print(f"load average at the end: {load_average()}")
     result["drain"] = {
         "table": text,
+        "settings_table": side_by_side,
         "targets": checks,
         "cells": [vars(c) for s in summaries.values() for c in s.cells],
     }
+
+
+def _profile(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import profile
+
+    result["profile"] = profile.run(
+        url,
+        jobs=args.jobs,
+        notifications=args.notifications,
+        setting=args.setting,
+        cprofile=args.cprofile,
+        log=lambda line: print(line, flush=True),
+    )
 
 
 def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
@@ -195,6 +230,17 @@ def main(argv: list[str] | None = None) -> int:
         "--samples", type=int, default=200, help="tasks of each latency measurement"
     )
     all_parser = commands.add_parser("all", help="drain, then sweeps")
+    profile_parser = commands.add_parser(
+        "profile", help="one worker on the seed's completion path: where a job's time goes"
+    )
+    profile_parser.add_argument("--jobs", type=int, default=5000)
+    profile_parser.add_argument("--notifications", type=int, default=0, choices=[0, 2])
+    profile_parser.add_argument(
+        "--setting", default="defaults", choices=["defaults", "prepared", "unprepared"]
+    )
+    profile_parser.add_argument(
+        "--cprofile", type=int, default=0, help="also profile, printing the top N functions"
+    )
     calls_parser = commands.add_parser(
         "calls", help="Python calls and CPU per job on the hot paths, in one process"
     )
@@ -208,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument(
             "--contenders",
             default=",".join(CONTENDERS),
+        )
+        sub.add_argument(
+            "--settings",
+            default="defaults,prepared,unprepared",
+            help="connection settings of the contenders whose statements they change "
+            "(some of defaults, prepared, unprepared; see bench/variants.py)",
         )
         sub.add_argument(
             "--memory-every",
@@ -229,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     url = database_url(args.server, args.database)
     try:
         result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}
-        result["manifest"] = _prepare(url)
+        result["manifest"] = _prepare(url, django=args.command != "profile")
+        if args.command == "profile":
+            _profile(args, url, result)
         if args.command in ("drain", "all"):
             _drain(args, url, result)
         if args.command in ("sweeps", "all"):

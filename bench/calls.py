@@ -3,9 +3,11 @@
 A drain's jobs/s moves with whatever else the machine runs; the number of Python
 function calls one process makes to claim and complete a job does not. This counts them
 (``cProfile``'s total) for the one-job path (``claim_next_inhub_job`` then
-``complete_claimed_job``) and the batch path (``claim_next_inhub_jobs`` then
-``complete_claimed_jobs``), one process, one connection, and prints calls and CPU
-microseconds per job. Run it at two revisions to compare what a change costs in Python::
+``complete_claimed_job``), the batch path (``claim_next_inhub_jobs`` then
+``complete_claimed_jobs``) and the seed's outbox path (``claim_next_inhub_job`` then
+``complete_job_with_notifications`` with 0 and with 2 notifications), one process, one
+connection, and prints calls and CPU microseconds per job. Run it at two revisions to
+compare what a change costs in Python::
 
     python -m bench calls --jobs 5000
 """
@@ -47,6 +49,22 @@ def _batch(store: Any, target: str, batch: int) -> int:
     return done
 
 
+def _seed_path(store: Any, target: str, notifications: int) -> int:
+    from jobstate.stores.base import NotificationRequest
+
+    done = 0
+    while (job := store.claim_next_inhub_job([target], "calls")) is not None:
+        requests = [
+            NotificationRequest("webhook", "https://hooks.example.com/jobs", {"job": done}),
+            NotificationRequest("email", "ops@example.com", {"subject": "done", "body": "ok"}),
+        ][:notifications]
+        store.complete_job_with_notifications(
+            job, {"status": "done", "result": {"n": done, "ok": True}}, requests
+        )
+        done += 1
+    return done
+
+
 def _measure(drain: Callable[[], int]) -> dict[str, float]:
     profile = cProfile.Profile()
     cpu = time.process_time()
@@ -67,6 +85,8 @@ def run(*, jobs: int, batch: int, log: Callable[[str], None]) -> dict[str, dict[
     drains: dict[str, Callable[[str], int]] = {
         "one-job": lambda target: _one_job(store, target),
         "batch": lambda target: _batch(store, target, batch),
+        "seed": lambda target: _seed_path(store, target, 0),
+        "seed-2": lambda target: _seed_path(store, target, 2),
     }
     for path, drain in drains.items():
         target = f"calls-{path}"

@@ -1,10 +1,10 @@
-"""The contenders of the drain benchmark: how each loads the same no-op jobs and how one
-of its worker processes drains them.
+"""The contenders of the drain benchmark: how one of each contender's worker processes
+drains the jobs :mod:`bench.loading` loaded, and under which settings it runs.
 
-Every worker runs :func:`worker_main` in its own process: it sets Django up, opens its
-connection and warms it, waits at the barrier with the others, drains until its queue
-answers empty, and reports what it did. The payload of every job is the same ~200-byte
-JSON object.
+Every worker runs :func:`worker_main` in its own process: it takes the environment of its
+cell's setting (:mod:`bench.variants`), sets Django up, opens its connection and warms
+it, waits at the barrier with the others, drains until its queue answers empty, and
+reports what it did.
 """
 
 from __future__ import annotations
@@ -18,12 +18,23 @@ from typing import Any
 
 import psycopg
 
+from bench.loading import (
+    RAW_TABLE,
+    TARGET,
+    load_jobstate,
+    load_procrastinate,
+    load_raw,
+    load_tasks_db,
+)
 from bench.pg import StatementCounter, setup_django
-
-PAYLOAD_PAD = "x" * 150
-TARGET = "bench"
-
-RAW_TABLE = "bench_raw_job"
+from bench.variants import (
+    CLIENT_BINDING_SETTINGS,
+    DJANGO_POOL_SETTINGS,
+    JOBSTATE_SETTINGS,
+    RAW_SETTINGS,
+    SETTINGS,
+    prepare_jobstate_seed,
+)
 
 #: psutil is optional: without it worker memory is not sampled.
 try:
@@ -48,137 +59,10 @@ class Contender:
     load: Callable[[str, int, int], None]
     #: (url, index, batch) -> drain function, run in the worker before the barrier.
     prepare: Callable[[str, int, int], Callable[[Callable[[int], None]], int]]
-
-
-# --- loading ----------------------------------------------------------------------------
-
-
-def _clone(
-    conn: psycopg.Connection[Any], table: str, template: str, count: int, overrides: dict[str, str]
-) -> None:
-    """Copy the row ``template`` selects ``count - 1`` times inside the server, with the
-    columns in ``overrides`` replaced by SQL expressions (``g`` is the copy's number)."""
-    if count <= 1:
-        return
-    columns = [
-        row[0]
-        for row in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-            "AND table_schema = current_schema() ORDER BY ordinal_position",
-            [table],
-        ).fetchall()
-    ]
-    kept = [c for c in columns if overrides.get(c) != "DEFAULT"]
-    exprs = [overrides.get(c, f'src."{c}"') for c in kept]
-    names = ", ".join(f'"{c}"' for c in kept)
-    conn.execute(
-        f'INSERT INTO "{table}" ({names}) SELECT {", ".join(exprs)} '
-        f'FROM (SELECT * FROM "{table}" WHERE {template}) AS src, generate_series(2, %s) AS g',
-        [count],
-    )
-
-
-def _finish_load(conn: psycopg.Connection[Any], table: str) -> None:
-    conn.execute(f'VACUUM (ANALYZE) "{table}"')
-    conn.execute("CHECKPOINT")
-
-
-def load_raw(url: str, jobs: int, batch: int) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"""
-            CREATE TABLE IF NOT EXISTS {RAW_TABLE} (
-                id bigserial PRIMARY KEY,
-                status text NOT NULL DEFAULT 'queued',
-                payload jsonb NOT NULL,
-                worker text,
-                claim_token uuid,
-                claimed_at timestamptz,
-                lease_until timestamptz,
-                created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-                updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
-            )""")
-        conn.execute(
-            f"CREATE INDEX IF NOT EXISTS {RAW_TABLE}_claim_idx ON {RAW_TABLE} "
-            "(created_at, id) WHERE status = 'queued'"
-        )
-        conn.execute(f"TRUNCATE {RAW_TABLE}")
-        conn.execute(
-            f"INSERT INTO {RAW_TABLE} (payload) SELECT jsonb_build_object('n', g, 'pad', %s::text) "
-            "FROM generate_series(1, %s) AS g",
-            [PAYLOAD_PAD, jobs],
-        )
-        _finish_load(conn, RAW_TABLE)
-
-
-def load_jobstate(url: str, jobs: int, batch: int) -> None:
-    from jobstate.models import Job
-    from jobstate.stores import get_state_store
-
-    table = Job._meta.db_table
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'TRUNCATE "{table}" CASCADE')
-    template = get_state_store().create_job(
-        request_id="bench-1", target=TARGET, source="bench", input={"n": 1, "pad": PAYLOAD_PAD}
-    )
-    with psycopg.connect(url, autocommit=True) as conn:
-        _clone(
-            conn,
-            table,
-            f"id = '{template.id}'",
-            jobs,
-            {
-                "id": "gen_random_uuid()",
-                "request_id": "'bench-' || g",
-                "input": f"jsonb_build_object('n', g, 'pad', '{PAYLOAD_PAD}')",
-                "created_at": "clock_timestamp()",
-                "updated_at": "clock_timestamp()",
-            },
-        )
-        _finish_load(conn, table)
-
-
-def load_procrastinate(url: str, jobs: int, batch: int) -> None:
-    from bench.peer_tasks import procrastinate_noop
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE procrastinate_jobs CASCADE")
-    procrastinate_noop.defer(n=1, pad=PAYLOAD_PAD)
-    with psycopg.connect(url, autocommit=True) as conn:
-        first = conn.execute("SELECT min(id) FROM procrastinate_jobs").fetchone()
-        _clone(
-            conn,
-            "procrastinate_jobs",
-            f"id = {first[0] if first else 0}",
-            jobs,
-            {
-                "id": "DEFAULT",
-                "args": f"jsonb_build_object('n', g, 'pad', '{PAYLOAD_PAD}')",
-            },
-        )
-        _finish_load(conn, "procrastinate_jobs")
-
-
-def load_tasks_db(url: str, jobs: int, batch: int) -> None:
-    from django_tasks_db.models import DBTaskResult
-
-    from bench.peer_tasks import tasks_db_noop
-
-    table = DBTaskResult._meta.db_table
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'TRUNCATE "{table}" CASCADE')
-    result = tasks_db_noop.enqueue(n=1, pad=PAYLOAD_PAD)
-    with psycopg.connect(url, autocommit=True) as conn:
-        _clone(
-            conn,
-            table,
-            f"id = '{result.id}'",
-            jobs,
-            {
-                "id": "gen_random_uuid()",
-                "enqueued_at": "clock_timestamp()",
-            },
-        )
-        _finish_load(conn, table)
+    #: The settings (names in ``bench.variants.SETTINGS``) its cells run under.
+    settings: tuple[str, ...]
+    #: Besides ``done_sql``: (SQL counting rows, rows expected per job) after a cell.
+    checks: tuple[tuple[str, int], ...] = ()
 
 
 # --- draining -----------------------------------------------------------------------------
@@ -290,6 +174,60 @@ def prepare_raw_jobstate_sql(
     return drain
 
 
+def prepare_raw_jobstate_seed_sql(
+    url: str, index: int, batch: int
+) -> Callable[[Callable[[int], None]], int]:
+    """The seed path's statements as jobstate sends them (the claim, then the outbox
+    completion with its audit entry and no notification), run by raw psycopg on
+    jobstate's tables, building no ``Job``: the schema-and-SQL share of ``jobstate-seed``."""
+    from django.db import connections
+    from psycopg.types.json import Jsonb
+
+    from jobstate.audit import complete_audit_fields
+    from jobstate.conf import jobstate_settings
+    from jobstate.models import Job, JobStatus
+    from jobstate.stores.database.hotpath import claim_statement, finish_statement
+
+    django_connection = connections["default"]
+    claim = claim_statement(django_connection, 1, JobStatus.RUNNING)
+    finish, _ = finish_statement(django_connection, ("result", "status"), True, 0)
+    names = [field.attname for field in Job._meta.concrete_fields]
+    token_at, input_at = 1 + names.index("claim_token"), 1 + names.index("input")
+    audit = complete_audit_fields(
+        event="finished",
+        stage=None,
+        severity=None,
+        title="",
+        summary="",
+        detail={"status": "done", "previous_status": "running", "notifications": 0},
+    )
+    entry = [audit.stage.value, audit.severity.value, audit.title, audit.summary]
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute("SET TimeZone = 'UTC'")
+    worker = f"raw-jobstate-seed-sql-{index}"
+    lease = jobstate_settings.WORKER_LEASE
+
+    def drain(tick: Callable[[int], None]) -> int:
+        done = 0
+        with conn:
+            while True:
+                params = [TARGET, JobStatus.RUNNING.value, worker, lease, uuid.uuid4()]
+                row = conn.execute(claim, params).fetchone()
+                if row is None:
+                    return done
+                result = Jsonb({"n": row[input_at]["n"], "ok": True})
+                finished = conn.execute(
+                    finish,
+                    [result, "done", row[1], "running", row[token_at], *entry, Jsonb(audit.detail)],
+                ).fetchall()
+                if not finished:
+                    raise RuntimeError("a fresh claim's completion was refused")
+                done += 1
+                tick(done)
+
+    return drain
+
+
 def prepare_jobstate(url: str, index: int, batch: int) -> Callable[[Callable[[int], None]], int]:
     from django.db import connection
 
@@ -394,6 +332,9 @@ def prepare_tasks_db(url: str, index: int, batch: int) -> Callable[[Callable[[in
     return drain
 
 
+_FINISHED_SQL = "SELECT count(*) FROM jobstate_auditentry WHERE event = 'finished'"
+_NOTIFICATIONS_SQL = "SELECT count(*) FROM jobstate_notification WHERE state = 'pending'"
+
 CONTENDERS: dict[str, Contender] = {
     c.name: c
     for c in [
@@ -404,6 +345,7 @@ CONTENDERS: dict[str, Contender] = {
             f"SELECT count(*) FROM {RAW_TABLE} WHERE status = 'done'",
             load_raw,
             prepare_raw,
+            RAW_SETTINGS,
         ),
         Contender(
             "raw-batch",
@@ -412,6 +354,7 @@ CONTENDERS: dict[str, Contender] = {
             f"SELECT count(*) FROM {RAW_TABLE} WHERE status = 'done'",
             load_raw,
             prepare_raw_batch,
+            RAW_SETTINGS,
         ),
         Contender(
             "raw-jobstate-sql",
@@ -420,6 +363,17 @@ CONTENDERS: dict[str, Contender] = {
             "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
             load_jobstate,
             prepare_raw_jobstate_sql,
+            RAW_SETTINGS,
+        ),
+        Contender(
+            "raw-jobstate-seed-sql",
+            "raw psycopg running the seed path's statements as jobstate sends them",
+            "jobstate_job",
+            "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
+            load_jobstate,
+            prepare_raw_jobstate_seed_sql,
+            RAW_SETTINGS,
+            ((_FINISHED_SQL, 1),),
         ),
         Contender(
             "jobstate",
@@ -428,6 +382,7 @@ CONTENDERS: dict[str, Contender] = {
             "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
             load_jobstate,
             prepare_jobstate,
+            JOBSTATE_SETTINGS,
         ),
         Contender(
             "jobstate-batch",
@@ -436,6 +391,27 @@ CONTENDERS: dict[str, Contender] = {
             "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
             load_jobstate,
             prepare_jobstate_batch,
+            JOBSTATE_SETTINGS,
+        ),
+        Contender(
+            "jobstate-seed",
+            "jobstate, the seed's path: claim_next_inhub_job + complete_job_with_notifications",
+            "jobstate_job",
+            "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
+            load_jobstate,
+            prepare_jobstate_seed(0),
+            JOBSTATE_SETTINGS,
+            ((_FINISHED_SQL, 1), (_NOTIFICATIONS_SQL, 0)),
+        ),
+        Contender(
+            "jobstate-seed-2",
+            "the seed's path with 2 notifications per job (a webhook and an e-mail)",
+            "jobstate_job",
+            "SELECT count(*) FROM jobstate_job WHERE status = 'done' AND target = 'bench'",
+            load_jobstate,
+            prepare_jobstate_seed(2),
+            JOBSTATE_SETTINGS,
+            ((_FINISHED_SQL, 1), (_NOTIFICATIONS_SQL, 2)),
         ),
         Contender(
             "procrastinate",
@@ -444,6 +420,7 @@ CONTENDERS: dict[str, Contender] = {
             "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
             load_procrastinate,
             prepare_procrastinate,
+            DJANGO_POOL_SETTINGS,
         ),
         Contender(
             "django-tasks-db",
@@ -452,16 +429,25 @@ CONTENDERS: dict[str, Contender] = {
             "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'",
             load_tasks_db,
             prepare_tasks_db,
+            CLIENT_BINDING_SETTINGS,
         ),
     ]
 }
 
 
 def worker_main(
-    contender: str, url: str, index: int, batch: int, barrier: Any, results: Any, memory_every: int
+    contender: str,
+    setting: str,
+    url: str,
+    index: int,
+    batch: int,
+    barrier: Any,
+    results: Any,
+    memory_every: int,
 ) -> None:
     """Body of one worker process (started with the ``spawn`` method)."""
     try:
+        os.environ.update(SETTINGS[setting].env)
         setup_django(url)
         StatementCounter.install()
         drain = CONTENDERS[contender].prepare(url, index, batch)

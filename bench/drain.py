@@ -20,19 +20,24 @@ import psycopg
 
 from bench.contenders import CONTENDERS, worker_main
 from bench.pg import BenchError, database_name, database_url, load_average
+from bench.variants import SELECTABLE
 
 try:
     import psutil
 except ImportError:  # pragma: no cover - psutil is in the bench dependency group
     psutil = None
 
-#: The contender every ratio is taken against.
+#: The contender whose worker memory is sampled.
 OURS = "jobstate"
+
+#: The peers whose faster cell the targets are measured against.
+PEERS = ("procrastinate", "django-tasks-db")
 
 
 @dataclass
 class Cell:
     contender: str
+    setting: str
     workers: int
     jobs: int
     seconds: float
@@ -52,6 +57,7 @@ class Cell:
 @dataclass
 class Summary:
     contender: str
+    setting: str
     workers: int
     cells: list[Cell] = field(default_factory=list)
 
@@ -94,6 +100,7 @@ def _transactions(monitor: psycopg.Connection[Any], database: str) -> int:
 
 def run_cell(
     contender: str,
+    setting: str,
     url: str,
     *,
     workers: int,
@@ -113,7 +120,7 @@ def run_cell(
     processes = [
         context.Process(
             target=worker_main,
-            args=(contender, url, index, batch, barrier, results, memory_every),
+            args=(contender, setting, url, index, batch, barrier, results, memory_every),
             daemon=True,
         )
         for index in range(workers)
@@ -150,10 +157,15 @@ def run_cell(
         # Backends flush their counters when they disconnect; give them a moment.
         time.sleep(0.5)
         transactions = _transactions(monitor, database) - transactions_before
-        row = psycopg.connect(url, autocommit=True).execute(spec.done_sql).fetchone()
-        done = int(row[0]) if row else 0
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(spec.done_sql).fetchone()
+            done = int(row[0]) if row else 0
+            counted = [(sql, per_job, conn.execute(sql).fetchone()) for sql, per_job in spec.checks]
     if done != jobs:
         raise BenchError(f"{contender}: {done} of {jobs} jobs done after the drain")
+    for sql, per_job, found in counted:
+        if found is None or found[0] != per_job * jobs:
+            raise BenchError(f"{contender}: {sql!r} gave {found}, not {per_job} per job")
     started = min(r["started"] for r in reports)
     ended = max(r["ended"] for r in reports)
     growth = None
@@ -163,6 +175,7 @@ def run_cell(
     server_cpu = sum(cpu - before.get(pid, 0.0) for pid, cpu in seen.items())
     return Cell(
         contender=contender,
+        setting=setting,
         workers=workers,
         jobs=jobs,
         seconds=ended - started,
@@ -185,78 +198,174 @@ def _drain_errors(results: Any) -> str:
     return "; ".join(errors) or "no error reported"
 
 
+def cells_of(contenders: list[str], settings: list[str]) -> list[tuple[str, str]]:
+    """(contender, setting) for every cell of one round: each contender under each of
+    ``settings`` its statements depend on, or under its own setting when none does."""
+    cells: list[tuple[str, str]] = []
+    for contender in contenders:
+        own = CONTENDERS[contender].settings
+        chosen = [name for name in own if name in settings] or (list(own) if len(own) == 1 else [])
+        cells.extend((contender, name) for name in chosen)
+    return cells
+
+
 def run(
     url: str,
     *,
     contenders: list[str],
+    settings: list[str],
     workers: list[int],
     jobs: int,
     repeats: int,
     batch: int,
     memory_every: int = 0,
     log: Any = print,
-) -> dict[tuple[str, int], Summary]:
-    """Every contender at every worker count, ``repeats`` interleaved rounds (the order of
-    contenders rotates each round, so none always runs first on a cold cache)."""
-    summaries: dict[tuple[str, int], Summary] = {}
+) -> dict[tuple[str, str, int], Summary]:
+    """Every contender under every chosen setting at every worker count, ``repeats``
+    interleaved rounds (the order of the cells rotates each round, so none always runs
+    first on a cold cache)."""
+    summaries: dict[tuple[str, str, int], Summary] = {}
+    cells = cells_of(contenders, settings)
     for count in workers:
         for round_index in range(repeats):
-            shift = round_index % len(contenders)
-            for contender in contenders[shift:] + contenders[:shift]:
+            shift = round_index % len(cells)
+            for contender, setting in cells[shift:] + cells[:shift]:
                 cell = run_cell(
                     contender,
+                    setting,
                     url,
                     workers=count,
                     jobs=jobs,
                     batch=batch,
-                    memory_every=memory_every if contender == OURS else 0,
+                    memory_every=memory_every if (contender, setting) == (OURS, "defaults") else 0,
                 )
-                summaries.setdefault((contender, count), Summary(contender, count)).cells.append(
-                    cell
-                )
+                key = (contender, setting, count)
+                summaries.setdefault(key, Summary(contender, setting, count)).cells.append(cell)
                 log(
-                    f"  round {round_index + 1}/{repeats} {contender:>16} x{count}: "
-                    f"{cell.rate:8.0f} jobs/s ({cell.done} jobs in {cell.seconds:.2f} s; "
-                    f"load {cell.load})"
+                    f"  round {round_index + 1}/{repeats} {contender:>16} {setting:<10} "
+                    f"x{count}: {cell.rate:8.0f} jobs/s ({cell.done} jobs in "
+                    f"{cell.seconds:.2f} s; load {cell.load})"
                 )
     return summaries
 
 
-def table(summaries: dict[tuple[str, int], Summary], batch: int) -> str:
-    """The result table (Markdown)."""
-    lines = [
-        "| contender | workers | jobs/s median | min | max | ratio to jobstate | "
-        "statements/job | transactions/job | worker CPU s | server CPU s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+def _name(contender: str, batch: int) -> str:
+    return contender + (f" (k={batch})" if contender.endswith("batch") else "")
+
+
+def _best_peer(
+    summaries: dict[tuple[str, str, int], Summary], workers: int, setting: str | None
+) -> float | None:
+    """The faster peer's median rate, under ``setting`` (or under any setting)."""
+    rates = [
+        s.rate
+        for (name, chosen, count), s in summaries.items()
+        if name in PEERS and count == workers and (setting is None or chosen in (setting, "any"))
     ]
-    for (contender, count), summary in summaries.items():
-        ours = summaries.get((OURS, count))
-        ratio = summary.rate / ours.rate if ours and ours.rate else float("nan")
+    return max(rates) if rates else None
+
+
+def table(summaries: dict[tuple[str, str, int], Summary], batch: int) -> str:
+    """The result table (Markdown): one row per contender and setting."""
+    lines = [
+        "| contender | setting | workers | jobs/s median | min | max | to raw | to faster peer "
+        "| statements/job | transactions/job | worker CPU s | server CPU s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (contender, setting, count), summary in summaries.items():
+        raw = summaries.get(("raw", "psycopg", count))
+        peer = _best_peer(summaries, count, "defaults")
+        to_raw = summary.rate / raw.rate if raw and raw.rate else float("nan")
+        to_peer = summary.rate / peer if peer else float("nan")
         rates = [c.rate for c in summary.cells]
-        name = contender + (f" (k={batch})" if contender.endswith("batch") else "")
         lines.append(
-            f"| {name} | {count} | {summary.rate:,.0f} | {min(rates):,.0f} | {max(rates):,.0f} "
-            f"| {ratio:.2f} | {summary.per_job('statements'):.2f} "
-            f"| {summary.per_job('transactions'):.2f} | {summary.median('worker_cpu'):.2f} "
-            f"| {summary.median('server_cpu'):.2f} |"
+            f"| {_name(contender, batch)} | {setting} | {count} | {summary.rate:,.0f} "
+            f"| {min(rates):,.0f} | {max(rates):,.0f} | {to_raw:.2f} | {to_peer:.2f} "
+            f"| {summary.per_job('statements'):.2f} | {summary.per_job('transactions'):.2f} "
+            f"| {summary.median('worker_cpu'):.2f} | {summary.median('server_cpu'):.2f} |"
         )
     return "\n".join(lines)
 
 
-def targets(summaries: dict[tuple[str, int], Summary], workers: int = 4) -> list[str]:
-    """The issue's drain targets, each as a measured ratio and whether it was met."""
+def settings_table(summaries: dict[tuple[str, str, int], Summary], batch: int) -> str:
+    """Median jobs/s of each contender under each setting, side by side (Markdown); a
+    contender no setting changes has its one figure under "own"."""
+    columns = [name for name in SELECTABLE if any(key[1] == name for key in summaries)]
+    rows: dict[tuple[str, int], dict[str, float]] = {}
+    for (contender, setting, count), summary in summaries.items():
+        column = setting if setting in SELECTABLE else "own"
+        rows.setdefault((contender, count), {})[column] = summary.rate
+    columns.append("own")
+    lines = [
+        "| contender | workers | " + " | ".join(columns) + " |",
+        "|---|---:|" + "---:|" * len(columns),
+    ]
+    for (contender, count), rates in rows.items():
+        cells = [f"{rates[name]:,.0f}" if name in rates else "" for name in columns]
+        lines.append(f"| {_name(contender, batch)} | {count} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
-    def rate(name: str) -> float | None:
-        summary = summaries.get((name, workers))
+
+def targets(summaries: dict[tuple[str, str, int], Summary], workers: int = 4) -> list[str]:
+    """The drain targets, each as a measured ratio and whether it was met, for every
+    setting. "Faster peer" is the faster of procrastinate and django-tasks-db under the
+    same connection options (Django's defaults for ``defaults`` and ``unprepared``); the
+    seed path at Django's defaults is also held against the faster peer under any
+    setting."""
+
+    def rate(name: str, setting: str) -> float | None:
+        summary = summaries.get((name, setting, workers))
         return summary.rate if summary else None
 
-    ours = rate(OURS)
+    raw = rate("raw", "psycopg")
     lines = []
-    checks = [
-        ("jobstate / raw", ours, rate("raw"), 0.8),
-        ("jobstate / procrastinate", ours, rate("procrastinate"), 2.0),
-        ("jobstate / django-tasks-db", ours, rate("django-tasks-db"), 2.0),
-        ("jobstate-batch / jobstate", rate("jobstate-batch"), ours, 3.0),
+    checks: list[tuple[str, float | None, float | None, float]] = []
+    for setting in ("defaults", "prepared", "unprepared"):
+        # The peers prepare nothing at Django's defaults either: "unprepared" is a
+        # jobstate setting on top of them.
+        peer = _best_peer(summaries, workers, "prepared" if setting == "prepared" else "defaults")
+        checks += [
+            (
+                f"jobstate-seed [{setting}] / faster peer",
+                rate("jobstate-seed", setting),
+                peer,
+                2.0,
+            ),
+            (
+                f"jobstate-seed-2 [{setting}] / faster peer",
+                rate("jobstate-seed-2", setting),
+                peer,
+                1.5,
+            ),
+            (f"jobstate [{setting}] / raw", rate("jobstate", setting), raw, 0.5),
+            (f"jobstate [{setting}] / raw (the 0.8 target)", rate("jobstate", setting), raw, 0.8),
+            (
+                f"jobstate [{setting}] / faster peer",
+                rate("jobstate", setting),
+                peer,
+                2.0,
+            ),
+            (
+                f"jobstate-batch [{setting}] / jobstate [{setting}]",
+                rate("jobstate-batch", setting),
+                rate("jobstate", setting),
+                3.0,
+            ),
+        ]
+    any_peer = _best_peer(summaries, workers, None)
+    checks += [
+        (
+            "jobstate-seed [defaults] / faster peer [any setting]",
+            rate("jobstate-seed", "defaults"),
+            any_peer,
+            2.0,
+        ),
+        (
+            "jobstate-seed-2 [defaults] / faster peer [any setting]",
+            rate("jobstate-seed-2", "defaults"),
+            any_peer,
+            1.5,
+        ),
     ]
     for label, numerator, denominator, goal in checks:
         if numerator is None or denominator is None or not denominator:
@@ -265,15 +374,17 @@ def targets(summaries: dict[tuple[str, int], Summary], workers: int = 4) -> list
         verdict = "met" if value >= goal else "NOT met"
         lines.append(f"{label} at {workers} workers: {value:.2f} (target >= {goal}) - {verdict}")
     # No target: how much of the schema-and-SQL rate the Python around it keeps.
-    ours_sql = rate("raw-jobstate-sql")
-    if ours is not None and ours_sql:
-        lines.append(
-            f"jobstate / raw-jobstate-sql at {workers} workers: {ours / ours_sql:.2f} "
-            "(the share the Python layer keeps; no target)"
-        )
+    ours_sql = rate("raw-jobstate-sql", "psycopg")
+    for setting in ("defaults", "prepared"):
+        ours = rate(OURS, setting)
+        if ours is not None and ours_sql:
+            lines.append(
+                f"jobstate [{setting}] / raw-jobstate-sql at {workers} workers: "
+                f"{ours / ours_sql:.2f} (the share the Python layer keeps; no target)"
+            )
     growth = [
         c.rss_growth
-        for (name, _), s in summaries.items()
+        for (name, _, _), s in summaries.items()
         if name == OURS
         for c in s.cells
         if c.rss_growth is not None

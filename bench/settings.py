@@ -21,6 +21,7 @@ _database = environ.Env.db_url_config(
 
 _threshold = os.environ.get("JOBSTATE_BENCH_PREPARE_THRESHOLD", "5")
 _prepare_threshold = None if _threshold == "off" else int(_threshold)
+_hot_prepare = os.environ.get("JOBSTATE_BENCH_PREPARED_STATEMENTS", "on") != "off"
 
 SECRET_KEY = "benchmark-only"
 DEBUG = False
@@ -40,9 +41,10 @@ DATABASES = {
     "default": {
         **_database,
         "CONN_MAX_AGE": None,
-        # psycopg's own default (raw psycopg and procrastinate's pool use it): a statement
-        # run 5 times on a connection is prepared. Django turns this off unless asked.
-        # JOBSTATE_BENCH_PREPARE_THRESHOLD=off measures Django's default instead.
+        # psycopg's own default (raw psycopg uses it): a statement run 5 times on a
+        # connection is prepared. Django turns this off unless asked. The drain's workers
+        # set JOBSTATE_BENCH_PREPARE_THRESHOLD per cell (bench/variants.py); "off" is
+        # Django's default.
         "OPTIONS": {"prepare_threshold": _prepare_threshold},
     }
 }
@@ -57,6 +59,10 @@ TASKS = {
 # JOBSTATE_BENCH_LISTEN_NOTIFY=0 makes jobstate's task workers poll (the latency
 # benchmark's second figure).
 JOBSTATE = {"LISTEN_NOTIFY": os.environ.get("JOBSTATE_BENCH_LISTEN_NOTIFY", "1") != "0"}
+# JOBSTATE_BENCH_PREPARED_STATEMENTS=off: what a host behind PgBouncer in transaction
+# mode before 1.21 sets, so jobstate prepares nothing either.
+if not _hot_prepare:
+    JOBSTATE["PREPARED_STATEMENTS"] = False
 
 # The peers' tasks live in bench.peer_tasks; procrastinate's worker imports them from
 # there (and finds no tasks module of its own to autodiscover).

@@ -41,6 +41,10 @@ DEFAULTS: dict[str, Any] = {
     "THREAD_INFLIGHT_QUOTA": None,  # max queued+running+dispatched jobs per thread; None = off
     "LIST_LIMIT": 500,  # rows one list_* call returns at most
     "AUDIT_PRUNE_BATCH_SIZE": 250,  # rows one prune transaction deletes
+    # PostgreSQL: prepare the hot-path statements (claims, reports, the outbox completion)
+    # once they have run 5 times on a connection, even where Django leaves psycopg's
+    # prepared statements off. False behind PgBouncer in transaction mode before 1.21.
+    "PREPARED_STATEMENTS": True,
     # Notification outbox and relay.
     "OUTBOX_MAX_ATTEMPTS": 8,  # a row is dead-lettered after this many failed attempts
     "OUTBOX_BACKOFF_BASE": timedelta(seconds=10),  # first retry delay, doubled per attempt
@@ -122,6 +126,7 @@ _POSITIVE_INTS = {
     "SCHEDULE_CATCH_UP_LIMIT",
 }
 _OPTIONAL = {"THREAD_INFLIGHT_QUOTA", "METRICS_EXACT_LIMIT"}
+_BOOLEANS = {"PREPARED_STATEMENTS"}
 
 
 class JobStateSettings:
@@ -146,6 +151,7 @@ class JobStateSettings:
     THREAD_INFLIGHT_QUOTA: int | None
     LIST_LIMIT: int
     AUDIT_PRUNE_BATCH_SIZE: int
+    PREPARED_STATEMENTS: bool
     OUTBOX_MAX_ATTEMPTS: int
     OUTBOX_BACKOFF_BASE: timedelta
     OUTBOX_BACKOFF_MAX: timedelta
@@ -200,6 +206,10 @@ class JobStateSettings:
             ):
                 allowed = "a positive int or None" if name in _OPTIONAL else "a positive int"
                 raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be {allowed}, got {value!r}.")
+            if name in _BOOLEANS and not isinstance(value, bool):
+                raise ImproperlyConfigured(
+                    f"JOBSTATE[{name!r}] must be True or False, got {value!r}."
+                )
             _check_shape(name, value)
             self._cache[name] = value
         return self._cache[name]

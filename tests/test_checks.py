@@ -23,6 +23,8 @@ def test_the_default_settings_pass() -> None:
         ({"OBSERVABILITY_TOKEN": ""}, "OBSERVABILITY_TOKEN"),
         ({"WORKER_LEASE": timedelta(0)}, "WORKER_LEASE"),
         ({"NO_SUCH_SETTING": 1}, "NO_SUCH_SETTING"),
+        ({"PREPARED_STATEMENTS": "off"}, "PREPARED_STATEMENTS"),
+        ({"PREPARED_STATEMENTS": 0}, "PREPARED_STATEMENTS"),
     ],
 )
 def test_a_bad_setting_fails_the_check_at_start_up(

@@ -2,15 +2,16 @@
 
 A claim and a report are the two calls every job makes, so on PostgreSQL each is one
 round trip: ``UPDATE ... RETURNING`` around a ``SELECT ... FOR UPDATE SKIP LOCKED``
-subquery (a claim), or ``UPDATE ... FROM (VALUES ...) RETURNING`` fenced by claim tokens
-(reports). Raw SQL because the ORM cannot express either in one statement; the portable
-paths for the other backends live in :mod:`jobstate.stores.database.claims`. The
+subquery (a claim), ``UPDATE ... FROM (VALUES ...) RETURNING`` fenced by claim tokens
+(reports), or the fenced ``UPDATE`` with its audit entry and outbox rows inserted by
+data-modifying ``WITH`` queries (the outbox completion). Raw SQL because the ORM cannot
+express any of them in one statement; the portable paths for the other backends live in
+:mod:`jobstate.stores.database.claims` and :mod:`jobstate.stores.database.outbox`. The
 advisory locks that serialise one thread's claims and enqueues are here too: they have
 no ORM form either.
 
-The statements run on one reusable server-binding cursor per connection
-(:func:`hot_cursor`), and their rows become ``Job`` instances through the same converters
-a queryset applies (:func:`load_jobs`).
+The statements run on one reusable server-binding cursor per connection, which prepares
+them (:mod:`jobstate.stores.database.hotcursor`).
 """
 
 from __future__ import annotations
@@ -18,32 +19,41 @@ from __future__ import annotations
 import functools
 import hashlib
 import uuid
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any, cast
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
-from jobstate.models import Job
-from jobstate.states import CLAIMED_JOB_STATUSES, JobStatus
+from jobstate.models import AuditEntry, Job, Notification, time_ordered_uuid
+from jobstate.states import (
+    CLAIMED_JOB_STATUSES,
+    JobStatus,
+    NotificationRequest,
+    NotificationState,
+)
+from jobstate.stores.database.hotcursor import hot_cursor, load_jobs
 from jobstate.stores.state_validation import ParsedReport
 from jobstate.stores.validation import JOB_CLAIM_FIELDS
 
 __all__ = [
+    "FinishedEntry",
     "claim_one",
     "claim_statement",
     "claim_unthreaded",
     "complete_group",
     "complete_statement",
-    "hot_cursor",
-    "load_jobs",
+    "finish_statement",
+    "finish_with_notifications",
     "lock_thread",
     "try_lock_thread",
 ]
+
+#: A ``finished`` audit entry's completed stage, severity, title, summary, and detail as
+#: JSON text: the parameters :func:`finish_with_notifications` inserts it with.
+FinishedEntry = tuple[str, str, str, str, str]
 
 #: The per-thread FIFO gate of ``JobQuerySet.thread_unblocked`` for a candidate ``c``,
 #: in SQL: a running or dispatched sibling, or a ready queued sibling ahead of it.
@@ -164,73 +174,7 @@ def _thread_lock_key(thread_id: int) -> int:
     return int.from_bytes(digest.digest(), "big", signed=True)
 
 
-# --- the reusable cursor --------------------------------------------------------------
-
-
-@contextmanager
-def hot_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
-    """A cursor for the hot-path statements: on psycopg 3 one that binds parameters on
-    the server, so the statement text is constant and PostgreSQL can reuse its plan
-    when the host enables prepared statements (``OPTIONS["prepare_threshold"]``, off
-    by default because of transaction-mode poolers). It goes through Django's cursor
-    wrapper, so query logging and execute wrappers still see the statement.
-
-    One such cursor is kept per connection, with psycopg's compiled ``timestamptz``
-    loader instead of the Python one Django installs (the claim and the report each
-    return several timestamps); :func:`load_jobs` then applies Django's time zone
-    itself. Creating a cursor, and its adapters, for every call cost more than the
-    statement's own Python work."""
-    binding = _server_binding_cursor()
-    if binding is None:
-        with connection.cursor() as cursor:
-            yield cursor
-        return
-    connection.ensure_connection()
-    raw = connection.connection
-    reused = _HOT_CURSORS.get(connection)
-    if reused is None or reused.connection is not raw or reused.closed:
-        reused = binding(raw)
-        reused.adapters.register_loader("timestamptz", _compiled_timestamptz_loader())
-        _HOT_CURSORS[connection] = reused
-    # Django wraps its own cursors the same way (``_prepare_cursor``): debug logging,
-    # execute wrappers and thread-sharing checks apply unchanged. The wrapper is not
-    # closed: the psycopg cursor is reused by the next call on this connection.
-    wrapper: Any = connection
-    yield wrapper._prepare_cursor(reused)
-
-
-#: Per connection: its reusable hot-path cursor (see :func:`hot_cursor`).
-_HOT_CURSORS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, Any] = weakref.WeakKeyDictionary()
-
-
-@functools.cache
-def _compiled_timestamptz_loader() -> type[Any]:
-    """psycopg's own ``timestamptz`` text loader (registering it picks the compiled
-    version when psycopg has one)."""
-    from psycopg.types.datetime import TimestamptzLoader
-
-    return TimestamptzLoader
-
-
-@functools.cache
-def _server_binding_cursor() -> Callable[[Any], Any] | None:
-    """Django's server-binding cursor class for psycopg 3, or ``None`` (psycopg 2)."""
-    try:
-        from django.db.backends.postgresql.base import ServerBindingCursor
-    except (ImportError, AttributeError):
-        return None
-    factory: Any = ServerBindingCursor
-    return cast(Callable[[Any], Any], factory)
-
-
 # --- statement text, built once per shape -------------------------------------------
-
-#: Per connection: the converters of each ``Job`` column that has any (they are bound to
-#: the connection, and working them out costs more than a claim's other Python work).
-_CONVERTERS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, Any, list[Any]]]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 #: ``_returning_columns`` by (database vendor, table alias): the text never changes.
 _RETURNING: dict[tuple[str, str], str] = {}
@@ -333,48 +277,117 @@ def _job_field(name: str) -> Field[Any, Any]:
     return field
 
 
-# --- rows into jobs -------------------------------------------------------------------
+# --- the outbox completion ------------------------------------------------------------
 
 
-def load_jobs(
-    connection: BaseDatabaseWrapper, using: str, rows: Iterable[Sequence[Any]]
-) -> list[Job]:
-    """Turn raw rows of :func:`_returning_columns` into ``Job`` instances, through the
-    same backend and field converters (JSON decoding, time zones) a queryset applies."""
-    fields = Job._meta.concrete_fields
-    converters = _CONVERTERS.get(connection)
-    if converters is None:
-        converters = []
-        for position, field in enumerate(fields):
-            column = field.get_col(Job._meta.db_table)
-            functions = [
-                *connection.ops.get_db_converters(column),
-                *column.get_db_converters(connection),
-            ]
-            if field.get_internal_type() == "DateTimeField":
-                functions.insert(0, _in_connection_time_zone)
-            if functions:
-                converters.append((position, column, functions))
-        _CONVERTERS[connection] = converters
-    names = [field.attname for field in fields]
-    jobs: list[Job] = []
-    for row in rows:
-        values = list(row)
-        for position, column, functions in converters:
-            value = values[position]
-            for function in functions:
-                value = function(value, column, connection)
-            values[position] = value
-        jobs.append(Job.from_db(using, names, values))
-    return jobs
+def finish_with_notifications(
+    using: str,
+    original: Job,
+    cleaned: dict[str, Any],
+    entry: FinishedEntry,
+    requests: Sequence[NotificationRequest],
+) -> Job | None:
+    """``complete_job_with_notifications`` on PostgreSQL in one statement: the fenced
+    terminal ``UPDATE ... RETURNING`` of the job, its ``finished`` audit entry (the
+    completed fields ``entry``) and one outbox row per request, inserted from what the
+    ``UPDATE`` returned. Returns the job as written, or ``None`` when the fence failed, in which
+    case nothing was inserted either.
+
+    One statement is atomic on its own: in autocommit it commits or fails whole, and
+    inside the caller's transaction it joins it. A key already in the outbox fails the
+    whole statement with the unique violation the caller turns into
+    ``DuplicateNotification``."""
+    connection = connections[using]
+    columns = tuple(sorted(cleaned))
+    tokened = original.claim_token is not None
+    sql, fields = finish_statement(connection, columns, tokened, len(requests))
+    params: list[Any] = [
+        field.get_db_prep_save(cleaned[field.name], connection) for field in fields
+    ]
+    params += [original.id, original.status]
+    if tokened:
+        params.append(original.claim_token)
+    params += entry
+    payload = _payload_field()
+    for request in requests:
+        params += [
+            time_ordered_uuid(),
+            request.channel,
+            request.destination,
+            payload.get_db_prep_save(request.payload, connection),
+            request.idempotency_key,
+        ]
+    with hot_cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else load_jobs(connection, using, [row])[0]
 
 
-def _in_connection_time_zone(
-    value: datetime | None, expression: Any, connection: BaseDatabaseWrapper
-) -> datetime | None:
-    """What Django's own ``timestamptz`` loader does to a loaded timestamp: keep the
-    wall time in the session's time zone and attach ``connection.timezone`` (UTC with
-    ``USE_TZ``, naive without)."""
-    if value is None:
-        return None
-    return value.replace(tzinfo=connection.timezone)
+def finish_statement(
+    connection: BaseDatabaseWrapper, columns: tuple[str, ...], tokened: bool, notifications: int
+) -> tuple[str, list[Field[Any, Any]]]:
+    """The statement of :func:`finish_with_notifications` for a patch of ``columns``,
+    an original with (``tokened``) or without a claim token, and ``notifications``
+    outbox rows. Data-modifying ``WITH`` queries all run, once, on the same snapshot;
+    the inserts select from the ``UPDATE``'s ``RETURNING`` rows, so they write nothing
+    when it wrote nothing. The entry's ``ts`` and the rows' due and creation times are
+    the tables' database defaults (the database clock), as the ORM leaves them.
+
+    Its parameters: the patched fields in order, the job id, the original status, its
+    claim token (when ``tokened``), the entry's stage, severity, title, summary and
+    detail, then per notification its id, channel, destination, payload and key."""
+    key = (connection.vendor, "finish", columns, tokened, notifications)
+    cached = _STATEMENTS.get(key)
+    if cached is None:
+        quote = connection.ops.quote_name
+        table = quote(Job._meta.db_table)
+        fields = [_job_field(name) for name in columns]
+        patched = "".join(
+            f"{quote(_column(field))} = CAST(%s AS {field.db_type(connection)}), "
+            for field in fields
+        )
+        cleared = ", ".join(
+            f"{quote(_column(_job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS
+        )
+        token = "j.claim_token = %s" if tokened else "j.claim_token IS NULL"
+        entries = quote(AuditEntry._meta.db_table)
+        outbox = ""
+        if notifications:
+            rows = quote(Notification._meta.db_table)
+            row = "(CAST(%s AS uuid), %s, %s, CAST(%s AS jsonb), %s)"
+            outbox = f""",
+            outbox AS (
+                INSERT INTO {rows}
+                    (id, job_id, channel, destination, payload, idempotency_key, state, attempts)
+                SELECT v.id, moved.id, v.channel, v.destination, v.payload, v.idempotency_key,
+                       '{NotificationState.PENDING.value}', 0
+                FROM moved, (VALUES {", ".join([row] * notifications)})
+                    AS v(id, channel, destination, payload, idempotency_key)
+            )"""
+        sql = f"""
+            WITH moved AS (
+                UPDATE {table} AS j
+                SET {patched}{cleared}, updated_at = statement_timestamp()
+                WHERE j.id = %s AND j.status = %s AND {token}
+                RETURNING {_returning_columns(connection, "j")}
+            ),
+            finished AS (
+                INSERT INTO {entries}
+                    (job_id, request_id, event, stage, severity, title, summary, detail)
+                SELECT moved.id, moved.request_id, 'finished', %s, %s, %s, %s, CAST(%s AS jsonb)
+                FROM moved
+            ){outbox}
+            SELECT * FROM moved
+        """
+        cached = _STATEMENTS[key] = (sql, fields)
+    return cast("tuple[str, list[Field[Any, Any]]]", cached)
+
+
+@functools.cache
+def _payload_field() -> Field[Any, Any]:
+    """The notification's ``payload`` field, whose ``get_db_prep_save`` adapts a value as
+    the ORM would."""
+    payload = Notification._meta.get_field("payload")
+    if not isinstance(payload, Field):
+        raise TypeError("Notification.payload is a concrete field.")
+    return payload

@@ -1,0 +1,177 @@
+"""The cursor the PostgreSQL hot-path statements run on, and how their rows become jobs.
+
+One server-binding cursor is kept per connection (:func:`hot_cursor`); the statements'
+text is constant per shape, so psycopg can prepare them. Django turns psycopg's prepared
+statements off on every connection (``prepare_threshold = None``) unless the host sets
+``OPTIONS["prepare_threshold"]``, because PgBouncer in transaction mode before 1.21
+cannot keep a statement prepared on one server connection for a client that lands on
+another. With ``JOBSTATE["PREPARED_STATEMENTS"]`` (the default) the hot cursor turns
+psycopg's automatic preparation on for its own statements only, while each one runs:
+a hot statement is prepared once it has run :data:`PREPARE_AFTER` times on the
+connection, and the host's own statements are left as the host configured them. Rows
+become ``Job`` instances through the same converters a queryset applies
+(:func:`load_jobs`).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from jobstate.conf import jobstate_settings
+from jobstate.models import Job
+
+__all__ = ["PREPARE_AFTER", "hot_cursor", "load_jobs"]
+
+#: Runs of a hot statement on one connection before psycopg prepares it: psycopg's own
+#: default threshold. A statement run once per connection (a web request's report on a
+#: short-lived connection) is never prepared, which would cost it a round trip more.
+PREPARE_AFTER = 5
+
+
+@contextmanager
+def hot_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """A cursor for the hot-path statements: on psycopg 3 one that binds parameters on
+    the server and prepares its statements (see the module's docstring). It goes through
+    Django's cursor wrapper, so query logging and execute wrappers still see the
+    statement.
+
+    One such cursor is kept per connection, with psycopg's compiled ``timestamptz``
+    loader instead of the Python one Django installs (the claim and the report each
+    return several timestamps); :func:`load_jobs` then applies Django's time zone
+    itself. Creating a cursor, and its adapters, for every call cost more than the
+    statement's own Python work."""
+    cursor_class = _hot_cursor_class()
+    if cursor_class is None:
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    reused = _HOT_CURSORS.get(connection)
+    if reused is None or reused.connection is not raw or reused.closed:
+        reused = cursor_class(raw)
+        reused.adapters.register_loader("timestamptz", _compiled_timestamptz_loader())
+        _HOT_CURSORS[connection] = reused
+    # Read on every call, so a test's settings override applies to a kept cursor too. A
+    # host that set a threshold already has psycopg prepare as it chose.
+    reused.prepare_hot = raw.prepare_threshold is None and jobstate_settings.PREPARED_STATEMENTS
+    # Django wraps its own cursors the same way (``_prepare_cursor``): debug logging,
+    # execute wrappers and thread-sharing checks apply unchanged. The wrapper is not
+    # closed: the psycopg cursor is reused by the next call on this connection.
+    wrapper: Any = connection
+    yield wrapper._prepare_cursor(reused)
+
+
+#: Per connection: its reusable hot-path cursor (see :func:`hot_cursor`).
+_HOT_CURSORS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, Any] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def _hot_cursor_class() -> type[Any] | None:
+    """The hot cursor's class for psycopg 3 (Django's server-binding cursor, preparing
+    its statements), or ``None`` (psycopg 2: Django's own cursor)."""
+    try:
+        from django.db.backends.postgresql.base import ServerBindingCursor
+    except (ImportError, AttributeError):
+        return None
+    base: Any = ServerBindingCursor
+
+    class HotCursor(base):
+        """Prepares what it runs while ``prepare_hot`` is set (by :func:`hot_cursor`: the
+        setting is on and the connection's threshold is ``None``).
+
+        psycopg ignores ``execute(..., prepare=True)`` on a connection whose
+        ``prepare_threshold`` is ``None`` (Django's default), so the threshold is set
+        for the duration of this one statement and put back afterwards: psycopg counts
+        and prepares this cursor's statements, and never the host's."""
+
+        prepare_hot = True
+
+        def execute(
+            self,
+            query: Any,
+            params: Any = None,
+            *,
+            prepare: bool | None = None,
+            binary: bool | None = None,
+        ) -> Any:
+            if not self.prepare_hot or prepare is not None:
+                return super().execute(query, params, prepare=prepare, binary=binary)
+            connection = self.connection
+            connection.prepare_threshold = PREPARE_AFTER
+            try:
+                return super().execute(query, params, binary=binary)
+            finally:
+                connection.prepare_threshold = None
+
+    return HotCursor
+
+
+@functools.cache
+def _compiled_timestamptz_loader() -> type[Any]:
+    """psycopg's own ``timestamptz`` text loader (registering it picks the compiled
+    version when psycopg has one)."""
+    from psycopg.types.datetime import TimestamptzLoader
+
+    return TimestamptzLoader
+
+
+# --- rows into jobs -------------------------------------------------------------------
+
+#: Per connection: the converters of each ``Job`` column that has any (they are bound to
+#: the connection, and working them out costs more than a claim's other Python work).
+_CONVERTERS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, Any, list[Any]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def load_jobs(
+    connection: BaseDatabaseWrapper, using: str, rows: Iterable[Sequence[Any]]
+) -> list[Job]:
+    """Turn raw rows of every concrete ``Job`` column, in model field order, into
+    ``Job`` instances, through the same backend and field converters (JSON decoding,
+    time zones) a queryset applies."""
+    fields = Job._meta.concrete_fields
+    converters = _CONVERTERS.get(connection)
+    if converters is None:
+        converters = []
+        for position, field in enumerate(fields):
+            column = field.get_col(Job._meta.db_table)
+            functions = [
+                *connection.ops.get_db_converters(column),
+                *column.get_db_converters(connection),
+            ]
+            if field.get_internal_type() == "DateTimeField":
+                functions.insert(0, _in_connection_time_zone)
+            if functions:
+                converters.append((position, column, functions))
+        _CONVERTERS[connection] = converters
+    names = [field.attname for field in fields]
+    jobs: list[Job] = []
+    for row in rows:
+        values = list(row)
+        for position, column, functions in converters:
+            value = values[position]
+            for function in functions:
+                value = function(value, column, connection)
+            values[position] = value
+        jobs.append(Job.from_db(using, names, values))
+    return jobs
+
+
+def _in_connection_time_zone(
+    value: datetime | None, expression: Any, connection: BaseDatabaseWrapper
+) -> datetime | None:
+    """What Django's own ``timestamptz`` loader does to a loaded timestamp: keep the
+    wall time in the session's time zone and attach ``connection.timezone`` (UTC with
+    ``USE_TZ``, naive without)."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=connection.timezone)
