@@ -62,9 +62,10 @@ TASK_VIOLATION_KINDS = {
 #: Milliseconds each task works, at most: a kill usually lands on a task in hand.
 WORK_MS = 300
 
-#: Seconds a worker process needs to set Django up and install its signal handlers; a
-#: SIGTERM before that ends it like any process (status -15), so stopping waits for it.
-STARTUP_SECONDS = 5.0
+#: Seconds a worker process may need to set Django up and install its signal handlers;
+#: a SIGTERM before that ends it like any process (status -15), so stopping waits for it.
+#: Generous: on a loaded 2-core machine a restarted worker took longer than 5 s.
+STARTUP_SECONDS = 15.0
 
 
 def create_task_ledger(conn: psycopg.Connection[Any]) -> None:
