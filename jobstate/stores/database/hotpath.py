@@ -290,8 +290,8 @@ def finish_with_notifications(
     """``complete_job_with_notifications`` on PostgreSQL in one statement: the fenced
     terminal ``UPDATE ... RETURNING`` of the job, its ``finished`` audit entry (the
     completed fields ``entry``) and one outbox row per request, inserted from what the
-    ``UPDATE`` returned. Returns the job as written, or ``None`` when the fence failed, in which
-    case nothing was inserted either.
+    ``UPDATE`` returned. Returns the job as written, or ``None`` when the fence failed,
+    in which case nothing was inserted either.
 
     One statement is atomic on its own: in autocommit it commits or fails whole, and
     inside the caller's transaction it joins it. A key already in the outbox fails the
