@@ -2,6 +2,7 @@
 
     python -m bench drain --workers 4 --jobs 20000 --repeats 3
     python -m bench sweeps --rows 1000000
+    python -m bench tasks --workers 4 --tasks 20000 --repeats 3
     python -m bench all
     python -m bench calls --jobs 5000
 
@@ -133,6 +134,56 @@ def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         print(line)
 
 
+def _tasks(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import tasks
+
+    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = set(contenders) - set(tasks.DRAIN_CONTENDERS)
+    if unknown:
+        raise BenchError(
+            f"unknown contender(s) {sorted(unknown)}; known: {', '.join(tasks.DRAIN_CONTENDERS)}"
+        )
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    print(
+        f"tasks: drain of {args.tasks} no-op tasks by {args.workers} worker processes "
+        f"({args.repeats} repeats, jobstate_worker --concurrency {args.concurrency}); "
+        f"load average {load_average()}",
+        flush=True,
+    )
+    drains = tasks.drain(
+        url,
+        contenders=contenders,
+        workers=args.workers,
+        tasks=args.tasks,
+        repeats=args.repeats,
+        concurrency=args.concurrency,
+        log=log,
+    )
+    print("concurrency:", flush=True)
+    spread = tasks.concurrency(url, log=log)
+    print("latency:", flush=True)
+    notify = tasks.latency(url, samples=args.samples, listen=True, log=log)
+    polling = tasks.latency(url, samples=args.samples, listen=False, log=log)
+    text = tasks.table(drains)
+    checks = tasks.targets(drains, spread, notify)
+    print()
+    print(text)
+    print()
+    for line in checks:
+        print(line)
+    result["tasks"] = {
+        "table": text,
+        "targets": checks,
+        "drain": [vars(d) for d in drains],
+        "concurrency": spread,
+        "latency_listen_notify": notify,
+        "latency_polling": polling,
+    }
+
+
 def _calls(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
     from bench import calls
 
@@ -164,6 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     drain_parser = commands.add_parser("drain", help="drain benchmark, all contenders")
     sweeps_parser = commands.add_parser(
         "sweeps", help="heartbeat, reap, prune and metrics at scale"
+    )
+    tasks_parser = commands.add_parser(
+        "tasks", help="jobstate_worker against db_worker and procrastinate; latency"
+    )
+    tasks_parser.add_argument("--workers", type=int, default=4, help="worker processes")
+    tasks_parser.add_argument("--tasks", type=int, default=20000)
+    tasks_parser.add_argument("--repeats", type=int, default=1)
+    tasks_parser.add_argument(
+        "--concurrency", type=int, default=4, help="threads of each jobstate_worker"
+    )
+    tasks_parser.add_argument("--contenders", default="jobstate,django-tasks-db,procrastinate")
+    tasks_parser.add_argument(
+        "--samples", type=int, default=200, help="tasks of each latency measurement"
     )
     all_parser = commands.add_parser("all", help="drain, then sweeps")
     profile_parser = commands.add_parser(
@@ -224,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             _drain(args, url, result)
         if args.command in ("sweeps", "all"):
             _sweeps(args, url, result)
+        if args.command == "tasks":
+            _tasks(args, url, result)
         if args.command == "calls":
             _calls(args, url, result)
         result["load_average_at_end"] = load_average()

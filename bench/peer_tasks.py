@@ -1,7 +1,9 @@
-"""The no-op task of each peer. Imported after ``django.setup()`` with ``bench.settings``."""
+"""The no-op task of each contender, and the timing tasks of jobstate's task benchmark.
+Imported after ``django.setup()`` with ``bench.settings``."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from procrastinate.contrib.django import app as procrastinate_app
@@ -20,3 +22,22 @@ def procrastinate_noop(**payload: Any) -> None:
 @task(queue_name="default")
 def tasks_db_noop(**payload: Any) -> None:
     """Does nothing: the benchmark measures the queue, not the work."""
+
+
+@task(backend="jobstate")
+def jobstate_noop(**payload: Any) -> None:
+    """Does nothing: the benchmark measures the queue, not the work."""
+
+
+@task(backend="jobstate")
+def jobstate_started(**payload: Any) -> float:
+    """Returns when it started (the wall clock the harness shares)."""
+    return time.time()
+
+
+@task(backend="jobstate")
+def jobstate_sleep(seconds: float) -> float:
+    """Returns when it started, after working for ``seconds``."""
+    started = time.time()
+    time.sleep(seconds)
+    return started

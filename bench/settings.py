@@ -49,14 +49,25 @@ DATABASES = {
     }
 }
 
+# django-tasks-db is the default backend (its db_worker runs "default"); jobstate's task
+# backend runs beside it as "jobstate" (python -m bench tasks).
+TASKS = {
+    "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+    "jobstate": {"BACKEND": "jobstate.tasks_backend.JobStateBackend"},
+}
+
+# JOBSTATE_BENCH_LISTEN_NOTIFY=0 makes jobstate's task workers poll (the latency
+# benchmark's second figure).
+JOBSTATE = {"LISTEN_NOTIFY": os.environ.get("JOBSTATE_BENCH_LISTEN_NOTIFY", "1") != "0"}
 # JOBSTATE_BENCH_PREPARED_STATEMENTS=off: what a host behind PgBouncer in transaction
 # mode before 1.21 sets, so jobstate prepares nothing either.
-JOBSTATE = {} if _hot_prepare else {"PREPARED_STATEMENTS": False}
+if not _hot_prepare:
+    JOBSTATE["PREPARED_STATEMENTS"] = False
 
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
-
-# Tasks are imported explicitly by the worker processes (bench.peer_tasks).
+# The peers' tasks live in bench.peer_tasks; procrastinate's worker imports them from
+# there (and finds no tasks module of its own to autodiscover).
 PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "bench_tasks_not_autodiscovered"
+PROCRASTINATE_IMPORT_PATHS = ["bench.peer_tasks"]
 
 LOGGING = {
     "version": 1,

@@ -9,5 +9,6 @@ class JobStateConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Registers the system checks and the settings-reset receiver; nothing else.
-        from jobstate import checks, conf  # noqa: F401
+        # Registers the system checks, the settings-reset receiver and the schedules'
+        # synchronisation after migrate; nothing else.
+        from jobstate import checks, conf, signals  # noqa: F401

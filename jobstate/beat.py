@@ -31,6 +31,7 @@ __all__ = [
     "JOBSTATE_BEAT_SCHEDULE",
     "PRUNE_EVERY",
     "REAP_EVERY",
+    "SCHEDULES_EVERY",
     "beat_schedule",
 ]
 
@@ -42,6 +43,10 @@ PRUNE_EVERY = timedelta(hours=6)
 #: notification waits up to this long after its commit; run
 #: ``deliver_notifications --loop`` instead when that is too long.
 DELIVER_EVERY = timedelta(seconds=10)
+#: How often beat evaluates jobstate's periodic schedules (``JOBSTATE["SCHEDULES"]``,
+#: ``manage.py enqueue_due_schedules``): a slot is enqueued at most this long after its
+#: instant. Each slot is enqueued once, however many beats, workers and crons evaluate.
+SCHEDULES_EVERY = timedelta(seconds=10)
 
 
 def beat_schedule(
@@ -49,10 +54,13 @@ def beat_schedule(
     reap_every: timedelta = REAP_EVERY,
     prune_every: timedelta = PRUNE_EVERY,
     deliver_every: timedelta | None = DELIVER_EVERY,
+    schedules_every: timedelta | None = SCHEDULES_EVERY,
 ) -> dict[str, dict[str, Any]]:
-    """Beat entries for ``jobstate.reap_stale``, ``jobstate.prune`` and
-    ``jobstate.deliver_notifications`` at the given intervals; ``deliver_every=None``
-    leaves the relay out (for a host that runs ``deliver_notifications --loop``).
+    """Beat entries for ``jobstate.reap_stale``, ``jobstate.prune``,
+    ``jobstate.deliver_notifications`` and ``jobstate.enqueue_due_schedules`` at the
+    given intervals; ``deliver_every=None`` leaves the relay out (for a host that runs
+    ``deliver_notifications --loop``), ``schedules_every=None`` the schedules (for a
+    host whose ``jobstate_worker`` processes evaluate them).
 
     Each message expires when its next one is due: when no worker is free for a while,
     the backlog does not pile up, since one reap, prune or relay pass does all the work
@@ -61,6 +69,8 @@ def beat_schedule(
     intervals = {"reap_every": reap_every, "prune_every": prune_every}
     if deliver_every is not None:
         intervals["deliver_every"] = deliver_every
+    if schedules_every is not None:
+        intervals["schedules_every"] = schedules_every
     for name, every in intervals.items():
         if not isinstance(every, timedelta) or every <= timedelta(0):
             raise ValueError(f"{name} must be a positive timedelta, got {every!r}.")
@@ -72,6 +82,10 @@ def beat_schedule(
         schedule["jobstate-deliver-notifications"] = _entry(
             "jobstate.deliver_notifications", deliver_every
         )
+    if schedules_every is not None:
+        schedule["jobstate-enqueue-due-schedules"] = _entry(
+            "jobstate.enqueue_due_schedules", schedules_every
+        )
     return schedule
 
 
@@ -79,6 +93,6 @@ def _entry(task: str, every: timedelta) -> dict[str, Any]:
     return {"task": task, "schedule": every, "options": {"expires": every.total_seconds()}}
 
 
-#: The documented default: reap every minute, prune every six hours, relay every ten
-#: seconds.
+#: The documented default: reap every minute, prune every six hours, relay and evaluate
+#: the schedules every ten seconds.
 JOBSTATE_BEAT_SCHEDULE: dict[str, dict[str, Any]] = beat_schedule()

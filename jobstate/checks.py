@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import django
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
@@ -100,3 +102,56 @@ def check_migrations_applied(**kwargs: Any) -> list[CheckMessage]:
                 )
             )
     return messages
+
+
+#: The task backend's dotted path, as ``TASKS[...]["BACKEND"]`` names it.
+TASK_BACKEND_PATH = "jobstate.tasks_backend.JobStateBackend"
+
+
+@register()
+def check_task_backends(**kwargs: Any) -> list[CheckMessage]:
+    """Django runs each task backend's own check (``OPTIONS``, ``QUEUES``:
+    ``jobstate.E020``-``E022``) through ``django.tasks``; on Django 5.2 the backport does
+    so only when its app is in ``INSTALLED_APPS``. Without it, this check runs them, and
+    says so when the backport is missing altogether (``jobstate.E023``)."""
+    if django.VERSION >= (6, 0) or apps.is_installed("django_tasks"):
+        return []
+    ours = [
+        alias
+        for alias, params in (getattr(settings, "TASKS", None) or {}).items()
+        if isinstance(params, dict) and params.get("BACKEND") == TASK_BACKEND_PATH
+    ]
+    if not ours:
+        return []
+    try:
+        from jobstate.tasks_compat import task_backends
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="jobstate.E023")]
+    messages: list[CheckMessage] = []
+    for alias in ours:
+        messages += task_backends[alias].check()
+    return messages
+
+
+@register()
+def check_schedules(**kwargs: Any) -> list[CheckMessage]:
+    """Each schedule of ``JOBSTATE["SCHEDULES"]``: its declaration (``jobstate.E030``:
+    unknown keys, a bad cron expression, an unknown time zone, arguments that are not
+    JSON), then what it runs (``jobstate.E031``: a task path that does not import or is
+    no task, a backend that is not jobstate's or refuses the task's queue or priority,
+    an operations job that is not registered or refuses its input). One message per
+    problem, naming the schedule."""
+    from jobstate.schedules import declared_schedules, schedule_problems, target_problems
+
+    try:
+        schedules = jobstate_settings.SCHEDULES
+    except ImproperlyConfigured:
+        return []  # jobstate.E001 says what is wrong with it
+    problems = schedule_problems(schedules)
+    if problems:
+        return [Error(problem, id="jobstate.E030") for problem in problems]
+    return [
+        Error(problem, id="jobstate.E031")
+        for definition in declared_schedules().values()
+        for problem in target_problems(definition)
+    ]

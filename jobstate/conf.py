@@ -78,6 +78,17 @@ DEFAULTS: dict[str, Any] = {
     # JSON keys (any depth, case-insensitive) whose values the admin shows as "••••" in
     # job input / metadata / result, notification payloads and audit details.
     "ADMIN_REDACTED_KEYS": ["password", "secret", "token", "api_key", "authorization"],
+    # django.tasks: on PostgreSQL, enqueueing a task sends NOTIFY (delivered at commit)
+    # and idle jobstate_worker processes LISTEN, so a task starts within milliseconds.
+    # Turn it off behind a pooler in transaction mode, which does not deliver
+    # notifications; workers then poll at their --interval.
+    "LISTEN_NOTIFY": True,
+    # Periodic schedules, by key: what each enqueues and when (a cron expression in a
+    # time zone). jobstate.schedules checks and evaluates them; see docs/schedules.md.
+    "SCHEDULES": {},
+    # The most missed slots one evaluation enqueues for a schedule with catch_up "all"
+    # (the latest ones; older missed slots are skipped).
+    "SCHEDULE_CATCH_UP_LIMIT": 100,
 }
 
 _DURATIONS = {
@@ -112,6 +123,7 @@ _POSITIVE_INTS = {
     "METRICS_EXACT_LIMIT",
     "MAX_PAYLOAD_BYTES",
     "ERROR_TEXT_LIMIT",
+    "SCHEDULE_CATCH_UP_LIMIT",
 }
 _OPTIONAL = {"THREAD_INFLIGHT_QUOTA", "METRICS_EXACT_LIMIT"}
 _BOOLEANS = {"PREPARED_STATEMENTS"}
@@ -159,6 +171,9 @@ class JobStateSettings:
     FINISHED_RUN_RETENTION: timedelta
     DELIVERED_NOTIFICATION_RETENTION: timedelta
     ADMIN_REDACTED_KEYS: list[str]
+    LISTEN_NOTIFY: bool
+    SCHEDULES: dict[str, dict[str, Any]]
+    SCHEDULE_CATCH_UP_LIMIT: int
 
     def __init__(self) -> None:
         self._cache: dict[str, Any] = {}
@@ -214,6 +229,17 @@ def _check_shape(name: str, value: Any) -> None:
     ):
         raise ImproperlyConfigured(
             "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string, got "
+            f"{type(value).__name__}."
+        )
+    if name == "LISTEN_NOTIFY" and not isinstance(value, bool):
+        raise ImproperlyConfigured(
+            f"JOBSTATE['LISTEN_NOTIFY'] must be True or False, got {value!r}."
+        )
+    # Each schedule's own keys are checked by jobstate.schedules (jobstate.E030), one
+    # message per problem; here only what every reader relies on.
+    if name == "SCHEDULES" and not isinstance(value, dict):
+        raise ImproperlyConfigured(
+            "JOBSTATE['SCHEDULES'] must be a dict of schedule key -> declaration, got "
             f"{type(value).__name__}."
         )
     if name == "ADMIN_REDACTED_KEYS" and (

@@ -198,3 +198,35 @@ class DuplicateNotification(JobStateError):
 class DeliveryFailed(JobStateError):
     """A relay channel could not deliver a notification. The relay records the message
     as the attempt's error and retries later, so it must never contain a secret."""
+
+
+# --- django.tasks ------------------------------------------------------------------------
+# The three errors below are recorded in a task's ``TaskResult.errors`` by their class
+# path, so ``TaskError.exception_class`` resolves to them.
+
+
+class TaskTimedOut(JobStateError, TimeoutError):
+    """A task attempt ran past its backend's ``TIMEOUT``. The worker failed the attempt
+    (and retries it while attempts remain); the thread it ran in cannot be stopped, so
+    whatever it reports later is refused by its stale claim token."""
+
+
+class WorkerLost(JobStateError):
+    """The worker running a task attempt stopped renewing its lease (it was killed, lost
+    its database connection or hung) and the attempt was recovered by a sweep or by
+    another worker. The task may have run partly, or even completely."""
+
+
+class TaskReturnValueNotJSON(JobStateError, TypeError):
+    """A task returned a value that cannot be stored as strict JSON, so ``get_result``
+    could not give it back unchanged. The attempt failed with this error."""
+
+
+class ScheduleError(JobStateError):
+    """A schedule could not be evaluated or enqueued: its task or operations job cannot
+    be found or refuses its arguments, or its backend cannot hold it. The schedule's
+    key is in the message; other schedules are evaluated all the same."""
+
+
+class UnknownSchedule(JobStateError, LookupError):
+    """No schedule has that key (or it was removed from settings)."""

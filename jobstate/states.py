@@ -10,9 +10,11 @@ contracts in :mod:`jobstate.stores.base`.
 from __future__ import annotations
 
 import enum
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import models
@@ -292,3 +294,60 @@ AUDIT_SUMMARY_SEPARATOR = " · "
 
 
 AUDIT_TITLE_LIMIT = 200
+
+
+# --- django.tasks ----------------------------------------------------------------------
+
+#: A task's ``target`` is this prefix and its backend's alias, so the tasks of two
+#: backends never mix and a hub worker's targets never name one by accident.
+TASK_TARGET_PREFIX = "tasks:"
+
+#: The PostgreSQL channel an enqueued task is announced on (``NOTIFY``), and idle task
+#: workers listen to.
+TASK_NOTIFY_CHANNEL = "jobstate_tasks"
+
+
+def task_target(alias: str) -> str:
+    """The ``target`` of the tasks of backend ``alias``."""
+    return f"{TASK_TARGET_PREFIX}{alias}"
+
+
+def task_notify_payload(target: str, queue_name: str) -> str:
+    """The payload announcing a task of ``target`` in ``queue_name``: a JSON pair, so a
+    worker compares whole payloads and no separator can be mistaken inside a name.
+    PostgreSQL delivers identical notifications of one transaction once, so a
+    transaction that enqueues many tasks into one queue wakes the workers once."""
+    return json.dumps([target, queue_name], ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """A django.tasks task to enqueue as a job (``StateStore.enqueue_task``).
+
+    ``args`` and ``kwargs`` are stored as the job's ``input``; ``max_attempts`` is the
+    backend's ``MAX_ATTEMPTS`` when the task was enqueued, and stays with the task."""
+
+    target: str
+    task_path: str
+    queue_name: str
+    priority: int
+    args: list[Any]
+    kwargs: dict[str, Any]
+    max_attempts: int
+    run_after: datetime | None = None
+
+
+@dataclass(frozen=True)
+class TaskRecovery:
+    """What one pass over tasks whose worker stopped renewing their lease did (or,
+    counted, would do)."""
+
+    requeued: int = 0
+    """Back to ``queued``, the lost attempt counted: attempts remained."""
+    failed: int = 0
+    """Moved to ``error`` with a :class:`~jobstate.exceptions.WorkerLost` error: the lost
+    attempt was the last one allowed."""
+
+    @property
+    def total(self) -> int:
+        return self.requeued + self.failed

@@ -3,8 +3,9 @@
 Each task is a thin call of the function the management commands use, and returns a
 JSON-ready dict of what it did. Schedule them with :data:`jobstate.beat.JOBSTATE_BEAT_SCHEDULE`.
 The task names (``jobstate.reap_stale``, ``jobstate.prune``,
-``jobstate.deliver_notifications``, ``jobstate.run_operations_job``) are stable, so beat
-entries can name them as strings.
+``jobstate.deliver_notifications``, ``jobstate.run_operations_job``,
+``jobstate.enqueue_due_schedules``) are stable, so beat entries can name them as
+strings.
 
 Needs Celery (``pip install "django-jobstate[celery]"``); the host's Celery app finds
 this module with ``app.autodiscover_tasks()``.
@@ -21,11 +22,13 @@ from django.db import DEFAULT_DB_ALIAS
 from jobstate.maintenance import run_reaping_sweeps, run_retention_sweeps
 from jobstate.relay import deliver_notifications
 from jobstate.runner import JobRunner
+from jobstate.schedules import evaluate_schedules, sync_schedules
 from jobstate.stores import get_run_store, get_state_store
 from jobstate.stores.base import Trigger
 
 __all__ = [
     "deliver_notifications_task",
+    "enqueue_due_schedules_task",
     "prune_task",
     "reap_stale_task",
     "run_operations_job_task",
@@ -78,3 +81,21 @@ def run_operations_job_task(
     runner = JobRunner(store=get_run_store(using=using))
     result = runner.execute(job_key, input, Trigger("CELERY", triggered_by))
     return result.as_dict()
+
+
+@shared_task(name="jobstate.enqueue_due_schedules")
+def enqueue_due_schedules_task(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """One evaluation of the periodic schedules (``manage.py enqueue_due_schedules``):
+    bring their rows in step with settings and enqueue every due slot; returns what was
+    enqueued and what could not be (by schedule key). Each slot is enqueued once, so
+    overlapping beats, workers and crons never enqueue it twice; a schedule that could
+    not be enqueued is reported, not raised, and is tried again at the next pass."""
+    sync_schedules(using=using)
+    result = evaluate_schedules(using=using, by="celery beat")
+    return {
+        "enqueued": [
+            {"schedule": item.schedule, "slot": item.slot.isoformat(), "result_id": item.result_id}
+            for item in result.enqueued
+        ],
+        "failures": result.failures,
+    }

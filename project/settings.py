@@ -39,6 +39,9 @@ INSTALLED_APPS = [
     "jobstate",
     "project.demo",
 ]
+if django.VERSION < (6, 0):
+    # Django 5.2 has no django.tasks: the backport's app registers its system checks.
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -120,9 +123,45 @@ if _beat_every := env.float("CELERY_BEAT_EVERY", default=0):
         for name, entry in CELERY_BEAT_SCHEDULE.items()
     }
 
+# The demo's tasks (project/demo/tasks.py) run on jobstate's task backend; start a worker
+# with manage.py jobstate_worker --queue-name '*'.
+TASKS = {
+    "default": {
+        "BACKEND": "jobstate.tasks_backend.JobStateBackend",
+        "QUEUES": ["default", "emails", "reports"],
+        "OPTIONS": {
+            "MAX_ATTEMPTS": 3,
+            "RETRY_BACKOFF": timedelta(seconds=2),
+            "LEASE": timedelta(minutes=1),
+            "TIMEOUT": timedelta(minutes=2),
+        },
+    }
+}
+
 JOBSTATE: dict[str, object] = {
     "OPERATIONS_JOB_MODULES": [],
 }
+# The demo's periodic schedules (the Schedules page), on when scripts/demo runs; off
+# otherwise, so the test suite's workers enqueue nothing of their own.
+if env.bool("JOBSTATE_DEMO_SCHEDULES", default=False):
+    JOBSTATE["SCHEDULES"] = {
+        "demo-welcome-mail": {
+            "task": "project.demo.tasks.send_welcome_email",
+            "cron": "* * * * *",
+            "kwargs": {"user_id": 7},
+        },
+        "demo-report-build": {
+            "operations_job": "demo.report-build",
+            "cron": "*/5 * * * *",
+            "kwargs": {"rows": 100},
+        },
+        "demo-nightly-close": {
+            "operations_job": "demo.nightly-close",
+            "cron": "30 2 * * *",
+            "timezone": "Europe/Berlin",
+            "kwargs": {"seconds": 2},
+        },
+    }
 
 LOGGING = {
     "version": 1,

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from reliability._torture_monitor import MonitorResult
+from reliability._torture_tasks import TASK_VIOLATION_KINDS
 
 #: Every kind of violation, in the order the summary lists them.
 VIOLATION_KINDS = {
@@ -34,6 +35,7 @@ VIOLATION_KINDS = {
     "orphan_not_recovered": "a dead or paused worker's job or run never recovered",
     "orphan_unexplained": "an orphan's claim ended with neither a recovery nor its holder",
     "process_error": "a worker, the reaper or the monitor failed on its own",
+    **TASK_VIOLATION_KINDS,
 }
 
 #: Examples kept per kind.

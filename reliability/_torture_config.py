@@ -33,6 +33,7 @@ ENV_PROCESS_NAME = "JOBSTATE_TORTURE_PROCESS"
 ENV_LEASE = "JOBSTATE_TORTURE_LEASE_SECONDS"
 ENV_STALE_AFTER = "JOBSTATE_TORTURE_STALE_AFTER_SECONDS"
 ENV_ATTEMPT_LIMIT = "JOBSTATE_TORTURE_ATTEMPT_LIMIT"
+ENV_TASK_ATTEMPTS = "JOBSTATE_TORTURE_TASK_ATTEMPTS"
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class Timing:
     reap_interval: float = 1.0
     slack: float = 2.0
     attempt_limit: int = 5
+    task_attempts: int = 5
+    """``MAX_ATTEMPTS`` of the task backend."""
 
     @property
     def heartbeat_interval(self) -> float:
@@ -100,17 +103,26 @@ class ProcessConfig:
     mix: Mix
 
 
+def process_environment(database_url: str, timing: Timing, process_name: str) -> dict[str, str]:
+    """The environment variables :mod:`reliability._torture_settings` reads, for a
+    process named ``process_name`` (also its PostgreSQL ``application_name``)."""
+    return {
+        ENV_DATABASE_URL: database_url,
+        ENV_PROCESS_NAME: process_name,
+        ENV_LEASE: repr(timing.lease),
+        ENV_STALE_AFTER: repr(timing.stale_after),
+        ENV_ATTEMPT_LIMIT: str(timing.attempt_limit),
+        ENV_TASK_ATTEMPTS: str(timing.task_attempts),
+        "DJANGO_SETTINGS_MODULE": "reliability._torture_settings",
+    }
+
+
 def setup_django(database_url: str, timing: Timing, process_name: str) -> None:
     """Point :mod:`reliability._torture_settings` at ``database_url`` with ``timing``
     and set Django up, once per process. ``process_name`` becomes the PostgreSQL
     ``application_name`` of the process's connections, which is how the controller
     knows when a killed worker's sessions are gone."""
-    os.environ[ENV_DATABASE_URL] = database_url
-    os.environ[ENV_PROCESS_NAME] = process_name
-    os.environ[ENV_LEASE] = repr(timing.lease)
-    os.environ[ENV_STALE_AFTER] = repr(timing.stale_after)
-    os.environ[ENV_ATTEMPT_LIMIT] = str(timing.attempt_limit)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "reliability._torture_settings"
+    os.environ.update(process_environment(database_url, timing, process_name))
     import django
 
     django.setup()

@@ -29,6 +29,7 @@ import psycopg
 from reliability._torture_config import Mix, ProcessConfig, Timing
 from reliability._torture_monitor import Fault, Monitor, MonitorResult, Orphan
 from reliability._torture_pool import ProcessFailure, Reaper, Slot, WorkerPool
+from reliability._torture_tasks import TaskWorkers, drain_tasks
 
 #: How long the controller waits for a killed worker's sessions to end.
 SESSION_WAIT = 15.0
@@ -44,6 +45,10 @@ class RunOptions:
     timing: Timing
     mix: Mix = field(default_factory=Mix)
     seed: int | None = None
+    task_workers: int = 2
+    """``jobstate_worker`` processes running the run's tasks (0: no tasks)."""
+    task_share: float = 0.3
+    """Share of the faults that kill a task worker instead of a job worker."""
 
 
 @dataclass
@@ -65,6 +70,9 @@ class RunFacts:
     paused_workers: list[str] = field(default_factory=list)
     final_reap: dict[str, int] = field(default_factory=dict)
     monitor: MonitorResult = field(default_factory=MonitorResult)
+    task_worker_kills: int = 0
+    task_failures: list[str] = field(default_factory=list)
+    """Task workers that exited on their own or would not stop, and a failed drain."""
 
 
 class Controller:
@@ -86,20 +94,31 @@ class Controller:
             monitor.start()
             reaper = Reaper(context, config)
             pool = WorkerPool(context, config, options.workers)
+            tasks = TaskWorkers(options.database_url, self.timing, options.task_workers)
             try:
                 self.log(f"starting {options.workers} workers and the reaper")
                 pool.start(ready_timeout=600)
+                if options.task_workers:
+                    self.log(f"starting {options.task_workers} task workers")
+                    tasks.start()
                 self.log(f"running for {options.duration:g} s")
                 started = time.monotonic()
-                self._inject_faults(pool, reaper, probe, monitor, started + options.duration)
+                self._inject_faults(pool, reaper, probe, monitor, started + options.duration, tasks)
                 self.facts.fault_seconds = time.monotonic() - started
                 self.log("stopping the workers")
+                self.facts.task_failures += tasks.stop(timeout=90)
                 self._stop(pool, reaper, probe, monitor)
+                if options.task_workers:
+                    self.facts.task_failures += drain_tasks(
+                        options.database_url, self.timing, probe, self.log
+                    )
             finally:
                 # On an error above, nothing may be left behind, least of all a stopped
                 # process, which would ignore the SIGTERM multiprocessing sends at exit.
                 pool.abandon()
                 reaper.abandon()
+                tasks.abandon()
+            self.facts.task_worker_kills = tasks.kills
             self.facts.restarts = pool.restarts
         self.facts.monitor = monitor.finish()
         return self.facts
@@ -113,10 +132,14 @@ class Controller:
         probe: psycopg.Connection[Any],
         monitor: Monitor,
         end: float,
+        tasks: TaskWorkers,
     ) -> None:
         due = time.monotonic() + self._gap()
         while (now := time.monotonic()) < end:
             pool.resume_due()
+            for exited in tasks.failures():
+                self.facts.task_failures.append(exited)
+                self.log(f"task worker {exited}; restarted")
             for slot, failure in pool.failures():
                 self.facts.failures.append(failure)
                 self.log(f"worker {failure.name} exited with status {failure.exitcode}")
@@ -125,7 +148,12 @@ class Controller:
             if reaper_failure is not None:
                 self.facts.failures.append(reaper_failure)
                 self.log(f"the reaper exited with status {reaper_failure.exitcode}; restarted")
-            if now >= due and self._fault(pool, probe, monitor, patient=now < due + 1.0):
+            if now >= due and tasks.count and self.rng.random() < self.options.task_share:
+                tasks.kill_one(
+                    self.rng, probe, lambda worker: _wait_sessions_gone(probe, worker, SESSION_WAIT)
+                )
+                due = time.monotonic() + self._gap()
+            elif now >= due and self._fault(pool, probe, monitor, patient=now < due + 1.0):
                 due = time.monotonic() + self._gap()
             time.sleep(0.02)
 

@@ -50,6 +50,8 @@ def build(
             "reap_interval_seconds": timing.reap_interval,
             "slack_seconds": timing.slack,
             "attempt_limit": timing.attempt_limit,
+            "task_workers": options.task_workers,
+            "task_max_attempts": timing.task_attempts,
             "seed": options.seed,
         },
         "duration_seconds": round(facts.fault_seconds, 2),
@@ -74,7 +76,8 @@ def build(
         },
         "monitor_polls": facts.monitor.polls,
         "final_reap": facts.final_reap,
-        "process_failures": [f"{f.name}: exit {f.exitcode}" for f in facts.failures],
+        "process_failures": [f"{f.name}: exit {f.exitcode}" for f in facts.failures]
+        + facts.task_failures,
         **figures,
         "violations": dict(findings.violations),
         "violations_total": findings.total,
@@ -93,6 +96,30 @@ def _latency(stats: dict[str, Any], liveness: str) -> str:
         f"{shown} ({liveness} + reap interval {stats['promise_seconds']:.1f} s, "
         f"bound with slack {stats['bound_seconds']:.1f} s)"
     )
+
+
+def _task_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The task workers' rows (none when the run had no task workers)."""
+    if not report["settings"]["task_workers"]:
+        return []
+    return [
+        (
+            "tasks",
+            f"{report['tasks_loaded']} loaded by {report['settings']['task_workers']} task "
+            f"workers: {_counts(report['tasks_by_status'])}",
+        ),
+        (
+            "task workers killed",
+            f"{report['task_worker_kills']}, holding {report['tasks_held_by_killed_workers']} "
+            f"tasks; {report['task_attempts_lost']} lost attempts recorded",
+        ),
+        (
+            "tasks run to the end again",
+            f"{report['tasks_run_to_the_end_more_than_once']} (at least once: a killed "
+            f"worker's task may have finished before its report); most attempts "
+            f"{report['task_max_attempts_used']} of {report['settings']['task_max_attempts']}",
+        ),
+    ]
 
 
 def table(report: dict[str, Any]) -> str:
@@ -142,6 +169,7 @@ def table(report: dict[str, Any]) -> str:
             f"{report['reaper_slowest_pass_seconds']:.2f} s): "
             f"{_counts({k: n for k, n in report['reaper_moved'].items() if n})}",
         ),
+        *_task_rows(report),
         ("violations", str(report["violations_total"])),
     ]
     width = max(len(name) for name, _ in rows)

@@ -23,6 +23,7 @@ from reliability._torture_config import (
     ENV_LEASE,
     ENV_PROCESS_NAME,
     ENV_STALE_AFTER,
+    ENV_TASK_ATTEMPTS,
 )
 
 _database = environ.Env.db_url_config(
@@ -47,6 +48,21 @@ JOBSTATE = {
     "WORKER_ATTEMPT_LIMIT": int(os.environ.get(ENV_ATTEMPT_LIMIT, "5")),
     # A long run keeps jobs queued for a long time; they must not expire mid-run.
     "QUEUED_TTL": timedelta(days=7),
+}
+
+# The task workers' backend: the worker lease as the task lease, retries at once (a
+# lost attempt is retried right away anyway), enough attempts that a task survives a
+# few kills of the workers running it.
+TASKS = {
+    "default": {
+        "BACKEND": "jobstate.tasks_backend.JobStateBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {
+            "MAX_ATTEMPTS": int(os.environ.get(ENV_TASK_ATTEMPTS, "5")),
+            "RETRY_BACKOFF": timedelta(0),
+            "LEASE": timedelta(seconds=float(os.environ.get(ENV_LEASE, "2"))),
+        },
+    }
 }
 
 # Skipped runs and lost claims are the point of the exercise, and jobstate logs each one

@@ -1,6 +1,7 @@
-"""Torture run: worker processes claim and complete jobs and run operations jobs while
-a reaper runs every second and a controller kills random workers with SIGKILL (and
-pauses some with SIGSTOP) mid-job, then restarts them.
+"""Torture run: worker processes claim and complete jobs and run operations jobs, and
+``jobstate_worker`` processes run django.tasks tasks, while a reaper runs every second
+and a controller kills random workers with SIGKILL (and pauses some job workers with
+SIGSTOP) mid-job, then restarts them.
 
     python -m reliability.torture --duration 60 --workers 8
     python -m reliability.torture --duration 3600 --workers 8 --jobs 200000 --report run.json
@@ -17,7 +18,10 @@ one last reap and checks:
   attempt), and no run the runner says it settled was settled by someone else;
 - overlap: no overlap key ever had two RUNNING runs (watched while running);
 - recovery: every job or run a killed worker held was recovered within lease (or the
-  stale-run threshold) + reap interval + slack.
+  stale-run threshold) + reap interval + slack;
+- tasks: every task ended SUCCESSFUL or FAILED, none lost, none finished twice, every
+  started attempt recorded once, every task a killed task worker held recovered with
+  that worker's lost attempt (:mod:`reliability._torture_tasks`).
 
 It prints a summary table and exits 1 when any violation was found (2 when the run
 could not be made at all).
@@ -53,10 +57,14 @@ from reliability._torture_db import (
 )
 from reliability._torture_pool import PoolError
 from reliability._torture_report import build, table
+from reliability._torture_tasks import check_tasks, create_task_ledger, load_tasks, task_figures
 
 #: Jobs loaded per second of ``--duration`` when ``--jobs`` is not given: more than
 #: eight workers on a small machine get through, so the queue does not run dry.
 JOBS_PER_SECOND = 30
+
+#: Tasks loaded per second of ``--duration`` when ``--tasks`` is not given.
+TASKS_PER_SECOND = 10
 
 
 def _positive(kind: type[float] | type[int]) -> Any:
@@ -67,6 +75,13 @@ def _positive(kind: type[float] | type[int]) -> Any:
         return value
 
     return parse
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
 
 
 def _share(text: str) -> float:
@@ -114,6 +129,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=2.0,
         help="seconds a loaded machine may add to the recovery bound",
     )
+    parser.add_argument(
+        "--task-workers",
+        type=_non_negative,
+        default=2,
+        help="jobstate_worker processes running tasks (0: no tasks)",
+    )
+    parser.add_argument(
+        "--tasks",
+        type=_positive(int),
+        help=f"tasks to load (default: {TASKS_PER_SECOND} per second of --duration)",
+    )
     parser.add_argument("--seed", type=int, help="seed of the fault schedule")
     parser.add_argument("--report", type=Path, help="also write the summary as JSON here")
     parser.add_argument(
@@ -126,16 +152,20 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _prepare(url: str, timing: Timing, jobs: int) -> None:
-    """A fresh, migrated database with the ledger tables and ``jobs`` queued jobs."""
+def _prepare(url: str, timing: Timing, jobs: int, tasks: int) -> None:
+    """A fresh, migrated database with the ledger tables, ``jobs`` queued jobs and
+    ``tasks`` queued tasks."""
     recreate_database(url)
     setup_django(url, timing, "torture-controller")
     _log(f"migrating {url}")
     migrate()
     with psycopg.connect(url, autocommit=True) as conn:
         create_ledger(conn)
+        create_task_ledger(conn)
     _log(f"loading {jobs} jobs")
     load_jobs(jobs, _log)
+    if tasks:
+        load_tasks(tasks, _log)
 
 
 def _verdict(url: str, facts: RunFacts) -> tuple[Findings, dict[str, Any]]:
@@ -145,15 +175,21 @@ def _verdict(url: str, facts: RunFacts) -> tuple[Findings, dict[str, Any]]:
     with psycopg.connect(url, autocommit=True) as conn:
         check_database(conn, tables, findings)
         check_claims(conn, tables, findings)
+        check_tasks(conn, findings.add)
         counts = figures(conn, tables, facts.paused_workers)
+        counts.update(task_figures(conn, facts.task_worker_kills))
     check_watch(facts.monitor, findings)
     findings.add("process_error", [f"{f.name}: exit {f.exitcode}" for f in facts.failures])
+    findings.add("process_error", facts.task_failures)
     return findings, counts
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     jobs = args.jobs or max(100, round(JOBS_PER_SECOND * args.duration))
+    tasks = 0
+    if args.task_workers:
+        tasks = args.tasks or max(50, round(TASKS_PER_SECOND * args.duration))
     timing = Timing(
         lease=args.lease,
         stale_after=args.stale_after,
@@ -168,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         pause_share=args.pause_share,
         timing=timing,
         seed=args.seed,
+        task_workers=args.task_workers,
     )
     url = args.database_url
     try:
-        _prepare(url, timing, jobs)
+        _prepare(url, timing, jobs, tasks)
         facts = Controller(options, _log).run()
     except (TortureDatabaseError, PoolError) as exc:
         _log(f"torture: {exc}")

@@ -149,6 +149,9 @@ def test_reap_stale_json_prints_every_count_even_zero() -> None:
         "leases": 0,
         "leases_requeued": 0,
         "leases_failed": 0,
+        "tasks": 0,
+        "tasks_requeued": 0,
+        "tasks_failed": 0,
         "outbox": 0,
         "outbox_rearmed": 0,
         "outbox_dead": 0,
@@ -176,7 +179,7 @@ def test_reap_stale_dry_run_counts_every_sweep_and_writes_nothing() -> None:
 
 def test_reap_stale_verbosity_two_lists_every_sweep() -> None:
     out, _ = run("reap_stale", verbosity=2)
-    assert len(out.splitlines()) == 6
+    assert len(out.splitlines()) == 7
     assert out.splitlines()[0] == "Reaped 0 stale job runs (RUNNING -> TIMED_OUT)."
 
 

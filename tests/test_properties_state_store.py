@@ -82,7 +82,7 @@ PROPERTIES = hypothesis_settings(
 CREATE_FIELDS = JOB_PATCH_FIELDS | {"request_id"}
 ENQUEUE_ALLOWED = ENQUEUE_FIELDS | {"request_id"}
 REPORT_FIELDS = JOB_PATCH_FIELDS - {"status", *JOB_CLAIM_FIELDS}
-JSON_FIELDS = {"input", "result", "report", "usage", "metadata"}
+JSON_FIELDS = {"input", "result", "report", "usage", "metadata", "attempt_log"}
 STATUSES = set(JobStatus.values)
 
 
@@ -202,6 +202,11 @@ VALID_JOB_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "executor_id": st.one_of(st.none(), storable_text()),
     "dispatched_at": _instants,
     "claim_token": st.one_of(st.none(), st.uuids()),
+    "task_path": st.one_of(st.none(), names()),
+    "queue_name": st.one_of(st.none(), names(max_size=100)),
+    "priority": st.integers(-(2**31), 2**31 - 1),
+    "max_attempts": st.one_of(st.none(), st.integers(0, 2**31 - 1)),
+    "attempt_log": st.one_of(st.none(), st.lists(json_objects, max_size=3)),
 }
 
 
@@ -223,8 +228,10 @@ _TEXT_LIMITS = {
     "callback_url": 2000,
     "input_preview": None,
     "error": None,
+    "task_path": 300,
+    "queue_name": 100,
 }
-_REQUIRED = {"request_id", "status", "source", "input_preview", "attempts", "metadata"}
+_REQUIRED = {"request_id", "status", "source", "input_preview", "attempts", "metadata", "priority"}
 _INSTANTS = {"run_after", "claimed_at", "lease_until", "dispatched_at"}
 _not_text = st.one_of(st.integers(), st.booleans(), st.binary(max_size=4), st.lists(st.integers()))
 
@@ -245,6 +252,8 @@ def bad_job_values(name: str) -> st.SearchStrategy[Any]:
             options.append(st.sampled_from(["", "   "]))
     elif name == "metadata":
         options.append(bad_json_objects)
+    elif name == "attempt_log":
+        options += [bad_json_values, json_objects, st.lists(st.integers(), min_size=1)]
     elif name in JSON_FIELDS:
         options.append(bad_json_values)
     elif name in _INSTANTS:
@@ -257,9 +266,17 @@ def bad_job_values(name: str) -> st.SearchStrategy[Any]:
             st.floats(),
             storable_text(),
         ]
-    elif name == "attempts":
+    elif name in ("attempts", "max_attempts"):
         options += [
             st.integers(max_value=-1),
+            st.integers(min_value=2**31),
+            st.booleans(),
+            st.floats(),
+            storable_text(),
+        ]
+    elif name == "priority":
+        options += [
+            st.integers(max_value=-(2**31) - 1),
             st.integers(min_value=2**31),
             st.booleans(),
             st.floats(),

@@ -31,6 +31,7 @@ from reliability._torture_checks import (
 from reliability._torture_config import TARGET
 from reliability._torture_db import LEDGER_DDL, LEDGER_TABLES, drop_database
 from reliability._torture_monitor import How, MonitorResult, Orphan
+from reliability._torture_tasks import check_tasks, create_task_ledger
 from tests.servers import postgres_server_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +61,10 @@ def test_a_short_torture_run_loses_nothing_and_completes_nothing_twice(tmp_path:
                 # the real latencies against the tight bound.
                 "--slack",
                 "5",
+                "--task-workers",
+                "2",
+                "--tasks",
+                "80",
                 "--seed",
                 "7",
                 "--database-url",
@@ -81,6 +86,11 @@ def test_a_short_torture_run_loses_nothing_and_completes_nothing_twice(tmp_path:
 
         assert report["faults"]["kills"] >= 1
         assert report["faults"]["restarts"] >= report["faults"]["kills"]
+        # The task workers' tasks all ended, each once (the task checks are among the
+        # violations above).
+        assert report["tasks_loaded"] == 80
+        assert sum(report["tasks_by_status"].values()) == 80
+        assert set(report["tasks_by_status"]) <= {"done", "error"}
         recovered = report["orphans"]["jobs"]["recovered"] + report["orphans"]["runs"]["recovered"]
         assert recovered >= 1, report["orphans"]
 
@@ -220,3 +230,78 @@ def test_the_watch_flags_late_missing_and_unexplained_recoveries() -> None:
     assert findings.violations["orphan_unexplained"] == 1
     assert findings.total == 3
     assert "late" in findings.examples["orphan_late"][0]
+
+
+@pytest.fixture
+def task_ledger(transactional_db: None) -> Iterator[psycopg.Connection[Any]]:
+    """The task ledger tables in the test database, and the raw psycopg connection the
+    checks read through."""
+    connection.ensure_connection()
+    conn: psycopg.Connection[Any] = connection.connection
+    tables = ("torture_task_loaded", "torture_task_run", "torture_task_kill")
+    for table in tables:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+    create_task_ledger(conn)
+    yield conn
+    for table in tables:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+@pytest.mark.postgres
+def test_the_task_checks_catch_lost_unsettled_doubly_finished_and_unrecovered_tasks(
+    task_ledger: psycopg.Connection[Any],
+) -> None:
+    from jobstate.models import Job
+    from jobstate.states import NewTask
+    from jobstate.stores import get_state_store
+
+    store = get_state_store()
+
+    def task(n: int) -> Any:
+        new = NewTask(
+            target="tasks:default",
+            task_path="reliability._torture_task_functions.double",
+            queue_name="default",
+            priority=0,
+            args=[n, 0],
+            kwargs={},
+            max_attempts=3,
+        )
+        job = store.enqueue_task(new)
+        task_ledger.execute(
+            "INSERT INTO torture_task_loaded (result_id, n) VALUES (%s, %s)", [job.id, n]
+        )
+        return job
+
+    fine, twice, waiting, lost, unrecovered, miscounted = (task(n) for n in range(6))
+    success = {"worker_id": "w", "outcome": "successful", "started_at": None}
+    lost_attempt = {"worker_id": "w-dead", "outcome": "worker lost", "started_at": None}
+    Job.objects.filter(id=fine.id).update(
+        status="done", result=0, attempts=2, attempt_log=[lost_attempt, success]
+    )
+    Job.objects.filter(id=twice.id).update(
+        status="done", result=2, attempts=2, attempt_log=[success, success]
+    )
+    Job.objects.filter(id=lost.id).delete()
+    Job.objects.filter(id=unrecovered.id).update(
+        status="done", result=8, attempts=1, attempt_log=[success]
+    )
+    Job.objects.filter(id=miscounted.id).update(
+        status="error", attempts=3, attempt_log=[lost_attempt]
+    )
+    for job in (fine, unrecovered):
+        task_ledger.execute(
+            "INSERT INTO torture_task_kill (worker, result_id) VALUES ('w-dead', %s)", [job.id]
+        )
+
+    findings = Findings()
+    check_tasks(task_ledger, findings.add)
+
+    assert findings.violations["task_lost"] == 1
+    assert findings.violations["task_unsettled"] == 1
+    assert findings.violations["task_finished_twice"] == 1
+    assert findings.violations["task_attempt_unrecorded"] == 1
+    assert findings.violations["task_orphan_unrecovered"] == 1
+    assert findings.total == 5
+    assert str(waiting.id) in findings.examples["task_unsettled"][0]
+    assert str(twice.id) in findings.examples["task_finished_twice"][0]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -38,7 +38,10 @@ from jobstate.models import (
     JobRun,
     Notification,
     RuntimeLock,
+    Schedule,
+    ScheduleOccurrence,
 )
+from jobstate.schedules.definitions import parse_declaration
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from tests.test_admin_jobs import act, failed_job, logged_in
@@ -87,6 +90,24 @@ def _held_lock() -> str:
 
 def _dead_letter() -> str:
     return str(dead_letter().id)
+
+
+def _schedule(*, paused: bool = False) -> str:
+    definition = parse_declaration(
+        "nightly", {"task": "tests.task_functions.add", "cron": "30 2 * * *", "args": [1, 1]}
+    )
+    row = Schedule.objects.create(
+        key=definition.key,
+        kind=definition.kind,
+        target=definition.target,
+        cron=definition.cron,
+        timezone=definition.timezone,
+        catch_up=definition.catch_up,
+        definition=definition.as_json(),
+        effective_from=definition.slots().next_after(datetime.now(UTC)),
+        paused=paused,
+    )
+    return str(row.pk)
 
 
 def _job_status(pk: str) -> str:
@@ -167,6 +188,33 @@ CASES = [
         lambda pk: Notification.objects.get(pk=pk).state == NotificationState.PENDING,
         "dlq_resend_ok",
         "requested_by",
+    ),
+    ActionCase(
+        Schedule,
+        "run_schedules_now",
+        "run_schedule",
+        _schedule,
+        lambda pk: ScheduleOccurrence.objects.filter(schedule_id=pk, trigger="manual").exists(),
+        "schedule_run_now",
+        "by",
+    ),
+    ActionCase(
+        Schedule,
+        "pause_schedules",
+        "pause_schedule",
+        _schedule,
+        lambda pk: Schedule.objects.get(pk=pk).paused,
+        "schedule_paused",
+        "by",
+    ),
+    ActionCase(
+        Schedule,
+        "resume_schedules",
+        "pause_schedule",
+        lambda: _schedule(paused=True),
+        lambda pk: not Schedule.objects.get(pk=pk).paused,
+        "schedule_resumed",
+        "by",
     ),
 ]
 CASE_IDS = [case.action for case in CASES]

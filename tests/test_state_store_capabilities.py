@@ -61,7 +61,12 @@ def test_the_stores_declare_what_they_offer() -> None:
     flags = [name for name in dir(StateStore) if name.startswith("supports_")]
     assert {name: getattr(DatabaseStateStore, name) for name in flags} == dict.fromkeys(flags, True)
     memory = {name for name in flags if getattr(MemoryStateStore, name)}
-    assert memory == {"supports_batch_claims", "supports_approvals", "supports_metrics"}
+    assert memory == {
+        "supports_batch_claims",
+        "supports_approvals",
+        "supports_metrics",
+        "supports_tasks",
+    }
 
 
 def test_a_store_of_ones_own_implements_primitives_not_public_methods() -> None:

@@ -1,6 +1,6 @@
 """The operators' console on the Django admin.
 
-Jobs, runs, the audit ledger, runtime locks and the notification outbox are browsable
+Jobs, runs, schedules, the audit ledger, runtime locks and the notification outbox are browsable
 at any size (estimated or capped counts, index-backed ordering and filters, exact
 search). History tables are read-only. Every change an operator makes is an admin
 action with a confirmation page and its own permission; it goes through the stores,
@@ -17,6 +17,7 @@ from jobstate.admin.locks import RuntimeLockAdmin
 from jobstate.admin.outbox import NotificationAdmin
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.runs import JobRunAdmin
+from jobstate.admin.schedules import ScheduleAdmin
 
 __all__ = [
     "ApprovalDecisionAdmin",
@@ -28,5 +29,6 @@ __all__ = [
     "NotificationAdmin",
     "ReadOnlyAdmin",
     "RuntimeLockAdmin",
+    "ScheduleAdmin",
     "status_badge",
 ]

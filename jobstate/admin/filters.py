@@ -30,17 +30,26 @@ __all__ = [
     "DelayedFilter",
     "ExpiredLeaseFilter",
     "LockStateFilter",
+    "QueueFilter",
     "RunLivenessFilter",
     "SourceFilter",
     "TargetFilter",
+    "TaskFilter",
     "TriggerFilter",
 ]
 
 #: Audit events the admin's own actions write (besides the store's ``rerun``,
 #: ``rejected``, ``approved`` and ``dlq_resend_ok``).
-ADMIN_AUDIT_EVENTS = ("lock_force_released", "run_reaped")
+ADMIN_AUDIT_EVENTS = (
+    "lock_force_released",
+    "run_reaped",
+    "schedule_run_now",
+    "schedule_paused",
+    "schedule_resumed",
+)
 
-#: How many of the newest jobs the target and source filters look at for choices.
+#: How many of the newest jobs the target, source, task and queue filters look at for
+#: choices.
 RECENT_JOBS_SAMPLE = 1000
 
 
@@ -68,15 +77,15 @@ class FixedChoicesFilter(admin.SimpleListFilter):
 
 
 def _recent_job_values(request: HttpRequest, field: str) -> list[str]:
-    """Distinct non-empty ``field`` values among the newest jobs, first seen first.
-    One query per request serves both the target and the source filter."""
+    """Distinct non-empty ``field`` values among the newest jobs, sorted. One query per
+    request serves the target, source, task and queue filters."""
     cache: dict[str, list[str]] | None = getattr(request, "_jobstate_recent_values", None)
     if cache is None:
-        recent = Job.objects.order_by("-created_at").values_list("target", "source")
-        pairs = list(recent[:RECENT_JOBS_SAMPLE])
+        fields = ("target", "source", "task_path", "queue_name")
+        recent = list(Job.objects.order_by("-created_at").values_list(*fields)[:RECENT_JOBS_SAMPLE])
         cache = {
-            "target": sorted({target for target, _source in pairs if target}),
-            "source": sorted({source for _target, source in pairs if source}),
+            name: sorted({row[index] for row in recent if row[index]})
+            for index, name in enumerate(fields)
         }
         request._jobstate_recent_values = cache  # type: ignore[attr-defined]
     return cache[field]
@@ -98,6 +107,28 @@ class SourceFilter(FixedChoicesFilter):
 
     def choices_for(self, request: HttpRequest) -> Sequence[str]:
         return _recent_job_values(request, "source")
+
+
+class TaskFilter(FixedChoicesFilter):
+    """django.tasks tasks by their dotted path."""
+
+    title = _("task")
+    parameter_name = "task"
+    field = "task_path"
+
+    def choices_for(self, request: HttpRequest) -> Sequence[str]:
+        return _recent_job_values(request, "task_path")
+
+
+class QueueFilter(FixedChoicesFilter):
+    """django.tasks tasks by their queue."""
+
+    title = _("queue")
+    parameter_name = "queue"
+    field = "queue_name"
+
+    def choices_for(self, request: HttpRequest) -> Sequence[str]:
+        return _recent_job_values(request, "queue_name")
 
 
 class ExpiredLeaseFilter(admin.SimpleListFilter):

@@ -21,7 +21,6 @@ from jobstate.admin.common import (
     REDACTOR_ATTRIBUTE,
     ActionRow,
     ActionSpec,
-    ReadOnlyAdmin,
     choice_badge,
     database_now,
     exact_search,
@@ -32,7 +31,15 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.dashboard import cards, finished_per_minute, queue_depth_by_target
-from jobstate.admin.filters import DelayedFilter, ExpiredLeaseFilter, SourceFilter, TargetFilter
+from jobstate.admin.filters import (
+    DelayedFilter,
+    ExpiredLeaseFilter,
+    QueueFilter,
+    SourceFilter,
+    TargetFilter,
+    TaskFilter,
+)
+from jobstate.admin.tasks import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
 from jobstate.models import ApprovalDecision, AuditEntry, Job, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
@@ -144,7 +151,7 @@ def _describe(job: Job, now: Any) -> str:
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
+class JobAdmin(TaskFieldsAdmin):
     """Jobs: browse, inspect, and (with the matching permission) requeue, reject or
     approve them. Every change goes through the state store and is audited with the
     operator's user name."""
@@ -153,6 +160,7 @@ class JobAdmin(ReadOnlyAdmin):
         "request_id",
         "status_display",
         "target",
+        "task_display",
         "source",
         "thread_id",
         "attempts",
@@ -160,7 +168,15 @@ class JobAdmin(ReadOnlyAdmin):
         "lease",
         "executor_id",
     ]
-    list_filter = ["status", TargetFilter, SourceFilter, ExpiredLeaseFilter, DelayedFilter]
+    list_filter = [
+        "status",
+        TargetFilter,
+        TaskFilter,
+        QueueFilter,
+        SourceFilter,
+        ExpiredLeaseFilter,
+        DelayedFilter,
+    ]
     # Enables the search box; the search itself is exact (see ``search``).
     search_fields = ["request_id"]
     search_help_text = gettext_lazy("An exact job id, request id or thread number.")
@@ -168,7 +184,7 @@ class JobAdmin(ReadOnlyAdmin):
     ordering = ["-created_at"]
     actions = ["requeue_jobs", "reject_jobs", "approve_and_requeue_jobs"]
     fieldsets = [(title, {"fields": names}) for title, names in _JOB_PAGE]
-    readonly_fields = [name for _title, names in _JOB_PAGE for name in names]
+    readonly_fields = [name for _title, names in _JOB_PAGE for name in names] + list(TASK_FIELDS)
     redaction_sources = ("input", "result", "report", "usage", "metadata")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
@@ -179,6 +195,11 @@ class JobAdmin(ReadOnlyAdmin):
         return exact_search(
             queryset, term, uuid_fields=["id"], int_fields=["thread_id"], text_fields=["request_id"]
         )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        # A task's page shows what it runs right after what the job is.
+        first, *rest = super().get_fieldsets(request, obj)
+        return [first, *self.task_fieldset(request, obj), *rest]
 
     # --- columns and fields ----------------------------------------------------------
 
@@ -473,6 +494,8 @@ class JobAdmin(ReadOnlyAdmin):
                 }
                 for notification in notifications
             ],
+            "task_attempts": attempt_rows(job, page),
+            "job_is_task": job.task_path is not None,
             "job_action_buttons": buttons,
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }

@@ -31,7 +31,8 @@ from jobstate.maintenance.table import (
 __all__ = ["REAPING_SWEEPS", "RETENTION_SWEEPS", "ReapingSweep", "RetentionSweep"]
 __all__ += ["run_reaping_sweeps", "run_retention_sweeps"]
 __all__ += ["expire_stale_queued", "reap_stale_runs", "requeue_stale_dispatched"]
-__all__ += ["rearm_outbox_leases", "recover_expired_leases", "release_expired_locks"]
+__all__ += ["rearm_outbox_leases", "recover_expired_leases", "recover_lost_tasks"]
+__all__ += ["release_expired_locks"]
 __all__ += ["prune_audit", "prune_delivered_notifications"]
 __all__ += ["prune_finished_jobs", "prune_finished_runs"]
 
@@ -93,12 +94,23 @@ def recover_expired_leases(
     return run_sweep(REAPING_TABLE["leases"], given, **options)
 
 
+def recover_lost_tasks(**options: Unpack[SweepOptions]) -> SweepResult:
+    """``tasks``: recover django.tasks tasks whose worker stopped renewing their lease
+    (it was killed, hung or lost its database). The lost attempt is recorded with a
+    ``WorkerLost`` error; with attempts left (the task's ``max_attempts``) the task goes
+    back to the queue, due at once, otherwise it fails. Each gets a ``recovered`` audit
+    entry. ``detail`` has ``requeued`` and ``failed``. Running workers do the same now
+    and then; the sweep settles such tasks while no worker runs."""
+    return run_sweep(REAPING_TABLE["tasks"], **options)
+
+
 def expire_stale_queued(
     *, ttl: timedelta | None = None, **options: Unpack[SweepOptions]
 ) -> SweepResult:
-    """``queued``: move jobs that waited in the queue longer than ``ttl`` since they were
-    created (default ``QUEUED_TTL``) to ``error``, each with an ``expired`` audit entry,
-    so stale work is not replayed in bulk once executors come back."""
+    """``queued``: move jobs (not tasks) that waited in the queue longer than ``ttl``
+    since they were created (default ``QUEUED_TTL``) to ``error``, each with an
+    ``expired`` audit entry, so stale work is not replayed in bulk once executors come
+    back."""
     return run_sweep(REAPING_TABLE["queued"], {"ttl": ttl}, **options)
 
 
@@ -170,6 +182,7 @@ REAPING_SWEEPS: dict[str, ReapingSweep] = {
     "queued": expire_stale_queued,
     "dispatched": requeue_stale_dispatched,
     "leases": recover_expired_leases,
+    "tasks": recover_lost_tasks,
     "outbox": rearm_outbox_leases,
     "locks": release_expired_locks,
 }

@@ -22,7 +22,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import ImproperlyConfiguredStore
+from jobstate.states import TaskRecovery
 from jobstate.stores import get_run_store, get_state_store
+from jobstate.stores.base import StateStore
 from jobstate.stores.sweeps import LeaseRecovery, OutboxRecovery, RunSweepStore, SweepStore
 from jobstate.stores.validation import (
     validate_duration,
@@ -41,13 +43,14 @@ __all__ = [
     "check_stale_after",
     "run_sweep_store",
     "state_sweep_store",
+    "task_store",
 ]
 
 _S = TypeVar("_S")
 _S_co = TypeVar("_S_co", covariant=True)
 
 #: What one batch (or a dry run's count) of a sweep store operation returns.
-Batch = int | LeaseRecovery | OutboxRecovery
+Batch = int | LeaseRecovery | OutboxRecovery | TaskRecovery
 
 
 class SweepKind(enum.StrEnum):
@@ -140,6 +143,20 @@ def state_sweep_store(using: str) -> SweepStore:
     return _sweeps_of(get_state_store(using=using), "STATE_STORE", jobstate_settings.STATE_STORE)
 
 
+def task_store(using: str) -> StateStore:
+    """The configured state store on database ``using``: the ``tasks`` sweep runs its
+    task recovery (a store without ``supports_tasks`` holds no task to recover)."""
+    return get_state_store(using=using)
+
+
+def _recover_tasks(store: StateStore, limit: int) -> TaskRecovery:
+    return store.recover_expired_tasks(limit=limit) if store.supports_tasks else TaskRecovery()
+
+
+def _count_lost_tasks(store: StateStore, limit: int | None) -> TaskRecovery:
+    return store.count_expired_tasks(limit=limit) if store.supports_tasks else TaskRecovery()
+
+
 def run_sweep_store(using: str) -> RunSweepStore:
     """A new sweep store of the configured run store on database ``using``;
     :class:`~jobstate.exceptions.ImproperlyConfiguredStore` if it cannot be swept."""
@@ -212,6 +229,10 @@ REAPING_TABLE: dict[str, Sweep[Any]] = _by_name(
           lambda s, n, a: s.count_expired_leases(**a, limit=n),
           (Argument("fallback_older_than", "WORKER_LEASE"),
            Argument("attempt_limit", "WORKER_ATTEMPT_LIMIT", _check_attempt_limit)),
+          outcomes=("requeued", "failed")),
+    Sweep("tasks", _REAPING, task_store, "running -> queued, or error after the last attempt",
+          lambda s, n, _: _recover_tasks(s, n),
+          lambda s, n, _: _count_lost_tasks(s, n),
           outcomes=("requeued", "failed")),
     Sweep("outbox", _REAPING, state_sweep_store, "delivering -> pending, or dead at the last",
           lambda s, n, _: s.rearm_outbox_leases_batch(limit=n),

@@ -3,12 +3,14 @@
 One module per table family: :mod:`~jobstate.models.runs`, :mod:`~jobstate.models.jobs`,
 :mod:`~jobstate.models.ledger` (audit entries, runtime locks) and
 :mod:`~jobstate.models.outbox` (notifications, delivery attempts and replays, approval
-decisions). Everything is importable from ``jobstate.models``.
+decisions) and :mod:`~jobstate.models.schedules` (periodic schedules and their
+occurrences). Everything is importable from ``jobstate.models``.
 """
 
 from jobstate.models.jobs import (
     JOB_UNIQUE_REQUEST_ID,
     RUNTIME_LOCK_PKEY,
+    TASK_DUE,
     Job,
     JobQuerySet,
     thread_blockers,
@@ -23,16 +25,30 @@ from jobstate.models.outbox import (
     Notification,
 )
 from jobstate.models.runs import ONE_RUNNING_PER_OVERLAP_KEY, JobRun, JobRunQuerySet
+from jobstate.models.schedules import (
+    ONCE_PER_SLOT,
+    SCHEDULE_UNIQUE_KEY,
+    CatchUp,
+    OccurrenceTrigger,
+    Schedule,
+    ScheduleKind,
+    ScheduleOccurrence,
+    ScheduleQuerySet,
+)
 from jobstate.states import JobRunStatus, JobStatus
 
 __all__ = [
     "JOB_UNIQUE_REQUEST_ID",
     "NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY",
+    "ONCE_PER_SLOT",
     "ONE_RUNNING_PER_OVERLAP_KEY",
     "RUNTIME_LOCK_PKEY",
+    "SCHEDULE_UNIQUE_KEY",
+    "TASK_DUE",
     "ApprovalDecision",
     "AuditEntry",
     "AuditEntryQuerySet",
+    "CatchUp",
     "DeliveryAttempt",
     "DeliveryReplay",
     "Job",
@@ -42,8 +58,13 @@ __all__ = [
     "JobRunStatus",
     "JobStatus",
     "Notification",
+    "OccurrenceTrigger",
     "RuntimeLock",
     "RuntimeLockQuerySet",
+    "Schedule",
+    "ScheduleKind",
+    "ScheduleOccurrence",
+    "ScheduleQuerySet",
     "thread_blockers",
     "time_ordered_uuid",
 ]

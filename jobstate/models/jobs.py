@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from django.db import models
-from django.db.models import Exists, OuterRef, Q
-from django.db.models.functions import Now
+from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Coalesce, Now
 from django.utils.translation import gettext_lazy as _
 
 from jobstate.states import (
@@ -142,7 +142,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(updated_at__lt=Now() - older_than)
 
     def stale_queued(self, ttl: timedelta) -> JobQuerySet:
-        return self.queued().filter(created_at__lt=Now() - ttl)
+        """Queued jobs created more than ``ttl`` ago. Tasks are not among them: a task
+        waits for a worker however long that takes (and may be deferred for days)."""
+        return self.queued().filter(created_at__lt=Now() - ttl, task_path__isnull=True)
+
+
+#: When a queued task became (or becomes) due: its ``run_after``, or when it was enqueued.
+#: Task claims order by it after priority, so a retry or deferred task that came due
+#: first runs first, and neither kind can starve the other.
+TASK_DUE = Coalesce("run_after", "created_at")
 
 
 class Job(models.Model):
@@ -185,6 +193,35 @@ class Job(models.Model):
     claim_token = models.UUIDField(_("claim token"), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)
     updated_at = models.DateTimeField(_("updated at"), db_default=Now(), editable=False)
+    # django.tasks (jobstate.tasks_backend): set on the jobs that are tasks, whose target
+    # is "tasks:<backend alias>"; empty on every other job.
+    task_path = models.CharField(
+        _("task"),
+        max_length=300,
+        null=True,
+        blank=True,
+        help_text=_("Dotted path of the django.tasks task this job runs."),
+    )
+    queue_name = models.CharField(_("queue"), max_length=100, null=True, blank=True)
+    # db_default too: rows inserted by SQL of a host's own (or an older jobstate) get 0.
+    priority = models.IntegerField(
+        _("priority"),
+        default=0,
+        db_default=0,
+        help_text=_("Tasks of a higher priority are claimed first (-100 to 100)."),
+    )
+    max_attempts = models.PositiveIntegerField(
+        _("max attempts"),
+        null=True,
+        blank=True,
+        help_text=_("A task is retried until it has made this many attempts."),
+    )
+    attempt_log = models.JSONField(
+        _("attempt log"),
+        null=True,
+        blank=True,
+        help_text=_("Each finished attempt of a task: worker, start, end, outcome, error."),
+    )
 
     objects = JobQuerySet.as_manager()
 
@@ -254,6 +291,19 @@ class Job(models.Model):
             models.Index(fields=["status", "updated_at"], name="jobstate_job_metrics_idx"),
             # The admin changelist's default ordering.
             models.Index(fields=["-created_at"], name="jobstate_job_recent_idx"),
+            # Task claims: the queued tasks of one backend and queue in claim order
+            # (priority, then when they became due, then enqueue order). Partial, so
+            # it holds only waiting tasks and no other job ever writes it.
+            models.Index(
+                F("target"),
+                F("queue_name"),
+                F("priority").desc(),
+                TASK_DUE,
+                F("created_at"),
+                F("id"),
+                condition=models.Q(status="queued", task_path__isnull=False),
+                name="jobstate_job_task_claim_idx",
+            ),
         ]
 
     def __str__(self) -> str:

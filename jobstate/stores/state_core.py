@@ -26,6 +26,7 @@ from jobstate.stores.state_validation import (
     JOB_ENQUEUE_FIELDS,
     JOB_REPORT_FIELDS,
     parse_batch_limit,
+    parse_claim_pairs,
     parse_claim_reports,
 )
 from jobstate.stores.validation import (
@@ -221,6 +222,20 @@ class CoreStateStore(StateStorePrimitives):
         if lease is not None:
             lease = validate_duration(lease, field="lease", allow_zero=False)
         return self._extend_claim_lease(pk, token, lease)
+
+    def extend_claim_leases(
+        self, claims: Sequence[tuple[JobId, uuid.UUID | str]], lease: timedelta
+    ) -> list[uuid.UUID]:
+        """Renew many claims at once: each ``(job id, claim token)`` whose token is still
+        its job's current claim gets ``lease_until`` = the store's clock + ``lease``.
+        Returns the ids of the jobs renewed; a claim that is gone (requeued, recovered,
+        finished) is left out and nothing is written for it. A worker calls this once
+        per beat for every task it holds. Every pair is validated before anything is
+        written; the same job twice raises."""
+        self._require(self.supports_batch_claims, "supports_batch_claims", "extend_claim_leases")
+        duration = validate_duration(lease, field="lease", allow_zero=False)
+        parsed = parse_claim_pairs(claims)
+        return self._extend_claim_leases(parsed, duration) if parsed else []
 
     # --- leases and maintenance ------------------------------------------------------
 

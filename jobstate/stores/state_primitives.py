@@ -75,10 +75,16 @@ class StateStorePrimitives(ABC):
     # implements. A public method whose flag is off raises UnsupportedStoreOperation
     # before it checks or writes anything.
 
-    #: ``claim_next_inhub_jobs`` and ``complete_claimed_jobs`` (``_claim_batch``,
-    #: ``_complete_claimed_batch``). The base builds both from the single-job
-    #: primitives, so every store has them unless it turns them off.
+    #: ``claim_next_inhub_jobs``, ``complete_claimed_jobs`` and ``extend_claim_leases``
+    #: (``_claim_batch``, ``_complete_claimed_batch``, ``_extend_claim_leases``). The
+    #: base builds them from the single-job primitives, so every store has them unless
+    #: it turns them off.
     supports_batch_claims: ClassVar[bool] = True
+    #: django.tasks tasks: ``enqueue_task``, ``claim_tasks``, ``recover_expired_tasks``
+    #: and ``count_expired_tasks`` (``_enqueue_task``, ``_claim_tasks``,
+    #: ``_list_expired_tasks``). The base enqueues with ``_create_job`` and recovers over
+    #: ``_lock_job`` and ``_complete_claimed``.
+    supports_tasks: ClassVar[bool] = False
     #: ``complete_job_with_notifications`` and ``notification_outbox``
     #: (``_complete_with_notifications``, ``_notification_outbox``).
     supports_outbox: ClassVar[bool] = False
@@ -191,6 +197,15 @@ class StateStorePrimitives(ABC):
         store's clock + ``lease`` (``None``: ``JOBSTATE['WORKER_LEASE']`` for a running
         job, ``JOBSTATE['EXECUTOR_LEASE']`` for a dispatched one)."""
 
+    def _extend_claim_leases(
+        self, pairs: list[tuple[uuid.UUID, uuid.UUID]], lease: timedelta
+    ) -> list[uuid.UUID]:
+        """Renew the lease of every ``(job id, claim token)`` whose token is still its
+        job's current claim, to the store's clock + ``lease``; return the ids renewed.
+        One :meth:`_extend_claim_lease` after another inside one :meth:`_atomic` block."""
+        with self._atomic():
+            return [pk for pk, token in pairs if self._extend_claim_lease(pk, token, lease)]
+
     # --- leases and maintenance ------------------------------------------------------
 
     @abstractmethod
@@ -299,6 +314,32 @@ class StateStorePrimitives(ABC):
     ) -> DeliveryRequeueOutcome:
         """See :meth:`~jobstate.stores.state_store.StateStore.requeue_delivery_job_once`."""
         raise self._missing_primitive("supports_delivery_replay", "_requeue_delivery")
+
+    # --- optional: django.tasks (supports_tasks) ----------------------------------------
+
+    def _enqueue_task(self, cleaned: dict[str, Any]) -> Job:
+        """Insert a task's job (``cleaned`` holds its ``request_id``, target, task
+        fields and input) and return it as stored. A store that can wake waiting workers
+        (PostgreSQL's ``NOTIFY``) does so here, in the same unit of work as the insert."""
+        return self._create_job(cleaned)
+
+    def _claim_tasks(
+        self,
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> list[Job]:
+        """Claim up to ``limit`` ready queued tasks of ``target`` in ``queues`` (``None``:
+        any queue), atomically, in claim order (see
+        :meth:`~jobstate.stores.state_tasks.TaskStateStore.claim_tasks`)."""
+        raise self._missing_primitive("supports_tasks", "_claim_tasks")
+
+    def _list_expired_tasks(self, limit: int) -> list[Job]:
+        """Up to ``limit`` running tasks whose lease ended before the store's clock,
+        oldest lease first (the candidates of ``recover_expired_tasks``)."""
+        raise self._missing_primitive("supports_tasks", "_list_expired_tasks")
 
     # --- optional: maintenance sweeps (supports_sweeps) --------------------------------
 

@@ -30,8 +30,9 @@ from jobstate.states import (
     Readiness,
 )
 from jobstate.stores.notification_outbox import NotificationOutbox
-from jobstate.stores.state_core import CompletionResult, CoreStateStore
+from jobstate.stores.state_core import CompletionResult
 from jobstate.stores.state_primitives import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
+from jobstate.stores.state_tasks import TaskStateStore
 from jobstate.stores.state_validation import (
     CLEARED_CLAIM,
     JOB_COMPLETION_FIELDS,
@@ -70,7 +71,7 @@ class _Superseded(Exception):
     """Rolls back an approval's block: the job was requeued by someone else."""
 
 
-class StateStore(CoreStateStore):
+class StateStore(TaskStateStore):
     """Persistence port for the job queue, the audit ledger and runtime locks (the job
     part of the RuntimeStateStore contract).
 
@@ -119,8 +120,9 @@ class StateStore(CoreStateStore):
     ) -> Job | None:
         """The refire transition shared by reruns, approvals and recovery: while the job
         is still in one of ``from_statuses``, put it back to ``queued`` with attempts
-        reset, ``run_after``/``error`` and every claim field cleared, and write an audit
-        entry ``event`` naming ``by`` and ``via`` in the same transaction. ``None`` (and
+        reset, ``run_after``/``error`` and every claim field cleared (and a task's attempt
+        log emptied), and write an audit entry ``event`` naming ``by`` and ``via`` in the
+        same transaction. ``None`` (and
         nothing written) when the job is gone or no longer in those statuses.
 
         The job is held (:meth:`_lock_job`) from the read of its status to the commit, so
@@ -241,9 +243,14 @@ class StateStore(CoreStateStore):
                 "metadata": metadata,
                 **CLEARED_CLAIM,
             }
+            detail: dict[str, Any] = {"by": by, "via": via, "prev_status": prev_status.value}
+            if held.attempt_log is not None:
+                # A task starts over: its TaskResult counts the attempts since the refire.
+                # The entry keeps the count of the attempts it had before.
+                changes["attempt_log"] = []
+                detail["previous_attempts"] = len(held.attempt_log)
             job = self._update_job(pk, changes, [prev_status])
             if job is not None:
-                detail = {"by": by, "via": via, "prev_status": prev_status.value}
                 self.append_audit(job=job, event=event, detail=detail)
             return job
 

@@ -20,11 +20,18 @@ from jobstate.exceptions import (
     DuplicateRequestId,
     InvalidJobState,
     InvalidNotification,
+    InvalidPatch,
     InvalidPayload,
     ThreadQuotaExceeded,
 )
 from jobstate.jsonvalues import ensure_json
-from jobstate.states import ClaimReport, JobStatus, NotificationRequest
+from jobstate.states import (
+    TASK_TARGET_PREFIX,
+    ClaimReport,
+    JobStatus,
+    NewTask,
+    NotificationRequest,
+)
 from jobstate.stores.validation import (
     BIGINT_MAX,
     ENQUEUE_FIELDS,
@@ -54,7 +61,9 @@ __all__ = [
     "default_idempotency_key",
     "duplicate_request",
     "parse_batch_limit",
+    "parse_claim_pairs",
     "parse_claim_reports",
+    "task_job_fields",
     "validate_approval_arguments",
     "validate_notification_requests",
     "validate_reject_arguments",
@@ -147,6 +156,63 @@ def parse_claim_reports(reports: Sequence[ClaimReport]) -> list[ParsedReport]:
         )
         parsed.append((pk, token, status, cleaned))
     return parsed
+
+
+def parse_claim_pairs(claims: Sequence[tuple[Any, Any]]) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """Validate the ``(job id, claim token)`` pairs of ``extend_claim_leases`` before
+    anything is written; the same job twice is refused."""
+    if isinstance(claims, (str, bytes)) or not isinstance(claims, Sequence):
+        raise InvalidJobState("claims must be a sequence of (job id, claim token) pairs.")
+    parsed: list[tuple[uuid.UUID, uuid.UUID]] = []
+    seen: set[uuid.UUID] = set()
+    for pair in claims:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise InvalidJobState(
+                f"every claim must be a (job id, claim token) pair, got {pair!r}."
+            )
+        pk = parse_uuid(pair[0], field="job_id")
+        if pk in seen:
+            raise InvalidJobState(f"job {pk} appears twice in one batch of claims.")
+        seen.add(pk)
+        parsed.append((pk, parse_uuid(pair[1], field="claim_token")))
+    return parsed
+
+
+# --- django.tasks ----------------------------------------------------------------------
+
+
+def task_job_fields(task: NewTask) -> dict[str, Any]:
+    """The cleaned fields of the job that holds ``task`` (see
+    :meth:`~jobstate.stores.state_tasks.TaskStateStore.enqueue_task`): a request id of
+    its own (``task-<uuid>``; a task is found by its job id), the task's target, path,
+    queue, priority and attempt limit, and its arguments as the job's input."""
+    if not isinstance(task, NewTask):
+        raise InvalidJobState(f"task must be a NewTask, got {type(task).__name__}.")
+    if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
+        raise InvalidPayload("a task's args must be a list and its kwargs a dict.")
+    if not isinstance(task.target, str) or not task.target.startswith(TASK_TARGET_PREFIX):
+        raise InvalidJobState(
+            f"a task's target starts with {TASK_TARGET_PREFIX!r}, got {task.target!r}."
+        )
+    if task.max_attempts is None:
+        raise InvalidJobState("a task needs max_attempts (1 = no retry).")
+    fields: dict[str, Any] = {
+        "request_id": f"task-{uuid.uuid4()}",
+        "target": task.target,
+        "task_path": task.task_path,
+        "queue_name": task.queue_name,
+        "priority": task.priority,
+        "max_attempts": task.max_attempts,
+        "input": {"args": task.args, "kwargs": task.kwargs},
+        "attempt_log": [],
+        "run_after": task.run_after,
+    }
+    cleaned = clean_job_fields(fields, allowed=JOB_CREATE_FIELDS, action="enqueue_task")
+    for name in ("task_path", "queue_name"):
+        require_text(cleaned[name], field=name, max_length=None)
+    if cleaned["max_attempts"] < 1:
+        raise InvalidPatch("max_attempts must be at least 1.", field="max_attempts")
+    return cleaned
 
 
 # --- continuations ---------------------------------------------------------------------

@@ -213,6 +213,12 @@ JOB_PATCH_FIELDS = frozenset(
         "executor_id",
         "dispatched_at",
         "claim_token",
+        # django.tasks (see jobstate.task_log): what a task is, and its attempt log.
+        "task_path",
+        "queue_name",
+        "priority",
+        "max_attempts",
+        "attempt_log",
     }
 )
 
@@ -256,6 +262,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "input_preview": "",
     "attempts": 0,
     "metadata": {},
+    "priority": 0,
 }
 
 
@@ -268,16 +275,21 @@ _JOB_TEXT_LIMITS: dict[str, int | None] = {
     "callback_url": 2000,
     "input_preview": None,
     "error": None,
+    "task_path": 300,
+    "queue_name": 100,
 }
 
 
-_JOB_JSON_FIELDS = frozenset({"input", "result", "report", "usage", "metadata"})
+_JOB_JSON_FIELDS = frozenset({"input", "result", "report", "usage", "metadata", "attempt_log"})
 
 
 _JOB_INSTANT_FIELDS = frozenset({"run_after", "claimed_at", "lease_until", "dispatched_at"})
 
 
 _POSITIVE_INT_MAX = 2**31 - 1
+
+#: The range of the ``priority`` column (django.tasks itself allows -100 to 100).
+_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 
 
 def clean_job_fields(
@@ -329,16 +341,21 @@ def clean_job_value(name: str, value: Any) -> Any:
     if name in _JOB_JSON_FIELDS:
         if name == "metadata" and not isinstance(value, dict):
             raise InvalidPatch(f"metadata must be a dict, got {type(value).__name__}.", field=name)
+        if name == "attempt_log" and not (
+            isinstance(value, list) and all(isinstance(entry, dict) for entry in value)
+        ):
+            raise InvalidPatch("attempt_log must be a list of dicts.", field=name)
         return ensure_json(value, field=name)
     if name in _JOB_INSTANT_FIELDS:
         return validate_instant(value, field=name)
     if name == "thread_id":
         return parse_thread_id(value)
-    if name == "attempts":
+    if name in ("attempts", "max_attempts", "priority"):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidPatch(f"attempts must be an int, got {value!r}.", field=name)
-        if not 0 <= value <= _POSITIVE_INT_MAX:
-            raise InvalidPatch(f"attempts must be between 0 and 2**31-1, got {value}.", field=name)
+            raise InvalidPatch(f"{name} must be an int, got {value!r}.", field=name)
+        low, high = _PRIORITY_RANGE if name == "priority" else (0, _POSITIVE_INT_MAX)
+        if not low <= value <= high:
+            raise InvalidPatch(f"{name} must be between {low} and {high}, got {value}.", field=name)
         return value
     if name == "claim_token":
         return parse_uuid(value, field="claim_token")

@@ -40,6 +40,7 @@ from jobstate.stores.state_primitives import (
     operational_metrics,
 )
 from jobstate.stores.state_store import StateStore
+from jobstate.stores.state_tasks import task_claim_order
 from jobstate.stores.state_validation import (
     CLEARED_CLAIM,
     check_thread_quota,
@@ -54,7 +55,8 @@ Row = dict[str, Any]
 
 class MemoryStateStore(StateStore):
     """A thread-safe, process-local :class:`~jobstate.stores.base.StateStore`, with
-    approvals and metrics (no outbox, no replay, no schema to be ready).
+    approvals, metrics and django.tasks tasks (no outbox, no replay, no schema to be
+    ready).
 
     ``clock`` (default :func:`django.utils.timezone.now`) is the store's clock: it stamps
     ``created_at``, ``updated_at``, claims, leases and locks. ``using`` is accepted so
@@ -65,6 +67,7 @@ class MemoryStateStore(StateStore):
 
     supports_approvals = True
     supports_metrics = True
+    supports_tasks = True
 
     def __init__(
         self, using: str = "default", *, clock: Callable[[], datetime] | None = None
@@ -261,12 +264,66 @@ class MemoryStateStore(StateStore):
             now = self._clock()
             moved = 0
             for row in self._scoped(scope):
-                if row["status"] == JobStatus.QUEUED and row["created_at"] < now - ttl:
+                if (
+                    row["status"] == JobStatus.QUEUED
+                    and row["created_at"] < now - ttl
+                    and row["task_path"] is None
+                ):
                     row["status"] = JobStatus.ERROR
                     row["error"] = EXPIRED_QUEUED_ERROR
                     row["updated_at"] = now
                     moved += 1
             return moved
+
+    # --- django.tasks ----------------------------------------------------------------
+
+    def _claim_tasks(
+        self,
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> list[Job]:
+        with self._mutex:
+            now = self._clock()
+            ready = [
+                row
+                for row in self._jobs.values()
+                if row["task_path"] is not None
+                and row["target"] == target
+                and (queues is None or row["queue_name"] in queues)
+                and _is_ready(row, now)
+            ]
+            ready.sort(key=lambda row: task_claim_order(_job(row)))
+            claimed = []
+            for row in ready[:limit]:
+                row.update(
+                    status=JobStatus.RUNNING,
+                    executor_id=owner,
+                    claimed_at=now,
+                    dispatched_at=None,
+                    lease_until=now + lease,
+                    claim_token=uuid.uuid4(),
+                    attempts=row["attempts"] + 1,
+                    updated_at=now,
+                )
+                claimed.append(_job(row))
+            return claimed
+
+    def _list_expired_tasks(self, limit: int) -> list[Job]:
+        with self._mutex:
+            now = self._clock()
+            expired = [
+                row
+                for row in self._jobs.values()
+                if row["status"] == JobStatus.RUNNING
+                and row["task_path"] is not None
+                and row["lease_until"] is not None
+                and row["lease_until"] < now
+            ]
+            expired.sort(key=lambda row: (row["lease_until"], row["id"]))
+            return [_job(row) for row in expired[:limit]]
 
     def _count_inflight(self, thread_id: int) -> int:
         with self._mutex:

@@ -58,6 +58,13 @@ _WORDING: dict[str, tuple[str, str, str, str, str]] = {
         "Would recover",
         "running -> queued, or error on the last attempt",
     ),
+    "tasks": (
+        "task whose worker was lost",
+        "tasks whose worker was lost",
+        "Recovered",
+        "Would recover",
+        "running -> queued, or error after the last attempt",
+    ),
     "outbox": (
         "notification whose relay lease ended",
         "notifications whose relay lease ended",
@@ -101,7 +108,8 @@ class Command(BaseCommand):
     help = (
         "Settle work whose owner is gone: stale job runs -> TIMED_OUT, queued jobs past "
         "QUEUED_TTL -> error, dispatched jobs of silent executors -> queued, expired "
-        "worker leases -> queued (error on the last attempt), notifications whose relay "
+        "worker leases -> queued (error on the last attempt), tasks of lost workers -> "
+        "queued (error after their last attempt), notifications whose relay "
         "lease ended -> pending (dead on the last attempt), expired runtime locks "
         "deleted. Safe from cron every minute on several machines; prints nothing when "
         "nothing was stale. Exit status: 0 done, 1 database or store failure, 2 invalid "

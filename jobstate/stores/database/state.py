@@ -33,6 +33,7 @@ from jobstate.stores.database import (
     intake,
     observability,
     outbox,
+    tasks,
 )
 from jobstate.stores.database.sweeps import DatabaseSweepStore
 from jobstate.stores.database.tables import is_postgresql
@@ -66,6 +67,7 @@ class DatabaseStateStore(StateStore):
     supports_delivery_replay = True
     supports_metrics = True
     supports_readiness = True
+    supports_tasks = True
     supports_sweeps = True
 
     def __init__(self, using: str = "default") -> None:
@@ -129,6 +131,30 @@ class DatabaseStateStore(StateStore):
 
     def _extend_claim_lease(self, pk: uuid.UUID, token: uuid.UUID, lease: timedelta | None) -> bool:
         return claims.extend_claim_lease(self.using, pk, token, lease)
+
+    def _extend_claim_leases(
+        self, pairs: list[tuple[uuid.UUID, uuid.UUID]], lease: timedelta
+    ) -> list[uuid.UUID]:
+        """One ``UPDATE`` for the whole batch (a worker's beat)."""
+        return tasks.extend_claim_leases(self.using, pairs, lease)
+
+    # --- django.tasks ----------------------------------------------------------------
+
+    def _enqueue_task(self, cleaned: dict[str, Any]) -> Job:
+        return tasks.enqueue_task(self.using, cleaned)
+
+    def _claim_tasks(
+        self,
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> list[Job]:
+        return tasks.claim_tasks(self.using, target, queues, owner, lease, limit)
+
+    def _list_expired_tasks(self, limit: int) -> list[Job]:
+        return tasks.list_expired_tasks(self.using, limit)
 
     # --- leases and maintenance ------------------------------------------------------
 

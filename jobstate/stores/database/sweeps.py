@@ -101,7 +101,10 @@ class DatabaseSweepStore(SweepStore):
         """Running (in-process) jobs whose lease ended, or that have no lease and were
         last written more than ``fallback_older_than`` ago."""
         fallback = validate_duration(fallback_older_than, field="fallback_older_than")
-        return self._jobs().filter(status=JobStatus.RUNNING).expired_leases(fallback)
+        # Tasks have their own recovery, which records the lost attempt in the task's
+        # attempt log (``recover_expired_tasks``, the ``tasks`` sweep).
+        jobs = self._jobs().filter(status=JobStatus.RUNNING, task_path__isnull=True)
+        return jobs.expired_leases(fallback)
 
     def stale_queued(self, *, ttl: timedelta) -> JobQuerySet:
         """Queued jobs created more than ``ttl`` ago."""

@@ -4,7 +4,9 @@ Each tick runs one relay pass over the notification outbox, enqueues a few jobs,
 simulated in-process worker and a simulated remote executor claim, renew, finish, fail,
 reject or crash on them (a crashed owner stops renewing, so its lease expires), runs an
 operations job now and then (and leaves a "crashed" run behind), and every few seconds
-runs the reaping sweeps that recover what the crashes left. Finished and failed jobs
+runs the reaping sweeps that recover what the crashes left, and now and then enqueues
+one of the demo's tasks (:mod:`project.demo.tasks`) for the ``jobstate_worker`` that
+``scripts/demo`` runs beside it. Finished and failed jobs
 notify the demo's receivers (:mod:`project.demo.notifications`) through
 ``complete_job_with_notifications``: most notifications are delivered, some after a
 retry, and those to the receiver that always fails end as dead letters. Stops cleanly on
@@ -43,6 +45,7 @@ from jobstate.stores.base import (
     Trigger,
 )
 from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
+from project.demo.tasks import build_report, flaky_sync, send_welcome_email
 
 INHUB_TARGET = "demo.inhub"
 REMOTE_TARGET = "demo.remote"
@@ -188,6 +191,8 @@ class Command(BaseCommand):
         self.claim()
         if self.tick_number % 7 == 1:
             self.operations_job()
+        if self.tick_number % 4 == 1:
+            self.enqueue_task()
 
     def enqueue(self) -> None:
         for _ in range(self.rng.choice((0, 1, 1, 2))):
@@ -200,6 +205,18 @@ class Command(BaseCommand):
                 thread_id=thread,
                 input={"document": self.rng.randrange(1, 10_000)},
             )
+
+    def enqueue_task(self) -> None:
+        """One of the demo's django.tasks tasks, for the jobstate_worker that
+        ``scripts/demo`` starts: most are quick, some fail once and are retried, a few
+        are slow."""
+        kind = self.rng.choice(("email", "email", "email", "sync", "report"))
+        if kind == "email":
+            send_welcome_email.enqueue(user_id=self.rng.randint(1, 9999))
+        elif kind == "sync":
+            flaky_sync.enqueue(self.rng.choice(("crm", "billing", "warehouse")))
+        else:
+            build_report.enqueue(rows=self.rng.randint(100, 10_000), seconds=5)
 
     def claim(self) -> None:
         owners = (

@@ -1,0 +1,86 @@
+"""``manage.py enqueue_due_schedules``: one evaluation of the periodic schedules, for
+cron (a deployment whose ``jobstate_worker`` processes evaluate them needs none).
+
+It brings the schedule rows in step with ``JOBSTATE["SCHEDULES"]``, then enqueues every
+due slot (:func:`jobstate.schedules.enqueue_due`). Run it as often as you like, from as
+many machines as you like: each slot is enqueued once. Prints one line per occurrence
+it enqueued, nothing when there was nothing to do; ``--json`` prints one object.
+
+Exit status: 0 done; 1 the database failed or a schedule could not be enqueued (named
+on stderr; the others were); 2 invalid options or settings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from jobstate.exceptions import InvalidJobState, JobStateError
+from jobstate.schedules import evaluate_schedules, sync_schedules
+
+from ._common import EXIT_FAILED, command_error, known_database
+
+
+class Command(BaseCommand):
+    help = (
+        "Enqueue the due slots of the periodic schedules (JOBSTATE['SCHEDULES']) once; "
+        "safe to run from cron on several machines at once. Exit status: 0 done, 1 a "
+        "database failure or a schedule that could not be enqueued, 2 invalid options or "
+        "settings."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--json", action="store_true", help="Print what was enqueued as one JSON object."
+        )
+        parser.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            help="The database holding jobstate's tables (default: %(default)s).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        using = known_database(options["database"])
+        try:
+            sync_schedules(using=using)
+            result = evaluate_schedules(using=using, by="enqueue_due_schedules")
+        except (InvalidJobState, ImproperlyConfigured) as exc:
+            raise command_error(exc) from exc
+        except (JobStateError, DatabaseError) as exc:
+            raise CommandError(
+                f"the schedules were not evaluated: {command_error(exc)}", returncode=EXIT_FAILED
+            ) from exc
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "now": result.now.isoformat(),
+                        "enqueued": [
+                            {
+                                "schedule": item.schedule,
+                                "slot": item.slot.isoformat(),
+                                "result_id": item.result_id,
+                            }
+                            for item in result.enqueued
+                        ],
+                        "next_slot": None
+                        if result.next_slot is None
+                        else result.next_slot.isoformat(),
+                        "failures": result.failures,
+                    }
+                )
+            )
+        else:
+            for item in result.enqueued:
+                self.stdout.write(
+                    f"Enqueued {item.schedule} for {item.slot.isoformat()} as {item.result_id}"
+                )
+        if result.failures:
+            raise CommandError(
+                " ".join(result.failures.values()),
+                returncode=EXIT_FAILED,
+            )

@@ -1,0 +1,222 @@
+"""``manage.py jobstate_worker``: run the django.tasks tasks of a ``JobStateBackend``.
+
+Any number of workers may run at once, on one machine or several; each task runs once
+at a time (at least once overall: a task whose worker dies runs again). The worker logs
+a banner and one line per task attempt on the ``jobstate.worker`` logger: at INFO by
+default (``-v 0``: warnings only, ``-v 2``: debug), on stderr unless the project's
+``LOGGING`` already sends that logger somewhere.
+
+Shutdown: the first SIGTERM or SIGINT stops claiming, lets the running tasks finish
+within ``--grace`` seconds, hands back the rest and exits 0. A second signal exits at
+once with status 128 + the signal number; the tasks it ran are recovered when their
+leases run out.
+
+Every worker also evaluates the periodic schedules (``JOBSTATE["SCHEDULES"]``) at each
+slot, unless ``--no-schedules``: however many workers do, each slot is enqueued once.
+
+Exit status: 0 the worker stopped as asked (``--batch``, ``--max-tasks``, a signal);
+1 the database or the store failed in a way retrying cannot cure; 2 invalid options or
+settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, JobStateError
+
+from ._common import EXIT_FAILED, EXIT_USAGE, checked_name, command_error, interval_seconds
+
+#: Most threads one worker process runs tasks in.
+CONCURRENCY_LIMIT = 1000
+#: Longest ``--grace``: a day.
+GRACE_LIMIT_SECONDS = 86_400.0
+
+
+def _concurrency(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= CONCURRENCY_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {CONCURRENCY_LIMIT}, got {value}")
+    return value
+
+
+def _max_tasks(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _grace(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= seconds <= GRACE_LIMIT_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be from 0 to {GRACE_LIMIT_SECONDS:g} seconds, got {text}"
+        )
+    return seconds
+
+
+def _queue_names(text: str) -> list[str] | None:
+    if text.strip() == "*":
+        return None
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of queue names (or '*')"
+        )
+    return list(dict.fromkeys(names))
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the tasks of a jobstate task backend (django.tasks) until stopped: claim, "
+        "run in threads, retry, time out, recover crashed workers' tasks. The first "
+        "SIGTERM/SIGINT finishes the running tasks (up to --grace) and exits 0; a second "
+        "exits at once. Exit status: 0 stopped as asked, 1 database or store failure, "
+        "2 invalid options or settings."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--backend",
+            default="default",
+            metavar="ALIAS",
+            help="The TASKS alias whose tasks to run (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--queue-name",
+            type=_queue_names,
+            default=["default"],
+            metavar="NAMES",
+            help="Comma-separated queues to run, or '*' for every queue of the backend "
+            "(default: default).",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=_concurrency,
+            default=1,
+            metavar="N",
+            help="Tasks run at once, each in a thread of this process (default: 1).",
+        )
+        parser.add_argument(
+            "--batch",
+            action="store_true",
+            help="Exit once no task of the queues is ready and none of this worker's is "
+            "running (tasks delayed to later are not waited for).",
+        )
+        parser.add_argument(
+            "--max-tasks",
+            type=_max_tasks,
+            metavar="N",
+            help="Exit after starting N tasks, once they have finished.",
+        )
+        parser.add_argument(
+            "--interval",
+            type=interval_seconds,
+            metavar="SECONDS",
+            help="How often an idle worker looks for tasks (default: 1). On PostgreSQL a "
+            "new task also wakes it at once, unless JOBSTATE['LISTEN_NOTIFY'] is False.",
+        )
+        parser.add_argument(
+            "--worker-id",
+            metavar="ID",
+            help="The name recorded in the tasks this worker runs; unique among running "
+            "workers (default: <host>:<pid>:<random>).",
+        )
+        parser.add_argument(
+            "--grace",
+            type=_grace,
+            default=30.0,
+            metavar="SECONDS",
+            help="On SIGTERM/SIGINT, how long the running tasks may take to finish before "
+            "they are handed back (default: 30). Keep it below your supervisor's stop "
+            "timeout.",
+        )
+        parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="Do not evaluate the periodic schedules of JOBSTATE['SCHEDULES'] (by "
+            "default every worker does; each slot is enqueued once however many do).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        # Imported here, so the other commands work on Django 5.2 without the backport.
+        from jobstate.tasks_backend import JobStateBackend
+        from jobstate.tasks_compat import task_backends
+        from jobstate.worker import Worker, WorkerConfig, default_worker_id
+
+        self._configure_logging(options["verbosity"])
+        try:
+            backend = task_backends[options["backend"]]
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        if not isinstance(backend, JobStateBackend):
+            raise CommandError(
+                f"TASKS[{options['backend']!r}] is {type(backend).__module__}."
+                f"{type(backend).__qualname__}, not jobstate.tasks_backend.JobStateBackend; "
+                "jobstate_worker runs only jobstate's tasks.",
+                returncode=EXIT_USAGE,
+            )
+        queues = options["queue_name"]
+        unknown = [name for name in queues or () if backend.queues and name not in backend.queues]
+        if unknown:
+            raise CommandError(
+                f"--queue-name names {', '.join(map(repr, unknown))}, not in "
+                f"TASKS[{backend.alias!r}]['QUEUES'] ({', '.join(sorted(backend.queues))}).",
+                returncode=EXIT_USAGE,
+            )
+        worker_id = options["worker_id"]
+        worker_id = (
+            default_worker_id()
+            if worker_id is None
+            else checked_name(worker_id, option="--worker-id")
+        )
+        interval = options["interval"]
+        try:
+            config = WorkerConfig(
+                backend=backend.alias,
+                queues=None if queues is None else tuple(queues),
+                concurrency=options["concurrency"],
+                batch=options["batch"],
+                max_tasks=options["max_tasks"],
+                interval=1.0 if interval is None else interval.total_seconds(),
+                worker_id=worker_id,
+                grace=options["grace"],
+                schedules=not options["no_schedules"],
+            )
+            worker = Worker(config, backend)
+            worker.run()
+        except (InvalidJobState, ImproperlyConfigured, ImproperlyConfiguredStore) as exc:
+            raise command_error(exc) from exc
+        except (JobStateError, DatabaseError) as exc:
+            raise CommandError(
+                f"the worker stopped: {command_error(exc)}", returncode=EXIT_FAILED
+            ) from exc
+
+    def _configure_logging(self, verbosity: int) -> None:
+        """Show the worker's log at the level ``verbosity`` asks for, unless the project
+        configured the ``jobstate.worker`` logger itself; print it on stderr when no
+        handler up the logger tree would."""
+        logger = logging.getLogger("jobstate.worker")
+        if logger.level == logging.NOTSET:
+            logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+        if not logger.hasHandlers():
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            logger.addHandler(handler)

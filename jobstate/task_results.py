@@ -1,0 +1,102 @@
+"""A task's job as Django's ``TaskResult``.
+
+The job's status gives the result's: ``queued`` is ``READY``, ``running`` ``RUNNING``,
+``done`` ``SUCCESSFUL``, and ``error`` and ``rejected`` (a task cancelled from the admin)
+``FAILED``. ``worker_ids`` holds the worker of every ended attempt (the attempt log)
+and, while one runs, the worker running it, so ``attempts`` counts attempts; ``errors``
+holds one ``TaskError`` per failed attempt. ``enqueued_at`` is when the job was
+created, ``started_at`` when its first attempt started, ``last_attempted_at`` when the
+latest did, and ``finished_at`` when it reached its final status (all on the database
+clock, except the end of an attempt, which its worker records).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from django.utils.module_loading import import_string
+
+from jobstate.exceptions import InvalidJobState
+from jobstate.states import TERMINAL_JOB_STATUSES, JobStatus
+from jobstate.task_log import read_attempt_log
+from jobstate.tasks_compat import Task, TaskError, TaskResult, TaskResultStatus
+
+if TYPE_CHECKING:
+    from jobstate.models import Job
+
+__all__ = ["RESULT_STATUSES", "load_task", "task_of", "task_result"]
+
+#: The ``TaskResult`` status of each job status.
+RESULT_STATUSES: dict[str, TaskResultStatus] = {
+    JobStatus.QUEUED: TaskResultStatus.READY,
+    JobStatus.RUNNING: TaskResultStatus.RUNNING,
+    JobStatus.DISPATCHED: TaskResultStatus.RUNNING,
+    JobStatus.DONE: TaskResultStatus.SUCCESSFUL,
+    JobStatus.ERROR: TaskResultStatus.FAILED,
+    JobStatus.REJECTED: TaskResultStatus.FAILED,
+}
+
+
+@lru_cache(maxsize=1024)
+def load_task(task_path: str) -> Task[Any, Any]:
+    """The task a job names by its dotted path. Raises ``ImportError`` when the path no
+    longer imports and :class:`~jobstate.exceptions.InvalidJobState` when it names
+    something that is not a task."""
+    found = import_string(task_path)
+    if not isinstance(found, Task):
+        raise InvalidJobState(
+            f"{task_path!r} is not a task (decorate the function with @task), "
+            f"it is a {type(found).__name__}."
+        )
+    return found
+
+
+def task_of(job: Job, alias: str) -> Task[Any, Any]:
+    """The job's task as it was enqueued: its priority, queue and ``run_after``, on
+    backend ``alias``."""
+    if job.task_path is None:
+        raise InvalidJobState(f"job {job.id} is not a task.")
+    return load_task(job.task_path).using(
+        priority=job.priority,
+        queue_name=job.queue_name,
+        run_after=job.run_after,
+        backend=alias,
+    )
+
+
+def task_result(job: Job, alias: str, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:
+    """The job as a ``TaskResult`` of backend ``alias`` (``task``: the job's task, when
+    the caller has it already)."""
+    attempts = read_attempt_log(job.attempt_log)
+    running = job.status in (JobStatus.RUNNING, JobStatus.DISPATCHED)
+    worker_ids = [attempt.worker_id for attempt in attempts]
+    if running and job.executor_id:
+        worker_ids.append(job.executor_id)
+    starts = [attempt.started_at for attempt in attempts]
+    if running:
+        starts.append(job.claimed_at)
+    payload = job.input if isinstance(job.input, dict) else {}
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task if task is not None else task_of(job, alias),
+        id=str(job.id),
+        status=RESULT_STATUSES[job.status],
+        enqueued_at=job.created_at,
+        started_at=starts[0] if starts else None,
+        finished_at=job.updated_at if job.status in TERMINAL_JOB_STATUSES else None,
+        last_attempted_at=starts[-1] if starts else None,
+        args=list(payload.get("args") or []),
+        kwargs=dict(payload.get("kwargs") or {}),
+        backend=alias,
+        errors=[
+            TaskError(exception_class_path=a.exception_class_path, traceback=a.traceback)
+            for a in attempts
+            if a.failed
+        ],
+        worker_ids=worker_ids,
+    )
+    if job.status == JobStatus.DONE:
+        # TaskResult keeps the return value out of its constructor, so a result that is
+        # not finished cannot be built with one.
+        object.__setattr__(result, "_return_value", job.result)
+    return result

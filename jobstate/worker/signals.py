@@ -1,0 +1,64 @@
+"""SIGTERM and SIGINT for a worker process.
+
+The first signal asks for a graceful stop: the worker claims nothing more, lets the
+tasks it runs finish (up to ``--grace``) and hands back the rest. The second exits the
+process at once with status 128 + the signal number: no ``finally`` block, no waiting
+for a thread. The leases of the tasks it held then run out, and a sweep or another
+worker recovers them, as after a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+__all__ = ["STOP_SIGNALS", "stop_signals"]
+
+logger = logging.getLogger("jobstate.worker")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def stop_signals(on_first: Callable[[int], None]) -> Iterator[None]:
+    """Within the block, the first SIGTERM or SIGINT calls ``on_first(signum)`` and the
+    second ends the process. The previous handlers come back afterwards. Outside the
+    main thread (a worker run from a test's thread) signals cannot be handled and the
+    block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if received:
+            logger.warning(
+                "%s again: exiting at once; the leases of the tasks still running will "
+                "run out and the tasks will be recovered",
+                signal.Signals(signum).name,
+            )
+            _flush()
+            os._exit(128 + signum)
+        received.append(signum)
+        on_first(signum)
+
+    previous: dict[int, Any] = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _flush() -> None:
+    """Write out what the process has buffered before ``os._exit`` skips it."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()

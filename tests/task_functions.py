@@ -1,0 +1,60 @@
+"""Tasks the task backend's tests enqueue and their workers run (the workers import
+this module by the tasks' dotted paths)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from jobstate.tasks_compat import TaskContext, task
+
+
+class Boom(Exception):
+    """What the failing tasks raise."""
+
+
+@task
+def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task
+def always_fails(message: str) -> None:
+    raise Boom(message)
+
+
+@task(takes_context=True)
+def fails_before(context: TaskContext[Any, Any], succeed_on: int) -> int:
+    """Fails every attempt before attempt ``succeed_on``; returns the attempt it ran as."""
+    if context.attempt < succeed_on:
+        raise Boom(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task
+def started_then_sleeps(seconds: float, marker: str | None = None) -> dict[str, float]:
+    """Returns when it started (the wall clock, shared by the test and its workers);
+    creates the file ``marker`` first, when given, to tell a test it has started."""
+    started = time.time()
+    if marker is not None:
+        Path(marker).touch()
+    time.sleep(seconds)
+    return {"started": started, "ended": time.time()}
+
+
+@task
+def returns_a_set() -> Any:
+    return {1, 2, 3}
+
+
+@task
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
