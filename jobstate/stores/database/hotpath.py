@@ -38,6 +38,8 @@ from jobstate.stores.database.hotcursor import hot_cursor, load_jobs
 from jobstate.stores.state_validation import ParsedReport
 from jobstate.stores.validation import JOB_CLAIM_FIELDS
 
+# hot_cursor and load_jobs are defined in .hotcursor; other statement modules (the task
+# claims) import them from here too.
 __all__ = [
     "FinishedEntry",
     "claim_one",
@@ -47,6 +49,8 @@ __all__ = [
     "complete_statement",
     "finish_statement",
     "finish_with_notifications",
+    "hot_cursor",
+    "load_jobs",
     "lock_thread",
     "try_lock_thread",
 ]
