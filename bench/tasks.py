@@ -120,7 +120,7 @@ def _truncate(url: str) -> None:
 def _load(contender: str, url: str, tasks: int) -> None:
     from django.db import transaction
 
-    from bench.contenders import PAYLOAD_PAD
+    from bench.loading import PAYLOAD_PAD
     from bench.peer_tasks import jobstate_noop, procrastinate_noop, tasks_db_noop
 
     enqueue: Callable[[int], Any] = {
