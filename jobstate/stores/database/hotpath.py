@@ -38,6 +38,8 @@ from jobstate.stores.database.hotcursor import hot_cursor, load_jobs
 from jobstate.stores.state_validation import ParsedReport
 from jobstate.stores.validation import JOB_CLAIM_FIELDS
 
+# hot_cursor and load_jobs are defined in .hotcursor; other statement modules (the task
+# claims) import them from here too.
 __all__ = [
     "FinishedEntry",
     "claim_one",
@@ -47,6 +49,8 @@ __all__ = [
     "complete_statement",
     "finish_statement",
     "finish_with_notifications",
+    "hot_cursor",
+    "load_jobs",
     "lock_thread",
     "try_lock_thread",
 ]
@@ -290,8 +294,8 @@ def finish_with_notifications(
     """``complete_job_with_notifications`` on PostgreSQL in one statement: the fenced
     terminal ``UPDATE ... RETURNING`` of the job, its ``finished`` audit entry (the
     completed fields ``entry``) and one outbox row per request, inserted from what the
-    ``UPDATE`` returned. Returns the job as written, or ``None`` when the fence failed, in which
-    case nothing was inserted either.
+    ``UPDATE`` returned. Returns the job as written, or ``None`` when the fence failed,
+    in which case nothing was inserted either.
 
     One statement is atomic on its own: in autocommit it commits or fails whole, and
     inside the caller's transaction it joins it. A key already in the outbox fails the
