@@ -10,21 +10,19 @@ import json
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connections
 
 from jobstate.models import Job, ScheduleOccurrence
 from jobstate.schedules import EnqueuedOccurrence, enqueue_due, sync_schedules
 from tests.schedule_kit import T0, declare, schedules_env, slots_of
+from tests.test_state_races import in_parallel
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -39,34 +37,6 @@ SCHEDULES: dict[str, dict[str, Any]] = {
 #: The instants every caller evaluates, in order: an hour after the schedules began,
 #: then every five minutes.
 INSTANTS = [T0 + timedelta(hours=1, minutes=5 * n) for n in range(6)]
-
-T = TypeVar("T")
-
-
-def in_parallel(count: int, work: Callable[[int], T], *, timeout: float = 120) -> list[T]:
-    """Run ``work(i)`` on ``count`` threads released together; re-raise the first error."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def body(index: int) -> None:
-        try:
-            barrier.wait(timeout=timeout)
-            results[index] = work(index)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=timeout)
-    assert not any(thread.is_alive() for thread in threads), "a caller hung"
-    if errors:
-        raise errors[0]
-    return results
 
 
 def expected_slots() -> dict[str, list[datetime]]:
