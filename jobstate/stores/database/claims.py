@@ -128,7 +128,7 @@ def _claim_gated(
                 return None
             job_id, thread_id = picked
             row = jobs.filter(id=job_id, status=JobStatus.QUEUED)
-            if locking and thread_id is not None:
+            if (postgresql or mysql) and thread_id is not None:
                 locked = (
                     try_lock_thread_row(using, thread_id)
                     if mysql
