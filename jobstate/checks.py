@@ -8,7 +8,7 @@ from typing import Any
 import django
 from django.apps import apps
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
@@ -28,11 +28,25 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     return []
 
 
+#: How a host accepts a weaker guarantee knowingly: Django's own list of silenced checks.
+_ACCEPT_HINT = "To accept the weaker guarantee knowingly, add {id!r} to SILENCED_SYSTEM_CHECKS."
+
+#: MariaDB and MySQL isolation levels under which every claim's re-check sees what
+#: committed before it (Django's default there is READ COMMITTED).
+_SAFE_ISOLATION = "read committed"
+
+
 @register(Tags.compatibility)
 def check_database_guarantees(**kwargs: Any) -> list[CheckMessage]:
-    """PostgreSQL gives every guarantee. SQLite gives them only with IMMEDIATE
-    transactions (each writer takes the database lock at BEGIN, so a claim cannot
-    interleave); other backends lack partial unique indexes or SKIP LOCKED."""
+    """Each configured database must give every guarantee, or the check fails naming
+    the one it cannot give (errors ``jobstate.E040``-``E043``; a host that accepts the
+    weaker guarantee silences that id through ``SILENCED_SYSTEM_CHECKS``).
+
+    PostgreSQL gives them all. SQLite needs IMMEDIATE transactions (each writer takes
+    the database lock at BEGIN, so a claim cannot interleave). MariaDB 10.6+ and MySQL
+    8+ need ``SKIP LOCKED``, READ COMMITTED isolation, and the guards of migration
+    ``0009_mysql_guards`` (the deploy check ``jobstate.E044``). Other backends have no
+    partial unique indexes and are refused."""
     messages: list[CheckMessage] = []
     databases = kwargs.get("databases") or settings.DATABASES.keys()
     for alias in databases:
@@ -44,32 +58,70 @@ def check_database_guarantees(**kwargs: Any) -> list[CheckMessage]:
             mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
             if mode != "IMMEDIATE":
                 messages.append(
-                    Warning(
-                        f"Database {alias!r} is SQLite without transaction_mode "
-                        "'IMMEDIATE': concurrent claims may fail with 'database is "
-                        "locked' instead of waiting.",
-                        hint="Set DATABASES[...]['OPTIONS'] = {'transaction_mode': 'IMMEDIATE'}.",
-                        id="jobstate.W001",
+                    Error(
+                        f"Database {alias!r} is SQLite without transaction_mode 'IMMEDIATE': "
+                        "concurrent claims and runtime locks may fail with 'database is "
+                        "locked' instead of waiting, and a quota count can interleave.",
+                        hint="Set DATABASES[...]['OPTIONS'] = {'transaction_mode': "
+                        "'IMMEDIATE'}. " + _ACCEPT_HINT.format(id="jobstate.E040"),
+                        id="jobstate.E040",
                     )
                 )
             continue
-        if not connection.features.supports_partial_indexes:
+        if vendor != "mysql":
             messages.append(
-                Warning(
-                    f"Database {alias!r} ({vendor}) has no partial unique indexes: the "
-                    "one-RUNNING-run-per-overlap-key guarantee (S1) is not enforced.",
-                    hint="Use PostgreSQL for jobstate's tables.",
-                    id="jobstate.W002",
+                Error(
+                    f"Database {alias!r} ({vendor}) has no partial unique indexes: one "
+                    "RUNNING run per overlap key (S1) and one enqueue per schedule slot "
+                    "are not enforced.",
+                    hint="Use PostgreSQL, MariaDB 10.6+, MySQL 8+ or SQLite for jobstate's "
+                    "tables. " + _ACCEPT_HINT.format(id="jobstate.E041"),
+                    id="jobstate.E041",
                 )
             )
-        if not connection.features.has_select_for_update_skip_locked:
-            messages.append(
-                Warning(
-                    f"Database {alias!r} ({vendor}) has no SELECT ... FOR UPDATE SKIP "
-                    "LOCKED: concurrent claims serialise on row locks.",
-                    id="jobstate.W003",
-                )
+            continue
+        messages += _mysql_guarantees(alias, connection)
+    return messages
+
+
+def _mysql_guarantees(alias: str, connection: Any) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    options = connection.settings_dict.get("OPTIONS", {})
+    # Django sets READ COMMITTED unless OPTIONS names another level (None: the
+    # server's default, REPEATABLE READ unless changed).
+    level = options.get("isolation_level", _SAFE_ISOLATION)
+    if not isinstance(level, str) or level.lower() != _SAFE_ISOLATION:
+        messages.append(
+            Error(
+                f"Database {alias!r} (MariaDB/MySQL) runs at isolation level {level!r}: a "
+                "claim's re-check of the per-thread gate reads its transaction's first "
+                "snapshot there and can miss a sibling claimed since, so two jobs of one "
+                "thread may run at once.",
+                hint="Leave DATABASES[...]['OPTIONS']['isolation_level'] unset or set it to "
+                "'read committed'. " + _ACCEPT_HINT.format(id="jobstate.E043"),
+                id="jobstate.E043",
             )
+        )
+    try:
+        skip_locked = connection.features.has_select_for_update_skip_locked
+    except DatabaseError as exc:
+        return [
+            *messages,
+            Error(
+                f"Cannot read the server version of database {alias!r}: {exc}",
+                id="jobstate.E011",
+            ),
+        ]
+    if not skip_locked:
+        messages.append(
+            Error(
+                f"Database {alias!r} is a MariaDB older than 10.6 or a MySQL older than 8: "
+                "it has no SELECT ... FOR UPDATE SKIP LOCKED, which claims, the outbox "
+                "relay and reaping lock with.",
+                hint="Upgrade the server. " + _ACCEPT_HINT.format(id="jobstate.E042"),
+                id="jobstate.E042",
+            )
+        )
     return messages
 
 
@@ -101,7 +153,32 @@ def check_migrations_applied(**kwargs: Any) -> list[CheckMessage]:
                     id="jobstate.E010",
                 )
             )
+            continue
+        messages += _server_guards(alias)
     return messages
+
+
+def _server_guards(alias: str) -> list[CheckMessage]:
+    """On MariaDB and MySQL, migration 0009's guards must be in place even though it is
+    recorded as applied (a database restored without them, a table rebuilt by hand)."""
+    from jobstate.stores.database.server_guards import missing_server_guards
+
+    try:
+        missing = missing_server_guards(connections[alias])
+    except DatabaseError as exc:
+        return [Error(f"Cannot read the indexes of database {alias!r}: {exc}", id="jobstate.E011")]
+    if not missing:
+        return []
+    return [
+        Error(
+            f"Database {alias!r} (MariaDB/MySQL) lacks {', '.join(missing)}: one RUNNING "
+            "run per overlap key, one enqueue per schedule slot or the per-thread gate is "
+            "not enforced.",
+            hint="Create what is missing as migration 0009_mysql_guards does (README, "
+            "'Databases'). " + _ACCEPT_HINT.format(id="jobstate.E044"),
+            id="jobstate.E044",
+        )
+    ]
 
 
 #: The task backend's dotted path, as ``TASKS[...]["BACKEND"]`` names it.

@@ -85,6 +85,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "NAME": str(_sqlite_name.with_name(f".test-{_sqlite_name.stem}.sqlite3"))
     }
 
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # Django says it ignores jobstate's partial constraints and indexes there; migration
+    # 0009_mysql_guards puts their replacements in place, and the deploy check
+    # jobstate.E044 (check --deploy --database default) fails if they are missing.
+    SILENCED_SYSTEM_CHECKS = ["models.W036", "models.W037", "models.W043"]
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []

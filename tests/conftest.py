@@ -1,8 +1,17 @@
-"""Shared fixtures.
+"""Shared fixtures and the database markers.
 
-Tests marked ``postgres`` need PostgreSQL's row locks and real concurrent connections.
-The test command deselects them on the SQLite run; if one is ever collected against
-another backend it fails rather than skips, so a missing database cannot pass silently.
+- ``postgres``: PostgreSQL only (query plans, LISTEN/NOTIFY, prepared statements,
+  table statistics). Collected against another backend it fails rather than skips, so a
+  missing database cannot pass silently.
+- ``concurrent``: needs a server database with real concurrent connections (row locks,
+  ``SKIP LOCKED``): PostgreSQL, MariaDB or MySQL. Collected on SQLite it fails.
+- ``mysql``: part of the MariaDB/MySQL run (``-m mysql``): the contract kits, the race
+  tests, the task backend and worker, the schedules. On MariaDB or MySQL a test without
+  it fails, since nothing claims it holds there; a test of a ``mysql`` module that is
+  also marked ``postgres`` is deselected there (and counted as deselected).
+
+The test command runs SQLite with ``-m "not postgres and not concurrent"``, PostgreSQL
+with everything, and MariaDB with ``-m mysql``.
 """
 
 from __future__ import annotations
@@ -11,10 +20,35 @@ import pytest
 from django.db import connection
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if connection.vendor != "mysql":
+        return
+    kept, postgresql_only = [], []
+    for item in items:
+        both = item.get_closest_marker("mysql") and item.get_closest_marker("postgres")
+        (postgresql_only if both else kept).append(item)
+    if postgresql_only:
+        config.hook.pytest_deselected(items=postgresql_only)
+        items[:] = kept
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("postgres") and connection.vendor != "postgresql":
+    vendor = connection.vendor
+    if item.get_closest_marker("postgres") and vendor != "postgresql":
         pytest.fail(
-            f"{item.nodeid} needs PostgreSQL but DATABASE_URL points at {connection.vendor}; "
+            f"{item.nodeid} needs PostgreSQL but DATABASE_URL points at {vendor}; "
             "run it with DATABASE_URL=postgres://... (the test command does).",
+            pytrace=False,
+        )
+    if item.get_closest_marker("concurrent") and vendor == "sqlite":
+        pytest.fail(
+            f"{item.nodeid} needs real concurrent connections but DATABASE_URL points at "
+            "SQLite; run it with DATABASE_URL=postgres://... or mysql://...",
+            pytrace=False,
+        )
+    if vendor == "mysql" and not item.get_closest_marker("mysql"):
+        pytest.fail(
+            f"{item.nodeid} is not part of the MariaDB/MySQL run; select it with -m mysql "
+            "or mark it mysql once it holds there.",
             pytrace=False,
         )

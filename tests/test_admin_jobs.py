@@ -661,7 +661,8 @@ def test_requeue_expired_lease_job_needs_an_expired_lease(any_store: StateStore)
 # --- races between operators (real PostgreSQL connections) ----------------------------
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("action", ["requeue_jobs", "approve_and_requeue_jobs"])
 def test_two_operators_confirming_at_once_requeue_once(django_user_model: Any, action: str) -> None:

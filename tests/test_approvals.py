@@ -310,7 +310,8 @@ def _terminal_job(request_id: str) -> Job:
     return DatabaseStateStore().create_job(request_id=request_id, status="error", error="failed")
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("same_decision", [True, False], ids=["same-decision", "other-decisions"])
 def test_concurrent_approvals_of_one_job_requeue_it_once(same_decision: bool) -> None:
@@ -334,7 +335,8 @@ def test_concurrent_approvals_of_one_job_requeue_it_once(same_decision: bool) ->
     assert Job.objects.get(id=job.id).status == JobStatus.QUEUED
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 def test_one_decision_raced_for_many_jobs_requeues_exactly_one() -> None:
     jobs = [_terminal_job(f"r{index}") for index in range(WORKERS)]
@@ -354,7 +356,8 @@ def test_one_decision_raced_for_many_jobs_requeues_exactly_one() -> None:
     assert AuditEntry.objects.filter(event__in=["approved", "rerun"]).count() == 2
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_refires_of_one_job_requeue_it_once() -> None:
     job = _terminal_job("r1")

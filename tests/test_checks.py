@@ -7,10 +7,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.checks import ERROR
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.db import connections
 
-from jobstate.checks import check_settings
+from jobstate.checks import check_database_guarantees, check_settings
 
 
 def test_the_default_settings_pass() -> None:
@@ -37,3 +39,62 @@ def test_a_bad_setting_fails_the_check_at_start_up(
     assert message.id == "jobstate.E001" and named in message.msg
     with pytest.raises(SystemCheckError, match=named):
         call_command("check")
+
+
+# --- what each database guarantees --------------------------------------------------------
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db
+def test_the_test_database_gives_every_guarantee() -> None:
+    assert check_database_guarantees(databases=["default"]) == []
+
+
+def _options(alias: str = "default") -> dict[str, Any]:
+    return connections[alias].settings_dict.setdefault("OPTIONS", {})
+
+
+@pytest.mark.django_db
+def test_sqlite_without_immediate_transactions_fails_the_check_until_accepted(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if connections["default"].vendor != "sqlite":
+        pytest.skip("a SQLite setting")
+    monkeypatch.delitem(_options(), "transaction_mode")
+
+    [message] = check_database_guarantees(databases=["default"])
+
+    assert message.id == "jobstate.E040" and message.level == ERROR
+    assert "IMMEDIATE" in message.msg and "SILENCED_SYSTEM_CHECKS" in (message.hint or "")
+    with pytest.raises(SystemCheckError, match=r"jobstate\.E040"):
+        call_command("check", databases=["default"])
+    settings.SILENCED_SYSTEM_CHECKS = ["jobstate.E040"]
+    call_command("check", databases=["default"])
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db
+@pytest.mark.parametrize("level", ["repeatable read", "serializable", None])
+def test_mariadb_away_from_read_committed_fails_the_check(
+    monkeypatch: pytest.MonkeyPatch, level: str | None
+) -> None:
+    if connections["default"].vendor != "mysql":
+        pytest.skip("a MariaDB/MySQL setting")
+    monkeypatch.setitem(_options(), "isolation_level", level)
+
+    [message] = check_database_guarantees(databases=["default"])
+
+    assert message.id == "jobstate.E043" and message.level == ERROR
+    assert repr(level) in message.msg and "per-thread gate" in message.msg
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db
+def test_mariadb_at_read_committed_spelled_by_the_host_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if connections["default"].vendor != "mysql":
+        pytest.skip("a MariaDB/MySQL setting")
+    monkeypatch.setitem(_options(), "isolation_level", "READ COMMITTED")
+
+    assert check_database_guarantees(databases=["default"]) == []

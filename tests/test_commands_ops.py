@@ -278,12 +278,13 @@ def test_the_progress_line_stays_silent_off_a_terminal() -> None:
 def database_url() -> str:
     """The URL of the test database this test runs against, for child processes."""
     db = connection.settings_dict
-    if connection.vendor == "postgresql":
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}.get(connection.vendor)
+    if scheme is not None:
         auth = quote(db["USER"] or "", safe="")
         if db["PASSWORD"]:
             auth += ":" + quote(db["PASSWORD"], safe="")
         port = f":{db['PORT']}" if db["PORT"] else ""
-        return f"postgres://{auth}@{db['HOST'] or ''}{port}/{quote(db['NAME'], safe='')}"
+        return f"{scheme}://{auth}@{db['HOST'] or ''}{port}/{quote(db['NAME'], safe='')}"
     return f"sqlite:///{db['NAME']}"
 
 
@@ -350,7 +351,8 @@ execute_from_command_line(["manage.py", *sys.argv[3:]])
 
 
 @pytest.mark.slow
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 def test_two_cron_reapers_started_at_once_report_disjoint_work_that_sums_to_the_stale_rows(
     tmp_path: Path,
 ) -> None:

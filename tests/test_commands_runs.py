@@ -12,19 +12,19 @@ from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, transaction
 from django.db.models.functions import Now
 
 from jobstate.models import JobRun
 from jobstate.runner import RunContext, operations_job, registry
 from jobstate.stores.base import REAPED_RUN_ERROR, JobRunStatus, Trigger
 from jobstate.stores.database import DatabaseJobRunStore
+from tests.test_commands_ops import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -224,15 +224,7 @@ def test_reap_stale_refuses_a_budget_shorter_than_two_heartbeats() -> None:
 def manage_py(*args: str) -> subprocess.Popen[str]:
     """Start ``manage.py`` in a new process against the test database, with the same
     settings module."""
-    db = connection.settings_dict
-    if connection.vendor == "postgresql":
-        auth = quote(db["USER"] or "", safe="")
-        if db["PASSWORD"]:
-            auth += ":" + quote(db["PASSWORD"], safe="")
-        port = f":{db['PORT']}" if db["PORT"] else ""
-        url = f"postgres://{auth}@{db['HOST'] or ''}{port}/{quote(db['NAME'], safe='')}"
-    else:
-        url = f"sqlite:///{db['NAME']}"
+    url = database_url()
     env = {
         **os.environ,
         "DATABASE_URL": url,
@@ -278,7 +270,8 @@ def test_exit_status_of_real_processes() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 def test_two_processes_on_one_forbid_key_run_the_body_once_and_both_exit_0() -> None:
     args = ("run_operations_job", "demo.nightly-close", "--input", '{"seconds": 2}', "--json")
     first, second = manage_py(*args), manage_py(*args)
@@ -295,7 +288,8 @@ def test_two_processes_on_one_forbid_key_run_the_body_once_and_both_exit_0() -> 
 
 
 @pytest.mark.slow
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 def test_two_reapers_at_once_count_each_stale_run_once() -> None:
     ids = stale_runs(60)
     # This connection plays a third reaper that is midway through moving 20 of the rows:

@@ -701,7 +701,8 @@ def test_the_commands_refuse_a_store_that_cannot_be_swept_as_a_settings_error() 
 # --- concurrent sweepers on PostgreSQL ------------------------------------------------
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("name", CASES)
 def test_two_sweepers_at_once_move_each_row_exactly_once(name: str) -> None:

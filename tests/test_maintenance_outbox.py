@@ -383,7 +383,8 @@ def _race(sweep: Callable[[], SweepResult]) -> list[SweepResult]:
     return results
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("name", CASES)
 def test_two_sweepers_at_once_move_each_row_exactly_once(name: str) -> None:
@@ -396,7 +397,8 @@ def test_two_sweepers_at_once_move_each_row_exactly_once(name: str) -> None:
     assert case.untouched().count() == 3
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 def test_two_sweepers_record_each_lost_attempt_and_dead_letter_once(settings: Any) -> None:
     jobstate(settings, OUTBOX_MAX_ATTEMPTS=2)
@@ -414,7 +416,8 @@ def test_two_sweepers_record_each_lost_attempt_and_dead_letter_once(settings: An
     assert Notification.objects.filter(state=NotificationState.PENDING).count() == 200
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 def test_a_sweeper_and_relays_claiming_at_once_record_each_lost_attempt_once() -> None:
     seed_lost(200, attempts=1)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connection, connections, transaction
+from django.db import OperationalError, connections, transaction
 
 from jobstate.channels import notification_handler
 from jobstate.models import AuditEntry, DeliveryAttempt, DeliveryReplay, Job, Notification
@@ -33,10 +33,12 @@ from jobstate.stores.base import (
 )
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.outbox import LEASE_EXPIRED_ERROR
+from tests.test_commands_ops import database_url
 from tests.test_state_races import in_parallel
 
 pytestmark = [
-    pytest.mark.postgres,
+    pytest.mark.concurrent,
+    pytest.mark.mysql,
     pytest.mark.django_db(transaction=True, available_apps=["jobstate"]),
 ]
 
@@ -101,11 +103,7 @@ def finish(store: DatabaseStateStore, request_id: str, destination: str = HANDLE
 def test_a_crash_between_commit_and_send_loses_no_notification() -> None:
     """A real process commits two completions and dies: one before any relay ran, one
     right after a relay claimed its row. Both are delivered afterwards, once each."""
-    db = connection.settings_dict
-    url = (
-        f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:"
-        f"{db['PORT'] or 5432}/{db['NAME']}"
-    )
+    url = database_url()
     script = textwrap.dedent(
         f"""
         import os

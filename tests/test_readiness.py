@@ -17,6 +17,8 @@ from django.test import Client
 from jobstate.stores.base import Readiness
 from jobstate.stores.database import DatabaseStateStore
 
+pytestmark = pytest.mark.mysql
+
 BROKEN = "jobstate_unreachable"
 
 # Two ways a database can be out of reach: a server that refuses connections, and a
@@ -148,6 +150,34 @@ def test_a_missing_table_means_not_ready() -> None:
     assert readiness.ready is False
     assert readiness.migrations == "failed"
     assert "jobstate_approvaldecision" in readiness.detail
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_missing_mariadb_guard_means_not_ready_and_fails_the_deploy_check() -> None:
+    """On MariaDB and MySQL the unique index standing in for the partial constraint is
+    what keeps one RUNNING run per overlap key; without it the schema is not usable."""
+    connection = connections["default"]
+    if connection.vendor != "mysql":
+        pytest.skip("the guards exist on MariaDB and MySQL only")
+    index = "jobstate_jobrun_one_running_per_overlap_key"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP INDEX `{index}` ON `jobstate_jobrun`")
+    try:
+        readiness = DatabaseStateStore().schema_readiness()
+        problems = run_checks(
+            tags=[Tags.database], include_deployment_checks=True, databases=["default"]
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"CREATE UNIQUE INDEX `{index}` ON `jobstate_jobrun` (`running_overlap_key`)"
+            )
+
+    assert readiness.ready is False
+    assert f"jobstate_jobrun.{index}" in readiness.detail
+    [problem] = [p for p in problems if p.id.startswith("jobstate.E")]
+    assert problem.id == "jobstate.E044" and index in problem.msg
+    assert DatabaseStateStore().schema_readiness().ready is True
 
 
 # --- the deploy system check ---------------------------------------------------------------

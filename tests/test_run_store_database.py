@@ -492,9 +492,10 @@ def test_two_concurrent_reapers_count_fifty_stale_runs_once(store: DatabaseJobRu
     assert JobRun.objects.filter(status=JobRunStatus.TIMED_OUT).count() == 50
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_reapers_with_a_limit_share_the_rows_on_postgresql(
+def test_concurrent_reapers_with_a_limit_share_the_rows(
     store: DatabaseJobRunStore,
 ) -> None:
     _fifty_stale_runs(store)
@@ -511,7 +512,8 @@ def test_concurrent_reapers_with_a_limit_share_the_rows_on_postgresql(
     assert JobRun.objects.filter(status=JobRunStatus.TIMED_OUT).count() == 50
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 def test_the_portable_locking_reap_also_counts_each_row_once(
     store: DatabaseJobRunStore,

@@ -498,7 +498,8 @@ def test_allow_runs_overlap_with_distinct_keys(reg: Registry) -> None:
 
 
 @db
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 def test_eight_runners_on_one_forbid_key_run_the_body_once() -> None:
     reg = Registry()
     bodies: list[str] = []

@@ -25,7 +25,7 @@ from jobstate.schedules import (
 from jobstate.schedules.targets import OPERATIONS_TASK_PATH
 from tests.schedule_kit import T0, declare, jobs_of, row, slots_of, utc
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
 
 ADD = "tests.task_functions.add"
 BERLIN = ZoneInfo("Europe/Berlin")

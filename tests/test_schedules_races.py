@@ -24,7 +24,7 @@ from jobstate.schedules import EnqueuedOccurrence, enqueue_due, sync_schedules
 from tests.schedule_kit import T0, declare, schedules_env, slots_of
 from tests.test_state_races import in_parallel
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 THREADS = 8
 ADD = "tests.task_functions.add"

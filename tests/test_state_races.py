@@ -24,7 +24,11 @@ from jobstate.stores.base import CompletionOutcome, JobStatus
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.factories import RuntimeLockFactory
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.concurrent,
+    pytest.mark.mysql,
+    pytest.mark.django_db(transaction=True),
+]
 
 WORKERS = 8
 T = TypeVar("T")

@@ -23,6 +23,8 @@ from jobstate.testing.state_contract import (
     state_store_contract_cases,
 )
 
+pytestmark = pytest.mark.mysql
+
 MEMORY_CASES = state_store_contract_cases(MemoryStateStore())
 DATABASE_CASES = state_store_contract_cases(DatabaseStateStore())
 

@@ -251,7 +251,8 @@ def test_lock_expiry_follows_the_database_clock(store) -> None:
 # --- PostgreSQL: SKIP LOCKED -------------------------------------------------------------
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_passes_over_a_row_another_transaction_holds(store) -> None:
     first = store.create_job(request_id="held", target="t")

@@ -31,7 +31,7 @@ from jobstate.testing.memory_state import MemoryStateStore
 from tests.task_functions import add, async_add, echo
 from tests.tasks_kit import use_options
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True)]
 
 
 def backend() -> JobStateBackend:

@@ -28,6 +28,8 @@ from jobstate.task_log import AttemptOutcome, read_attempt_log
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.plans import plans_without_table_scans
 
+pytestmark = pytest.mark.mysql
+
 TARGET = "tasks:default"
 LEASE = timedelta(minutes=1)
 LONG_AGO = timezone.now() - timedelta(days=1)
@@ -275,7 +277,8 @@ def test_the_queue_ttl_and_the_worker_lease_sweep_leave_tasks_alone(settings: An
 # --- PostgreSQL: concurrency and plans ------------------------------------------------
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent
+@pytest.mark.mysql
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_claims_hand_each_task_out_once() -> None:
     store = DatabaseStateStore()

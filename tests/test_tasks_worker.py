@@ -30,7 +30,7 @@ from tests.task_functions import (
 )
 from tests.tasks_kit import finish, start_worker, stop, use_options
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED

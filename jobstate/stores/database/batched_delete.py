@@ -18,11 +18,20 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from django.db import connections, models, transaction
+from django.db import OperationalError, connections, models, transaction
 from django.db.models import Q
 from django.db.models.deletion import Collector
 
 _M = TypeVar("_M", bound=models.Model)
+
+#: MariaDB's and MySQL's ER_LOCK_DEADLOCK, and how often a batch runs before it gives up.
+_MYSQL_DEADLOCK = 1213
+_DEADLOCK_ROUNDS = 5
+
+
+def _deadlocked(exc: OperationalError) -> bool:
+    args: tuple[object, ...] = getattr(exc.__cause__, "args", ())
+    return bool(args) and args[0] == _MYSQL_DEADLOCK
 
 
 def pick_oldest(candidates: models.QuerySet[_M], order: str, limit: int) -> models.QuerySet[_M]:
@@ -32,6 +41,49 @@ def pick_oldest(candidates: models.QuerySet[_M], order: str, limit: int) -> mode
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}.")
     return candidates.select_for_update(skip_locked=True).order_by(order, "pk")[:limit]
+
+
+def _lock_oldest_by_key(
+    candidates: models.QuerySet[Any], order: str, limit: int
+) -> tuple[list[tuple[Any, Any]], tuple[Any, Any] | None]:
+    """The keys ``(order value, pk)`` of the oldest ``limit`` candidates that no other
+    transaction holds, locked, and the key the next batch may start after (``None``:
+    where this one started); for MariaDB and MySQL.
+
+    There a locking read whose order no index serves (a sort) locks every candidate it
+    reads before the limit applies, so a second sweeper would find all of them held and
+    stop with rows left. Instead the candidates' keys are read without locks, a window
+    at a time, and only those rows are locked (``SKIP LOCKED``), until the batch is full
+    or the candidates run out: what PostgreSQL's ``SKIP LOCKED ... LIMIT`` answers."""
+    ordered = candidates.order_by(order, "pk")
+    rest = ordered
+    locked: list[tuple[Any, Any]] = []
+    skipped: tuple[Any, Any] | None = None
+    while len(locked) < limit:
+        window = list(rest.values_list(order, "pk")[:limit])
+        if not window:
+            break
+        held = set(
+            candidates.filter(pk__in=[pk for _, pk in window])
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)
+        )
+        for key in window:
+            if key[1] in held:
+                locked.append(key)
+            elif skipped is None:
+                skipped = key
+        if len(window) < limit:
+            break
+        value, pk = window[-1]
+        rest = ordered.filter(**{f"{order}__gte": value}).filter(
+            Q(**{f"{order}__gt": value}) | Q(pk__gt=pk)
+        )
+    batch = locked[:limit]
+    # The next batch starts before the first row passed over here: the locking read
+    # may have held it only for a moment, and then no other sweeper deletes it.
+    resume = max((key for key in batch if skipped is None or key < skipped), default=None)
+    return batch, resume
 
 
 class BatchedDeleter:
@@ -60,21 +112,51 @@ class BatchedDeleter:
                 Q(**{f"{order}__gt": value}) | Q(pk__gt=pk)
             )
         picked = pick_oldest(candidates, order, limit).values_list(order, "pk")
+        connection = connections[self.using]
+        # InnoDB's DELETE waits for every row it reads, matching or not, so two
+        # sweepers deleting disjoint batches of a small table can deadlock; InnoDB then
+        # rolls the loser's whole transaction back, and the batch can simply run again.
+        # Inside a caller's transaction that rollback took the caller's work too, so
+        # there the error is theirs to see.
+        rounds = _DEADLOCK_ROUNDS if connection.vendor == "mysql" else 1
+        if connection.in_atomic_block:
+            rounds = 1
+        for round_ in range(1, rounds + 1):
+            try:
+                resume, deleted = self._delete_picked(candidates, picked, order, limit)
+                break
+            except OperationalError as exc:
+                if round_ == rounds or not _deadlocked(exc):
+                    raise
+        if resume is not None:
+            # The order fields are timestamps and the keys UUIDs or integers: Python
+            # orders them as the database does.
+            self._last_key[kind] = resume
+        return deleted
+
+    def _delete_picked(
+        self,
+        candidates: models.QuerySet[_M],
+        picked: models.QuerySet[Any],
+        order: str,
+        limit: int,
+    ) -> tuple[tuple[Any, Any] | None, int]:
+        """Pick and delete one batch in one transaction: the key the next batch starts
+        after (``None``: where this one started), and the rows deleted."""
+        label = candidates.model._meta.label
         with transaction.atomic(using=self.using):
             if self._in_one_statement(candidates):
                 keys = self._delete_in_one_statement(picked)
-                deleted = len(keys)
+                return max(keys, default=None), len(keys)
+            if connections[self.using].vendor == "mysql":
+                keys, resume = _lock_oldest_by_key(candidates, order, limit)
             else:
                 keys = list(picked)
-                deleted = 0
-                if keys:
-                    _, per_model = candidates.filter(pk__in=[pk for _, pk in keys]).delete()
-                    deleted = per_model.get(model._meta.label, 0)
-        if keys:
-            # The order fields are timestamps and the keys UUIDs or integers: Python
-            # orders them as the database does.
-            self._last_key[kind] = max(keys)
-        return deleted
+                resume = max(keys, default=None)
+            if not keys:
+                return resume, 0
+            _, per_model = candidates.filter(pk__in=[pk for _, pk in keys]).delete()
+            return resume, per_model.get(label, 0)
 
     def _in_one_statement(self, candidates: models.QuerySet[Any]) -> bool:
         connection = connections[self.using]

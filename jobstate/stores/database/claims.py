@@ -1,12 +1,14 @@
 """Claims, reports and leases on the Django ORM.
 
-Claims pick a candidate with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL
-(concurrent claimers pass over each other's rows instead of queueing behind them) and
-move it with ``UPDATE ... WHERE status = 'queued'``. The per-thread gate is re-checked
-under a transaction-scoped advisory lock on the thread, because a gate read from a
-snapshot can miss a sibling job claimed a moment earlier. On SQLite, ``IMMEDIATE``
-transactions serialise writers, so the candidate read and the update already see the
-same state. Claims rely on READ COMMITTED isolation (Django's default on PostgreSQL).
+Claims pick a candidate with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL,
+MariaDB and MySQL (concurrent claimers pass over each other's rows instead of queueing
+behind them) and move it with ``UPDATE ... WHERE status = 'queued'``. The per-thread gate
+is re-checked under a transaction-scoped lock on the thread (PostgreSQL's advisory lock;
+the thread gate row on MariaDB and MySQL), because a gate read from a snapshot can miss a
+sibling job claimed a moment earlier. On SQLite, ``IMMEDIATE`` transactions serialise
+writers, so the candidate read and the update already see the same state. Claims rely on
+READ COMMITTED isolation (Django's default on PostgreSQL, MariaDB and MySQL): each
+statement sees what committed before it, which the re-check after the lock needs.
 
 Reports are fenced by the claim token in the ``WHERE`` clause, and every sweep here is
 one conditional ``UPDATE``, so a row that changed while the statement waited for its lock
@@ -33,7 +35,8 @@ from jobstate.stores.database.hotpath import (
     complete_group,
     try_lock_thread,
 )
-from jobstate.stores.database.tables import is_postgresql, job_rows
+from jobstate.stores.database.tables import is_mysql, is_postgresql, job_rows, locks_rows
+from jobstate.stores.database.thread_gate import try_lock_thread_row
 from jobstate.stores.state_validation import CLEARED_CLAIM, ParsedReport
 
 __all__ = [
@@ -100,6 +103,8 @@ def _claim_gated(
         "updated_at": Now(),
     }
     postgresql = is_postgresql(using)
+    mysql = is_mysql(using)
+    locking = locks_rows(using)
     jobs = job_rows(using)
     passed_ids: list[uuid.UUID] = []
     passed_threads: list[int] = []
@@ -114,20 +119,35 @@ def _claim_gated(
                 candidates = candidates.exclude(thread_id__in=passed_threads)
             if postgresql:
                 candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+            elif locking:
+                # MariaDB has no FOR UPDATE OF; the query reads one table, so the lock
+                # falls on the candidate alone either way.
+                candidates = candidates.select_for_update(skip_locked=True)
             picked = candidates.values_list("id", "thread_id").first()
             if picked is None:
                 return None
             job_id, thread_id = picked
             row = jobs.filter(id=job_id, status=JobStatus.QUEUED)
-            if postgresql and thread_id is not None:
-                if not try_lock_thread(using, thread_id):
+            if (postgresql or mysql) and thread_id is not None:
+                locked = (
+                    try_lock_thread_row(using, thread_id)
+                    if mysql
+                    else try_lock_thread(using, thread_id)
+                )
+                if not locked:
                     # Another transaction is claiming from (or enqueueing into) this
                     # thread right now; whatever it claims blocks the thread anyway.
                     passed_threads.append(thread_id)
                     continue
                 # A fresh statement after the lock sees every sibling claim that
                 # committed before it, which the candidate's snapshot may not have.
-                row = row.filter(~Exists(thread_blockers()))
+                # MySQL refuses an UPDATE whose subquery reads the updated table, so
+                # there the gate is read by its own statement under the same lock.
+                if not mysql:
+                    row = row.filter(~Exists(thread_blockers()))
+                elif row.filter(Exists(thread_blockers())).exists():
+                    passed_threads.append(thread_id)
+                    continue
             if row.update(**changes) == 1:
                 return jobs.get(id=job_id)
             if thread_id is None:

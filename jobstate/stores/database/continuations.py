@@ -18,7 +18,7 @@ from django.db.models.functions import Now
 from jobstate.models import ApprovalDecision, DeliveryReplay, Notification
 from jobstate.states import DeliveryRequeueOutcome, NotificationState
 from jobstate.stores.database.audit_locks import record_audit
-from jobstate.stores.database.tables import is_postgresql
+from jobstate.stores.database.tables import locks_rows
 from jobstate.stores.integrity import violates
 
 __all__ = [
@@ -100,7 +100,7 @@ def requeue_delivery(
     markers = DeliveryReplay.objects.using(using)
     with transaction.atomic(using=using):
         locked = rows.filter(id=pk)
-        if is_postgresql(using):
+        if locks_rows(using):
             locked = locked.select_for_update()
         row = locked.first()
         if row is None:

@@ -33,6 +33,7 @@ from jobstate.states import (
     JobStatus,
     Readiness,
 )
+from jobstate.stores.database.server_guards import missing_server_guards
 from jobstate.stores.state_primitives import (
     METRICS_TERMINAL_WINDOW,
     MONITOR_SOURCE,
@@ -198,7 +199,9 @@ def schema_readiness(using: str) -> Readiness:
     the code knows with those recorded as applied, then checks that every jobstate
     table exists. Any exception (unknown alias, refused connection, broken
     migration graph) answers not ready with the reason in ``detail``; nothing is
-    raised, so a probe can never mistake an error for readiness.
+    raised, so a probe can never mistake an error for readiness. On MariaDB and MySQL
+    the unique indexes and the thread gate of migration ``0009_mysql_guards`` must be
+    there too: without them the guarantees they carry do not hold.
     """
     try:
         connection = connections[using]
@@ -225,6 +228,11 @@ def schema_readiness(using: str) -> Readiness:
         )
         if missing:
             return _not_ready("ok", "failed", 0, f"missing tables: {', '.join(missing)}")
+        unguarded = missing_server_guards(connection)
+        if unguarded:
+            return _not_ready(
+                "ok", "failed", 0, f"missing MariaDB/MySQL guards: {', '.join(unguarded)}"
+            )
     except Exception as exc:
         return _not_ready("ok", "failed", 0, f"migration state unreadable: {exc}")
     return Readiness(ready=True, database="ok", migrations="ok", pending=0)

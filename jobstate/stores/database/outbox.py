@@ -31,7 +31,7 @@ from jobstate.models import NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY, DeliveryAttempt
 from jobstate.states import JobId, NotificationRequest, NotificationState
 from jobstate.stores.database.audit_locks import record_audit
 from jobstate.stores.database.hotpath import FinishedEntry, finish_with_notifications
-from jobstate.stores.database.tables import is_postgresql, job_rows
+from jobstate.stores.database.tables import is_postgresql, job_rows, locks_rows
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 from jobstate.stores.state_store import NotificationOutbox, StateStore
@@ -190,7 +190,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         rows = self._rows()
         with transaction.atomic(using=self.using):
             candidates = rows.filter(_due()).order_by("next_attempt_at", "id")
-            if is_postgresql(self.using):
+            if locks_rows(self.using):
                 candidates = candidates.select_for_update(skip_locked=True)
             picked = list(candidates.values("state", *_LOST_ATTEMPT_FIELDS)[:count])
             exhausted = self._settle_lost_attempts(
@@ -247,7 +247,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         with transaction.atomic(using=self.using):
             held = self._held(pk, relay_id)
             # The lock keeps the attempt count read here the one the update below settles.
-            locked = held.select_for_update() if is_postgresql(self.using) else held
+            locked = held.select_for_update() if locks_rows(self.using) else held
             current = locked.values("attempts", "job_id").first()
             if current is None:
                 return None
@@ -287,14 +287,14 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         any other row goes back to ``pending`` keeping its attempt count and its due
         time, so the next relay pass sends it at once. Either way the relay that lost
         the row can no longer settle it. Rows another sweeper or relay holds are passed
-        over (``SKIP LOCKED`` on PostgreSQL; SQLite's ``IMMEDIATE`` transactions
+        over (``SKIP LOCKED`` on PostgreSQL, MariaDB and MySQL; SQLite's ``IMMEDIATE`` transactions
         serialise), so concurrent callers move and count each row once.
         """
         count = parse_limit(limit, default=jobstate_settings.OUTBOX_BATCH_SIZE)
         rows = self._rows()
         with transaction.atomic(using=self.using):
             candidates = self.expired_leases().order_by("lease_until", "id")
-            if is_postgresql(self.using):
+            if locks_rows(self.using):
                 candidates = candidates.select_for_update(skip_locked=True)
             lost = list(candidates.values(*_LOST_ATTEMPT_FIELDS)[:count])
             if not lost:

@@ -29,7 +29,7 @@ from jobstate.models import TASK_DUE, Job
 from jobstate.states import TASK_NOTIFY_CHANNEL, JobStatus, task_notify_payload
 from jobstate.stores.database.hotpath import hot_cursor, load_jobs
 from jobstate.stores.database.intake import create_job
-from jobstate.stores.database.tables import is_postgresql, job_rows
+from jobstate.stores.database.tables import is_postgresql, job_rows, locks_rows
 
 #: The statements' text: the enqueue, and a claim by queue filter (``"any"``, ``"one"``
 #: or ``"several"``).
@@ -268,6 +268,10 @@ def _claim_portable(
         candidates = candidates.filter(queue_name__in=queues)
     candidates = candidates.alias(due=TASK_DUE).filter(due__lte=Now())
     ordered = candidates.order_by(F("priority").desc(), "due", "created_at", "id")
+    if locks_rows(using):
+        # Concurrent workers pass over each other's picks instead of waiting for them
+        # and then finding them taken.
+        ordered = ordered.select_for_update(skip_locked=True)
     with transaction.atomic(using=using):
         picked = list(ordered.values_list("id", flat=True)[:limit])
         claimed = []
