@@ -5,6 +5,10 @@
     python -m bench tasks --workers 4 --tasks 20000 --repeats 3
     python -m bench all
     python -m bench calls --jobs 5000
+    python -m bench --server mysql://root@127.0.0.1:3306/ drain --workers 4 --jobs 20000
+
+On a ``mysql://`` server (MariaDB 10.6+ / MySQL 8.0+) only ``drain`` runs: jobstate
+beside a raw MariaDB floor (:mod:`bench.mysql_drain`).
 
 See ``docs/benchmarks.md`` for what each measures and the figures of a real run.
 """
@@ -102,6 +106,76 @@ def _drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         "targets": checks,
         "cells": [vars(c) for s in summaries.values() for c in s.cells],
     }
+
+
+def _mysql_drain(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import mysql, mysql_drain
+
+    mysql.recreate_database(url)
+    with mysql.connected(url) as conn:
+        result["manifest"] = mysql.manifest(conn)
+    setup_django(url)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    contenders = chosen if args.contenders != ",".join(CONTENDERS) else []
+    contenders = contenders or list(mysql_drain.DEFAULT_CONTENDERS)
+    workers = [int(w) for w in str(args.workers).split(",")]
+    print(
+        f"drain on {result['manifest']['mysql']}: {args.jobs} jobs, workers {workers}, "
+        f"{args.repeats} repeats, batch k={args.batch}, contenders {', '.join(contenders)}; "
+        f"load average {load_average()}",
+        flush=True,
+    )
+    summaries = mysql_drain.run(
+        url,
+        contenders=contenders,
+        workers=workers,
+        jobs=args.jobs,
+        repeats=args.repeats,
+        batch=args.batch,
+        log=lambda line: print(line, flush=True),
+    )
+    text = mysql_drain.table(summaries, args.batch)
+    checks = mysql_drain.ratios(summaries)
+    print()
+    print(text)
+    print()
+    for line in checks:
+        print(line)
+    print(f"load average at the end: {load_average()}")
+    result["drain"] = {
+        "table": text,
+        "targets": checks,
+        "cells": [vars(c) for s in summaries.values() for c in s.cells],
+    }
+
+
+def _run_mysql(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``drain`` on a MariaDB / MySQL server; every other command is PostgreSQL's."""
+    from bench import mysql
+
+    url = database_url(args.server, args.database)
+    if args.command != "drain":
+        print(f"error: on a mysql:// server only drain runs, not {args.command}", file=sys.stderr)
+        return 1
+    result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}
+    try:
+        _mysql_drain(args, url, result)
+        result["load_average_at_end"] = load_average()
+        if args.output:
+            args.output.write_text(json.dumps(result, indent=2, default=str))
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not args.keep:
+            try:
+                mysql.drop_database(url)
+            except BenchError as exc:
+                print(f"warning: could not drop {url}: {exc}", file=sys.stderr)
+    return 0
 
 
 def _profile(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
@@ -202,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--server",
         default=DEFAULT_SERVER,
-        help="PostgreSQL server URL (its database part is ignored)",
+        help="PostgreSQL server URL, or mysql://... for MariaDB / MySQL (drain only); "
+        "its database part is ignored",
     )
     parser.add_argument(
         "--database",
@@ -278,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             help="seconds the traffic runs alone before each sweep (its p99 reference)",
         )
     args = parser.parse_args(argv)
+    if args.server.startswith(("mysql://", "mariadb://")):
+        return _run_mysql(args, argv)
     url = database_url(args.server, args.database)
     try:
         result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}

@@ -125,6 +125,16 @@ def manifest(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         ).fetchall()
     )
     version = conn.execute("SELECT version()").fetchone()
+    return {
+        **machine_manifest(),
+        "postgresql": version[0] if version else "unknown",
+        "postgresql_settings": key_settings,
+        "postgresql_non_default": [f"{n} = {s}{(' ' + u) if u else ''}" for n, s, u in settings],
+    }
+
+
+def machine_manifest() -> dict[str, Any]:
+    """The server-independent part of a manifest: machine, Python, packages, git."""
     cpu = "unknown"
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -137,7 +147,15 @@ def manifest(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     if meminfo.exists():
         memory = meminfo.read_text().splitlines()[0].split(":", 1)[1].strip()
     packages = {}
-    for name in ("Django", "psycopg", "procrastinate", "django-tasks-db", "django-tasks", "psutil"):
+    for name in (
+        "Django",
+        "psycopg",
+        "mysqlclient",
+        "procrastinate",
+        "django-tasks-db",
+        "django-tasks",
+        "psutil",
+    ):
         try:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -167,9 +185,6 @@ def manifest(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "packages": packages,
         "git": f"{sha}{' (with uncommitted changes)' if dirty else ''}",
-        "postgresql": version[0] if version else "unknown",
-        "postgresql_settings": key_settings,
-        "postgresql_non_default": [f"{n} = {s}{(' ' + u) if u else ''}" for n, s, u in settings],
     }
 
 

@@ -1,5 +1,6 @@
 """Django settings of the benchmark processes: jobstate and the two peers it is measured
-against (procrastinate's Django integration, django-tasks-db) on one PostgreSQL database.
+against (procrastinate's Django integration, django-tasks-db) on one PostgreSQL database;
+on MariaDB / MySQL (``--server mysql://...``) jobstate alone, beside the raw floor.
 
 The harness names the database in ``JOBSTATE_BENCH_DATABASE_URL`` before it starts any
 process. Connections are persistent (``CONN_MAX_AGE = None``) for every contender, so no
@@ -37,6 +38,8 @@ INSTALLED_APPS = [
     "django_tasks_db",
 ]
 
+_postgres = _database["ENGINE"] == "django.db.backends.postgresql"
+
 DATABASES = {
     "default": {
         **_database,
@@ -44,8 +47,8 @@ DATABASES = {
         # psycopg's own default (raw psycopg uses it): a statement run 5 times on a
         # connection is prepared. Django turns this off unless asked. The drain's workers
         # set JOBSTATE_BENCH_PREPARE_THRESHOLD per cell (bench/variants.py); "off" is
-        # Django's default.
-        "OPTIONS": {"prepare_threshold": _prepare_threshold},
+        # Django's default. mysqlclient prepares nothing: Django's defaults there.
+        "OPTIONS": {"prepare_threshold": _prepare_threshold} if _postgres else {},
     }
 }
 
@@ -55,6 +58,10 @@ TASKS = {
     "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
     "jobstate": {"BACKEND": "jobstate.tasks_backend.JobStateBackend"},
 }
+if not _postgres:
+    # procrastinate's schema is PostgreSQL's; the peers are measured there only.
+    INSTALLED_APPS = ["django.contrib.auth", "django.contrib.contenttypes", "jobstate"]
+    TASKS = {"default": TASKS["jobstate"]}
 
 # JOBSTATE_BENCH_LISTEN_NOTIFY=0 makes jobstate's task workers poll (the latency
 # benchmark's second figure).

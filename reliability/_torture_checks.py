@@ -9,12 +9,12 @@ claim token or sighting, with a few examples kept for the report.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-
 from reliability._torture_monitor import MonitorResult
+from reliability._torture_sql import Connection, Dialect
 from reliability._torture_tasks import TASK_VIOLATION_KINDS
 
 #: Every kind of violation, in the order the summary lists them.
@@ -84,16 +84,19 @@ def jobstate_tables() -> Tables:
     )
 
 
-#: The ``recovered`` audit entry of the lease sweep that took claim ``k`` back: it
-#: names the worker in ``via`` when it requeues, in ``executor_id`` on the last attempt.
-_RECOVERY_OF_CLAIM = """
+def _recovery_of_claim(d: Dialect) -> str:
+    """The ``recovered`` audit entry of the lease sweep that took claim ``k`` back: it
+    names the worker in ``via`` when it requeues, in ``executor_id`` on the last attempt."""
+    via = d.json_text("a.detail", "via")
+    return f"""
     a.job_id = k.job_id AND a.event = 'recovered'
-    AND (a.detail->>'via' = 'worker-lease-expired:' || k.worker
-         OR (a.detail->>'via' = 'worker-lease-expired' AND a.detail->>'executor_id' = k.worker))
+    AND ({via} = {d.concat("'worker-lease-expired:'", "k.worker")}
+         OR ({via} = 'worker-lease-expired'
+             AND {d.json_text("a.detail", "executor_id")} = k.worker))
 """
 
 
-def check_claims(conn: psycopg.Connection[Any], tables: Tables, findings: Findings) -> None:
+def check_claims(conn: Connection, tables: Tables, findings: Findings) -> None:
     """Claims against the ledger: one live claim per job at a time, and reports only
     from the live claim.
 
@@ -104,6 +107,7 @@ def check_claims(conn: psycopg.Connection[Any], tables: Tables, findings: Findin
     report) or taken back by the lease sweep (its ``recovered`` entry, stamped with
     the sweep's transaction start, which comes after the lease ran out).
     """
+    d = conn.dialect
     findings.add(
         "double_claim",
         _ids(
@@ -125,7 +129,7 @@ def check_claims(conn: psycopg.Connection[Any], tables: Tables, findings: Findin
               AND NOT EXISTS (SELECT 1 FROM torture_completion c
                               WHERE c.claim_token = k.claim_token AND c.status = 'queued'
                                 AND c.at <= k.next_at)
-              AND NOT EXISTS (SELECT 1 FROM {tables.audit} a WHERE {_RECOVERY_OF_CLAIM}
+              AND NOT EXISTS (SELECT 1 FROM {tables.audit} a WHERE {_recovery_of_claim(d)}
                                 AND a.ts >= k.at AND a.ts <= k.next_at)""",
         ),
     )
@@ -142,13 +146,14 @@ def check_claims(conn: psycopg.Connection[Any], tables: Tables, findings: Findin
     )
 
 
-def _ids(conn: psycopg.Connection[Any], sql: str, params: list[Any] | None = None) -> list[str]:
+def _ids(conn: Connection, sql: str, params: list[Any] | None = None) -> list[str]:
     return [" ".join(str(value) for value in row) for row in conn.execute(sql, params).fetchall()]
 
 
-def check_database(conn: psycopg.Connection[Any], tables: Tables, findings: Findings) -> None:
+def check_database(conn: Connection, tables: Tables, findings: Findings) -> None:
     """The end-state checks: nothing lost, everything settled, every completion fenced."""
-    job, run = tables.job, tables.run
+    job, run, d = tables.job, tables.run, conn.dialect
+    witness = d.json_text("j.result", "claim_token")
     findings.add(
         "lost",
         _ids(
@@ -199,7 +204,7 @@ def check_database(conn: psycopg.Connection[Any], tables: Tables, findings: Find
             conn,
             f"SELECT j.id, j.status FROM torture_loaded l JOIN {job} j ON j.id = l.job_id "
             "WHERE j.status IN ('done', 'error', 'rejected') "
-            "AND NOT (j.status = 'error' AND j.error IS NOT DISTINCT FROM %s) "
+            f"AND NOT (j.status = 'error' AND {d.same('j.error', '%s')}) "
             "AND NOT EXISTS (SELECT 1 FROM torture_completion c "
             "WHERE c.job_id = j.id AND c.status <> 'queued')",
             [tables.lease_expired_error],
@@ -211,7 +216,7 @@ def check_database(conn: psycopg.Connection[Any], tables: Tables, findings: Find
             conn,
             f"SELECT j.id, j.status, c.status FROM torture_completion c JOIN {job} j "
             "ON j.id = c.job_id WHERE c.status <> 'queued' AND (j.status <> c.status "
-            "OR j.result->>'claim_token' IS DISTINCT FROM c.claim_token::text)",
+            f"OR NOT {d.same(witness, d.uuid_text('c.claim_token'))})",
         ),
     )
     # The runner told the worker its outcome was written: the row must hold exactly that
@@ -222,7 +227,7 @@ def check_database(conn: psycopg.Connection[Any], tables: Tables, findings: Find
             conn,
             f"SELECT o.run_id, o.status, r.status FROM torture_run_outcome o JOIN {run} r "
             "ON r.id = o.run_id WHERE o.recorded = 'settled' AND (r.status <> o.status "
-            "OR (r.status = 'TIMED_OUT' AND r.error IS NOT DISTINCT FROM %s))",
+            f"OR (r.status = 'TIMED_OUT' AND {d.same('r.error', '%s')}))",
             [tables.reaped_error],
         ),
     )
@@ -242,15 +247,17 @@ def check_watch(monitor: MonitorResult, findings: Findings) -> None:
         findings.add("process_error", [f"monitor: {monitor.error}"])
 
 
-def figures(
-    conn: psycopg.Connection[Any], tables: Tables, paused_workers: list[str]
-) -> dict[str, Any]:
+def figures(conn: Connection, tables: Tables, paused_workers: list[str]) -> dict[str, Any]:
     """The counts of the summary, read from the database at the end.
 
     ``renewals_refused_unpaused`` counts lease renewals refused to a worker that was
     never paused: a worker that keeps renewing should keep its job, so anything here
     means a worker stalled longer than its lease (a very loaded machine) or a renewal
     that did not protect the claim."""
+
+    d = conn.dialect
+    unpaused, unpaused_params = d.not_in("worker", paused_workers)
+    refusal = d.concat("kind", "': '", "outcome")
 
     def pairs(sql: str) -> dict[str, int]:
         return {str(key): int(count) for key, count in conn.execute(sql).fetchall()}
@@ -261,7 +268,8 @@ def figures(
 
     reap_totals: dict[str, int] = {}
     for (counts,) in conn.execute("SELECT counts FROM torture_reap_pass").fetchall():
-        for key, value in counts.items():
+        # jsonb comes back decoded; MariaDB's JSON is text.
+        for key, value in (json.loads(counts) if isinstance(counts, str) else counts).items():
             reap_totals[key] = reap_totals.get(key, 0) + int(value)
     return {
         "jobs_loaded": one("SELECT count(*) FROM torture_loaded"),
@@ -278,12 +286,11 @@ def figures(
             "SELECT status, count(*) FROM torture_completion GROUP BY status ORDER BY status"
         ),
         "refused": pairs(
-            "SELECT kind || ': ' || outcome, count(*) FROM torture_refusal "
-            "GROUP BY kind, outcome ORDER BY 1"
+            f"SELECT {refusal}, count(*) FROM torture_refusal GROUP BY kind, outcome ORDER BY 1"
         ),
         "renewals_refused_unpaused": one(
-            "SELECT count(*) FROM torture_refusal WHERE kind = 'renewal' AND worker <> ALL(%s)",
-            [paused_workers],
+            f"SELECT count(*) FROM torture_refusal WHERE kind = 'renewal' AND {unpaused}",
+            unpaused_params,
         ),
         "runs_by_status": pairs(
             f"SELECT status, count(*) FROM {tables.run} GROUP BY status ORDER BY status"

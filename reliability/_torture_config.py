@@ -105,7 +105,7 @@ class ProcessConfig:
 
 def process_environment(database_url: str, timing: Timing, process_name: str) -> dict[str, str]:
     """The environment variables :mod:`reliability._torture_settings` reads, for a
-    process named ``process_name`` (also its PostgreSQL ``application_name``)."""
+    process named ``process_name`` (also the name of its database sessions)."""
     return {
         ENV_DATABASE_URL: database_url,
         ENV_PROCESS_NAME: process_name,
@@ -119,9 +119,10 @@ def process_environment(database_url: str, timing: Timing, process_name: str) ->
 
 def setup_django(database_url: str, timing: Timing, process_name: str) -> None:
     """Point :mod:`reliability._torture_settings` at ``database_url`` with ``timing``
-    and set Django up, once per process. ``process_name`` becomes the PostgreSQL
-    ``application_name`` of the process's connections, which is how the controller
-    knows when a killed worker's sessions are gone."""
+    and set Django up, once per process. ``process_name`` names the process's
+    connections (PostgreSQL's ``application_name``; on MariaDB each connection notes its
+    id under the name), which is how the controller knows when a killed worker's
+    sessions are gone."""
     os.environ.update(process_environment(database_url, timing, process_name))
     import django
 

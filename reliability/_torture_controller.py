@@ -22,13 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
-
-import psycopg
 
 from reliability._torture_config import Mix, ProcessConfig, Timing
 from reliability._torture_monitor import Fault, Monitor, MonitorResult, Orphan
 from reliability._torture_pool import ProcessFailure, Reaper, Slot, WorkerPool
+from reliability._torture_sql import Connection, connect
 from reliability._torture_tasks import TaskWorkers, drain_tasks
 
 #: How long the controller waits for a killed worker's sessions to end.
@@ -88,9 +86,7 @@ class Controller:
         context = multiprocessing.get_context("spawn")
         config = ProcessConfig(options.database_url, options.timing, options.mix)
         monitor = Monitor(options.database_url)
-        with psycopg.connect(
-            options.database_url, autocommit=True, application_name="torture-controller"
-        ) as probe:
+        with connect(options.database_url, "torture-controller") as probe:
             monitor.start()
             reaper = Reaper(context, config)
             pool = WorkerPool(context, config, options.workers)
@@ -129,7 +125,7 @@ class Controller:
         self,
         pool: WorkerPool,
         reaper: Reaper,
-        probe: psycopg.Connection[Any],
+        probe: Connection,
         monitor: Monitor,
         end: float,
         tasks: TaskWorkers,
@@ -161,7 +157,7 @@ class Controller:
         return self.rng.uniform(0.5, 1.5) * self.options.kill_every
 
     def _fault(
-        self, pool: WorkerPool, probe: psycopg.Connection[Any], monitor: Monitor, *, patient: bool
+        self, pool: WorkerPool, probe: Connection, monitor: Monitor, *, patient: bool
     ) -> bool:
         busy, live = pool.candidates()
         targets = busy or ([] if patient else live)
@@ -180,7 +176,7 @@ class Controller:
         self,
         pool: WorkerPool,
         slot: Slot,
-        probe: psycopg.Connection[Any],
+        probe: Connection,
         monitor: Monitor,
         *,
         fault: Fault,
@@ -197,9 +193,7 @@ class Controller:
             self.facts.slow_session_exits += 1
         monitor.track(self._holdings(probe, worker, fault, fault_at, sessions_gone=gone))
 
-    def _pause(
-        self, pool: WorkerPool, slot: Slot, probe: psycopg.Connection[Any], monitor: Monitor
-    ) -> None:
+    def _pause(self, pool: WorkerPool, slot: Slot, probe: Connection, monitor: Monitor) -> None:
         fault_at = _db_now(probe)
         pool.pause(slot, self.timing.pause)
         self.facts.pauses += 1
@@ -208,7 +202,7 @@ class Controller:
 
     def _holdings(
         self,
-        probe: psycopg.Connection[Any],
+        probe: Connection,
         worker: str,
         fault: Fault,
         fault_at: datetime,
@@ -218,13 +212,14 @@ class Controller:
         from jobstate.models import Job, JobRun
 
         bounded = fault != "pause"
+        d = probe.dialect
         jobs = probe.execute(
-            f"SELECT id::text, claim_token::text FROM {Job._meta.db_table} "
+            f"SELECT {d.id_text('id')}, {d.id_text('claim_token')} FROM {Job._meta.db_table} "
             "WHERE status = 'running' AND executor_id = %s",
             [worker],
         ).fetchall()
         runs = probe.execute(
-            f"SELECT id::text FROM {JobRun._meta.db_table} "
+            f"SELECT {d.id_text('id')} FROM {JobRun._meta.db_table} "
             "WHERE status = 'RUNNING' AND triggered_by = %s",
             [worker],
         ).fetchall()
@@ -259,7 +254,7 @@ class Controller:
         self,
         pool: WorkerPool,
         reaper: Reaper,
-        probe: psycopg.Connection[Any],
+        probe: Connection,
         monitor: Monitor,
     ) -> None:
         """Stop the workers (each finishes the job or run in hand), kill any that do
@@ -290,21 +285,19 @@ class Controller:
         self.facts.active_after_final_reap = _active(probe)
 
 
-def _db_now(probe: psycopg.Connection[Any]) -> datetime:
-    row = probe.execute("SELECT clock_timestamp()").fetchone()
+def _db_now(probe: Connection) -> datetime:
+    row = probe.execute(f"SELECT {probe.dialect.now}").fetchone()
     assert row is not None
     value: datetime = row[0]
     return value
 
 
-def _wait_sessions_gone(probe: psycopg.Connection[Any], worker: str, timeout: float) -> bool:
+def _wait_sessions_gone(probe: Connection, worker: str, timeout: float) -> bool:
     """Wait until no session of ``worker`` is left on the server: a session of a killed
     client ends once it has finished (or rolled back) what it was doing."""
     deadline = time.monotonic() + timeout
     while True:
-        row = probe.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [worker]
-        ).fetchone()
+        row = probe.execute(probe.dialect.sessions_sql(), [worker]).fetchone()
         if row is None or row[0] == 0:
             return True
         if time.monotonic() >= deadline:
@@ -312,7 +305,7 @@ def _wait_sessions_gone(probe: psycopg.Connection[Any], worker: str, timeout: fl
         time.sleep(0.02)
 
 
-def _active(probe: psycopg.Connection[Any]) -> int:
+def _active(probe: Connection) -> int:
     """Jobs still running and runs still RUNNING (nothing should be, once settled)."""
     from jobstate.models import Job, JobRun
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
-import psycopg
+from reliability._torture_sql import Connection, connect
 
 Fault = Literal["kill", "pause", "stop"]
 How = Literal["swept", "holder", "unexplained"]
@@ -108,9 +108,8 @@ class Monitor(threading.Thread):
         super().__init__(name="torture-monitor", daemon=True)
         self.interval = interval
         self.tables = _tables()
-        self.conn: psycopg.Connection[Any] = psycopg.connect(
-            url, autocommit=True, application_name="torture-monitor"
-        )
+        self.conn: Connection = connect(url, "torture-monitor")
+        self.d = self.conn.dialect
         self._lock = threading.Lock()
         self._orphans: list[Orphan] = []
         self._overlaps: dict[tuple[str, tuple[str, ...]], OverlapSighting] = {}
@@ -159,24 +158,27 @@ class Monitor(threading.Thread):
         self._polls += 1
 
     def _check_overlap(self) -> None:
+        d = self.d
         rows = self.conn.execute(
-            f"SELECT overlap_key, array_agg(id::text ORDER BY id), clock_timestamp() "
+            f"SELECT overlap_key, {d.ids_aggregate('id')}, {d.now} "
             f"FROM {self.tables.run} WHERE status = 'RUNNING' AND overlap_key IS NOT NULL "
             "GROUP BY overlap_key HAVING count(*) > 1"
         ).fetchall()
         for key, ids, seen_at in rows:
-            sighting = OverlapSighting(key, tuple(ids), seen_at)
+            sighting = OverlapSighting(key, d.ids_of_aggregate(ids), seen_at)
             with self._lock:
                 self._overlaps.setdefault((key, sighting.run_ids), sighting)
 
     def _follow_jobs(self, orphans: list[Orphan]) -> None:
         if not orphans:
             return
+        d = self.d
+        wanted, params = d.in_ids("id", [o.ident for o in orphans])
         current = dict(
             self.conn.execute(
-                f"SELECT id::text, claim_token::text FROM {self.tables.job} "
-                "WHERE id = ANY(%s::uuid[])",
-                [[o.ident for o in orphans]],
+                f"SELECT {d.id_text('id')}, {d.id_text('claim_token')} FROM {self.tables.job} "
+                f"WHERE {wanted}",
+                params,
             ).fetchall()
         )
         for orphan in orphans:
@@ -187,10 +189,11 @@ class Monitor(threading.Thread):
     def _settle_job(self, orphan: Orphan) -> None:
         # The lease sweep names the worker whose lease expired: in ``via`` when it
         # requeues, in ``executor_id`` when the last attempt moves the job to error.
+        via = self.d.json_text("detail", "via")
         row = self.conn.execute(
             f"SELECT max(ts) FROM {self.tables.audit} WHERE job_id = %s AND event = 'recovered'"
-            " AND (detail->>'via' = %s OR (detail->>'via' = 'worker-lease-expired'"
-            " AND detail->>'executor_id' = %s))",
+            f" AND ({via} = %s OR ({via} = 'worker-lease-expired'"
+            f" AND {self.d.json_text('detail', 'executor_id')} = %s))",
             [orphan.ident, f"worker-lease-expired:{orphan.worker}", orphan.worker],
         ).fetchone()
         if row is not None and row[0] is not None:
@@ -205,10 +208,11 @@ class Monitor(threading.Thread):
     def _follow_runs(self, orphans: list[Orphan]) -> None:
         if not orphans:
             return
+        wanted, params = self.d.in_ids("id", [o.ident for o in orphans])
         rows = self.conn.execute(
-            f"SELECT id::text, status, finished_at, error FROM {self.tables.run} "
-            "WHERE id = ANY(%s::uuid[])",
-            [[o.ident for o in orphans]],
+            f"SELECT {self.d.id_text('id')}, status, finished_at, error FROM {self.tables.run} "
+            f"WHERE {wanted}",
+            params,
         ).fetchall()
         found = {ident: (status, finished, error) for ident, status, finished, error in rows}
         for orphan in orphans:
@@ -222,7 +226,7 @@ class Monitor(threading.Thread):
 
     def _settled(self, orphan: Orphan, how: How, at: datetime | None) -> None:
         if at is None:
-            row = self.conn.execute("SELECT clock_timestamp()").fetchone()
+            row = self.conn.execute(f"SELECT {self.d.now}").fetchone()
             assert row is not None
             at = row[0]
         # A dead worker cannot finish anything once its sessions are gone: if the

@@ -3,7 +3,7 @@ killed with SIGKILL, paused with SIGSTOP, restarted, and finally stopped gracefu
 
 Each slot keeps its shared phase integer across restarts; each incarnation gets a new
 worker id (``torture-w<slot>-<incarnation>``), which is its ``worker_id`` in claims,
-its ``triggered_by`` in runs and the ``application_name`` of its database sessions.
+its ``triggered_by`` in runs and the name of its database sessions.
 """
 
 from __future__ import annotations

@@ -170,6 +170,7 @@ def table(report: dict[str, Any]) -> str:
             f"{_counts({k: n for k, n in report['reaper_moved'].items() if n})}",
         ),
         *_task_rows(report),
+        ("jobstate's checks here", "; ".join(report.get("jobstate_checks", [])) or "none"),
         ("violations", str(report["violations_total"])),
     ]
     width = max(len(name) for name, _ in rows)

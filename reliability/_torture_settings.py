@@ -2,9 +2,9 @@
 
 Everything run-specific comes from the environment, set by
 :func:`reliability._torture_config.setup_django`: the database, the process name (the
-PostgreSQL ``application_name``), the worker lease and the stale-run threshold. The
-liveness settings are seconds, not minutes, so that a killed worker's work comes back
-within a few seconds.
+PostgreSQL ``application_name``; on MariaDB noted with each connection's id), the worker
+lease and the stale-run threshold. The liveness settings are seconds, not minutes, so
+that a killed worker's work comes back within a few seconds.
 """
 
 from __future__ import annotations
@@ -25,17 +25,22 @@ from reliability._torture_config import (
     ENV_STALE_AFTER,
     ENV_TASK_ATTEMPTS,
 )
+from reliability._torture_sql import dialect_of
 
 _database = environ.Env.db_url_config(
     os.environ.get(ENV_DATABASE_URL, DEFAULT_SERVER + DEFAULT_DATABASE)
 )
 _stale_after = timedelta(seconds=float(os.environ.get(ENV_STALE_AFTER, "2")))
 
+_url = os.environ.get(ENV_DATABASE_URL, DEFAULT_SERVER + DEFAULT_DATABASE)
+
 DATABASES = {
     "default": {
         **_database,
         "CONN_MAX_AGE": None,
-        "OPTIONS": {"application_name": os.environ.get(ENV_PROCESS_NAME, "torture")},
+        # How the controller tells when a killed process's sessions are gone: their
+        # application_name on PostgreSQL, their noted connection ids on MariaDB.
+        "OPTIONS": dialect_of(_url).session_options(os.environ.get(ENV_PROCESS_NAME, "torture")),
     }
 }
 

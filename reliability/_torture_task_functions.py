@@ -9,6 +9,7 @@ from typing import Any
 from django.db import connection
 
 from jobstate.tasks_compat import TaskContext, task
+from reliability._torture_sql import dialect_of_django
 
 
 @task(takes_context=True)
@@ -21,6 +22,6 @@ def double(context: TaskContext[Any, Any], n: int, work_ms: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO torture_task_run (result_id, attempt, worker_pid) VALUES (%s, %s, %s)",
-            [context.task_result.id, context.attempt, os.getpid()],
+            [dialect_of_django().uuid_value(context.task_result.id), context.attempt, os.getpid()],
         )
     return 2 * n

@@ -27,9 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-
 from reliability._torture_config import Timing, process_environment
+from reliability._torture_sql import Connection, MySQLDialect
 
 __all__ = [
     "TASK_VIOLATION_KINDS",
@@ -50,6 +49,18 @@ TASK_LEDGER_DDL = [
         id bigserial PRIMARY KEY, worker text NOT NULL, result_id uuid NOT NULL)""",
 ]
 
+#: The same on MariaDB / MySQL (``{uuid}``: the type Django gives a uuid there).
+MYSQL_TASK_LEDGER_DDL = [
+    "CREATE TABLE torture_task_loaded (result_id {uuid} PRIMARY KEY, n INTEGER NOT NULL)",
+    """CREATE TABLE torture_task_run (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY, result_id {uuid} NOT NULL,
+        attempt INTEGER NOT NULL, worker_pid INTEGER NOT NULL,
+        at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))""",
+    """CREATE TABLE torture_task_kill (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY, worker VARCHAR(64) NOT NULL,
+        result_id {uuid} NOT NULL)""",
+]
+
 #: The task checks' violations, as ``VIOLATION_KINDS`` lists the others.
 TASK_VIOLATION_KINDS = {
     "task_lost": "a loaded task is missing",
@@ -68,10 +79,14 @@ WORK_MS = 300
 STARTUP_SECONDS = 15.0
 
 
-def create_task_ledger(conn: psycopg.Connection[Any]) -> None:
-    with conn.transaction():
-        for statement in TASK_LEDGER_DDL:
-            conn.execute(statement)
+def create_task_ledger(conn: Connection) -> None:
+    d = conn.dialect
+    if isinstance(d, MySQLDialect):
+        for statement in MYSQL_TASK_LEDGER_DDL:
+            conn.execute(statement.format(uuid=d.uuid_type))
+        return
+    for statement in TASK_LEDGER_DDL:
+        conn.execute(statement)
 
 
 def load_tasks(count: int, log: Callable[[str], None], batch: int = 500) -> None:
@@ -79,15 +94,17 @@ def load_tasks(count: int, log: Callable[[str], None], batch: int = 500) -> None
     ``torture_task_loaded`` in the same transaction (Django must be set up)."""
     from django.db import connection, transaction
 
+    from reliability._torture_sql import dialect_of_django
     from reliability._torture_task_functions import double
 
+    uuid_value = dialect_of_django().uuid_value
     rng = random.Random(count)
     for start in range(0, count, batch):
         with transaction.atomic(), connection.cursor() as cursor:
             rows = []
             for n in range(start, min(start + batch, count)):
                 result = double.enqueue(n, rng.randint(0, WORK_MS))
-                rows.append((result.id, n))
+                rows.append((uuid_value(result.id), n))
             cursor.executemany(
                 "INSERT INTO torture_task_loaded (result_id, n) VALUES (%s, %s)", rows
             )
@@ -136,7 +153,7 @@ class TaskWorkers:
     def kill_one(
         self,
         rng: random.Random,
-        probe: psycopg.Connection[Any],
+        probe: Connection,
         wait_gone: Callable[[str], bool],
     ) -> None:
         """SIGKILL a random task worker and restart it; once its database sessions are
@@ -211,7 +228,7 @@ def worker_process(
 
 
 def drain_tasks(
-    database_url: str, timing: Timing, probe: psycopg.Connection[Any], log: Callable[[str], None]
+    database_url: str, timing: Timing, probe: Connection, log: Callable[[str], None]
 ) -> list[str]:
     """Once the killed workers' leases have run out and the reaper has recovered their
     tasks, run one ``--batch`` worker over what is left. Failures, as text."""
@@ -229,11 +246,11 @@ def drain_tasks(
     return [] if drain.returncode == 0 else [f"final drain: exit {drain.returncode}: {err[-500:]}"]
 
 
-def _rows(conn: psycopg.Connection[Any], sql: str) -> list[str]:
+def _rows(conn: Connection, sql: str) -> list[str]:
     return [" ".join(str(value) for value in row) for row in conn.execute(sql).fetchall()]
 
 
-def check_tasks(conn: psycopg.Connection[Any], add: Callable[[str, list[str]], None]) -> None:
+def check_tasks(conn: Connection, add: Callable[[str, list[str]], None]) -> None:
     """The task checks of the module docstring; ``add(kind, items)`` records each."""
     add(
         "task_lost",
@@ -251,9 +268,11 @@ def check_tasks(conn: psycopg.Connection[Any], add: Callable[[str, list[str]], N
             "ON j.id = l.result_id WHERE j.status NOT IN ('done', 'error')",
         ),
     )
-    successes = """(SELECT count(*) FROM jsonb_array_elements(j.attempt_log) AS a
-                    WHERE a->>'outcome' = 'successful')"""
-    last_outcome = "j.attempt_log -> (jsonb_array_length(j.attempt_log) - 1) ->> 'outcome'"
+    d = conn.dialect
+    outcome = d.element_text("a", "outcome")
+    successes = f"""(SELECT count(*) FROM {d.elements("j.attempt_log", "a")}
+                    WHERE {outcome} = 'successful')"""
+    last_outcome = d.last_element_text("j.attempt_log", "outcome")
     add(
         "task_finished_twice",
         _rows(
@@ -262,7 +281,8 @@ def check_tasks(conn: psycopg.Connection[Any], add: Callable[[str, list[str]], N
                 JOIN jobstate_job j ON j.id = l.result_id
                 WHERE {successes} > 1
                    OR (j.status = 'done' AND ({successes} <> 1
-                       OR {last_outcome} <> 'successful' OR j.result <> to_jsonb(2 * l.n)))
+                       OR {last_outcome} <> 'successful'
+                       OR {d.json_differs_from_int("j.result", "2 * l.n")}))
                    OR (j.status = 'error' AND {successes} <> 0)""",
         ),
     )
@@ -270,26 +290,28 @@ def check_tasks(conn: psycopg.Connection[Any], add: Callable[[str, list[str]], N
         "task_attempt_unrecorded",
         _rows(
             conn,
-            "SELECT j.id, j.attempts, jsonb_array_length(j.attempt_log) "
+            f"SELECT j.id, j.attempts, {d.array_length('j.attempt_log')} "
             "FROM torture_task_loaded l JOIN jobstate_job j ON j.id = l.result_id "
             "WHERE j.status IN ('done', 'error') "
-            "AND j.attempts <> jsonb_array_length(j.attempt_log)",
+            f"AND j.attempts <> {d.array_length('j.attempt_log')}",
         ),
     )
     add(
         "task_orphan_unrecovered",
         _rows(
             conn,
-            """SELECT k.result_id, k.worker FROM torture_task_kill k
+            f"""SELECT k.result_id, k.worker FROM torture_task_kill k
                JOIN jobstate_job j ON j.id = k.result_id
-               WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(j.attempt_log) AS a
-                                 WHERE a->>'worker_id' = k.worker
-                                   AND a->>'outcome' = 'worker lost')""",
+               WHERE NOT EXISTS (SELECT 1 FROM {d.elements("j.attempt_log", "a")}
+                                 WHERE {d.element_text("a", "worker_id")} = k.worker
+                                   AND {outcome} = 'worker lost')""",
         ),
     )
 
 
-def task_figures(conn: psycopg.Connection[Any], kills: int) -> dict[str, Any]:
+def task_figures(conn: Connection, kills: int) -> dict[str, Any]:
+    d = conn.dialect
+
     def one(sql: str) -> Any:
         row = conn.execute(sql).fetchone()
         return None if row is None else row[0]
@@ -306,8 +328,8 @@ def task_figures(conn: psycopg.Connection[Any], kills: int) -> dict[str, Any]:
         "task_worker_kills": kills,
         "tasks_held_by_killed_workers": one("SELECT count(*) FROM torture_task_kill"),
         "task_attempts_lost": one(
-            "SELECT count(*) FROM jobstate_job j, jsonb_array_elements(j.attempt_log) AS a "
-            "WHERE j.task_path IS NOT NULL AND a->>'outcome' = 'worker lost'"
+            f"SELECT count(*) FROM jobstate_job j, {d.elements('j.attempt_log', 'a')} "
+            f"WHERE j.task_path IS NOT NULL AND {d.element_text('a', 'outcome')} = 'worker lost'"
         ),
         "tasks_run_to_the_end_more_than_once": one(
             "SELECT count(*) FROM (SELECT result_id FROM torture_task_run "

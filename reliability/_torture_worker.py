@@ -47,8 +47,10 @@ class _Worker:
     def __init__(self, config: ProcessConfig, worker_id: str, phase: Any) -> None:
         from jobstate.runner import JobRunner
         from jobstate.stores import get_state_store
+        from reliability._torture_sql import dialect_of_django
 
         self.store = get_state_store()
+        self.uuid = dialect_of_django().uuid_value
         self.runner = JobRunner()
         self.timing = config.timing
         self.mix = config.mix
@@ -77,7 +79,7 @@ class _Worker:
                     cursor.execute(
                         "INSERT INTO torture_claim (job_id, claim_token, worker)"
                         " VALUES (%s, %s, %s)",
-                        [job.id, job.claim_token, self.worker_id],
+                        [self.uuid(job.id), self.uuid(str(job.claim_token)), self.worker_id],
                     )
         if job is None:
             time.sleep(IDLE_SLEEP)
@@ -133,7 +135,13 @@ class _Worker:
                     cursor.execute(
                         "INSERT INTO torture_completion (job_id, claim_token, status, worker, pid)"
                         " VALUES (%s, %s, %s, %s, %s)",
-                        [job.id, token, status.value, self.worker_id, self.pid],
+                        [
+                            self.uuid(job.id),
+                            self.uuid(token),
+                            status.value,
+                            self.worker_id,
+                            self.pid,
+                        ],
                     )
         if not outcome.completed:
             self._refused("report", job.id, token, outcome.outcome.value)
@@ -145,7 +153,7 @@ class _Worker:
             cursor.execute(
                 "INSERT INTO torture_refusal (kind, job_id, claim_token, outcome, worker)"
                 " VALUES (%s, %s, %s, %s, %s)",
-                [kind, job_id, token, outcome, self.worker_id],
+                [kind, self.uuid(job_id), self.uuid(token), outcome, self.worker_id],
             )
 
     # --- operations-job runs ----------------------------------------------------------
@@ -166,7 +174,7 @@ class _Worker:
                 "INSERT INTO torture_run_outcome (run_id, job_key, status, recorded, reason,"
                 " worker) VALUES (%s, %s, %s, %s, %s, %s)",
                 [
-                    result.run_id,
+                    self.uuid(result.run_id),
                     result.job_key,
                     str(result.status.value),
                     result.recorded,

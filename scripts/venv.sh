@@ -1,6 +1,8 @@
 # Sourced by scripts/test and scripts/demo: make (once) and activate the virtual
 # environment .venv-<python version> with the project and its dev and bench dependency groups.
-# PYTHON picks the interpreter (default python3).
+# PYTHON picks the interpreter (default python3). The dev group's mysqlclient builds from
+# source, so before installing, scripts/ensure-mariadb --build-deps makes sure the MariaDB
+# client headers, pkg-config and a compiler are there (apt-get as root), or stops loudly.
 PYTHON=${PYTHON:-python3}
 version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 venv=".venv-$version"
@@ -8,7 +10,8 @@ venv=".venv-$version"
 stamp="$venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
     echo "installing the project and its dev dependencies into $venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1" &&
+    scripts/ensure-mariadb --build-deps "$PYTHON" &&
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1" &&
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --group dev --group bench -e . &&
         touch "$stamp" ||
         { echo "ERROR: installing into $venv failed" >&2; return 1 2>/dev/null || exit 1; }

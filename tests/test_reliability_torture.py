@@ -29,8 +29,9 @@ from reliability._torture_checks import (
     jobstate_tables,
 )
 from reliability._torture_config import TARGET
-from reliability._torture_db import LEDGER_DDL, LEDGER_TABLES, drop_database
+from reliability._torture_db import LEDGER_TABLES, create_ledger, drop_database
 from reliability._torture_monitor import How, MonitorResult, Orphan
+from reliability._torture_sql import Connection, dialect_of_django
 from reliability._torture_tasks import check_tasks, create_task_ledger
 from tests.servers import postgres_server_url
 
@@ -134,16 +135,20 @@ def test_a_short_torture_run_loses_nothing_and_completes_nothing_twice(tmp_path:
 # --- the checks can fail ---------------------------------------------------------------
 
 
-@pytest.fixture
-def ledger(transactional_db: None) -> Iterator[psycopg.Connection[Any]]:
-    """The harness's ledger tables in the test database, and the raw psycopg
-    connection the checks read through."""
+def _test_database() -> Connection:
+    """The test database's own connection, in the harness's wrapper."""
     connection.ensure_connection()
-    conn: psycopg.Connection[Any] = connection.connection
+    return Connection(connection.connection, dialect_of_django())
+
+
+@pytest.fixture
+def ledger(transactional_db: None) -> Iterator[Connection]:
+    """The harness's ledger tables in the test database, and the raw connection the
+    checks read through."""
+    conn = _test_database()
     for table in LEDGER_TABLES:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
-    for statement in LEDGER_DDL:
-        conn.execute(statement)
+    create_ledger(conn)
     yield conn
     for table in LEDGER_TABLES:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
@@ -151,15 +156,16 @@ def ledger(transactional_db: None) -> Iterator[psycopg.Connection[Any]]:
 
 @pytest.mark.postgres
 def test_the_end_state_checks_catch_lost_unsettled_and_doubly_completed_jobs(
-    ledger: psycopg.Connection[Any],
+    ledger: Connection,
 ) -> None:
     from jobstate.models import Job
     from jobstate.stores import get_state_store
 
     store = get_state_store()
+    as_stored = ledger.dialect.uuid_value
     jobs = [store.enqueue(request_id=f"check-{n}", target=TARGET)[0] for n in range(4)]
     for job in jobs:
-        ledger.execute("INSERT INTO torture_loaded (job_id) VALUES (%s)", [job.id])
+        ledger.execute("INSERT INTO torture_loaded (job_id) VALUES (%s)", [as_stored(job.id)])
     done, forced, held, lost = jobs
 
     # A job completed properly, then again by a second claim nobody released it for.
@@ -167,24 +173,24 @@ def test_the_end_state_checks_catch_lost_unsettled_and_doubly_completed_jobs(
     assert claim is not None and claim.id == done.id and claim.claim_token is not None
     ledger.execute(
         "INSERT INTO torture_claim (job_id, claim_token, worker) VALUES (%s, %s, 'worker-a')",
-        [claim.id, claim.claim_token],
+        [as_stored(claim.id), as_stored(claim.claim_token)],
     )
     witness = {"claim_token": str(claim.claim_token)}
     assert store.complete_claimed_job(claim.id, claim.claim_token, "done", result=witness).completed
     ledger.execute(
         "INSERT INTO torture_completion (job_id, claim_token, status, worker, pid) "
         "VALUES (%s, %s, 'done', 'worker-a', 1)",
-        [claim.id, claim.claim_token],
+        [as_stored(claim.id), as_stored(claim.claim_token)],
     )
     second = "5f0c8d7e-0000-4000-8000-000000000002"
     ledger.execute(
         "INSERT INTO torture_claim (job_id, claim_token, worker) VALUES (%s, %s, 'worker-b')",
-        [done.id, second],
+        [as_stored(done.id), as_stored(second)],
     )
     ledger.execute(
         "INSERT INTO torture_completion (job_id, claim_token, status, worker, pid) "
         "VALUES (%s, %s, 'done', 'worker-b', 2)",
-        [done.id, second],
+        [as_stored(done.id), as_stored(second)],
     )
     # A job finished behind the fence, a job left running, a job gone.
     store.update_job(forced.id, status="done")
@@ -233,11 +239,10 @@ def test_the_watch_flags_late_missing_and_unexplained_recoveries() -> None:
 
 
 @pytest.fixture
-def task_ledger(transactional_db: None) -> Iterator[psycopg.Connection[Any]]:
-    """The task ledger tables in the test database, and the raw psycopg connection the
-    checks read through."""
-    connection.ensure_connection()
-    conn: psycopg.Connection[Any] = connection.connection
+def task_ledger(transactional_db: None) -> Iterator[Connection]:
+    """The task ledger tables in the test database, and the raw connection the checks
+    read through."""
+    conn = _test_database()
     tables = ("torture_task_loaded", "torture_task_run", "torture_task_kill")
     for table in tables:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
@@ -249,7 +254,7 @@ def task_ledger(transactional_db: None) -> Iterator[psycopg.Connection[Any]]:
 
 @pytest.mark.postgres
 def test_the_task_checks_catch_lost_unsettled_doubly_finished_and_unrecovered_tasks(
-    task_ledger: psycopg.Connection[Any],
+    task_ledger: Connection,
 ) -> None:
     from jobstate.models import Job
     from jobstate.states import NewTask
@@ -269,7 +274,8 @@ def test_the_task_checks_catch_lost_unsettled_doubly_finished_and_unrecovered_ta
         )
         job = store.enqueue_task(new)
         task_ledger.execute(
-            "INSERT INTO torture_task_loaded (result_id, n) VALUES (%s, %s)", [job.id, n]
+            "INSERT INTO torture_task_loaded (result_id, n) VALUES (%s, %s)",
+            [task_ledger.dialect.uuid_value(job.id), n],
         )
         return job
 
@@ -291,7 +297,8 @@ def test_the_task_checks_catch_lost_unsettled_doubly_finished_and_unrecovered_ta
     )
     for job in (fine, unrecovered):
         task_ledger.execute(
-            "INSERT INTO torture_task_kill (worker, result_id) VALUES ('w-dead', %s)", [job.id]
+            "INSERT INTO torture_task_kill (worker, result_id) VALUES ('w-dead', %s)",
+            [task_ledger.dialect.uuid_value(job.id)],
         )
 
     findings = Findings()
