@@ -5,6 +5,7 @@ in queries."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,7 +97,7 @@ def test_the_workers_page_shows_live_lost_and_stopped_workers_and_their_jobs(
     Worker.objects.filter(worker_id="app-2:200:lost").update(
         heartbeat_at=datetime.now(UTC) - timedelta(minutes=5)
     )
-    for n in range(7):
+    for _ in range(7):
         task(store, "default")
     claimed = store.claim_tasks(
         target=task_target("default"), queues=None, worker_id="app-1:100:live", lease=LEASE, limit=7
@@ -296,5 +297,5 @@ def test_the_live_script_is_a_static_file_of_the_app() -> None:
 
     found = finders.find("jobstate/live.js")
     assert found, "jobstate/static/jobstate/live.js is served by staticfiles"
-    text = open(found, encoding="utf-8").read()
+    text = Path(str(found)).read_text(encoding="utf-8")
     assert "visibilitychange" in text and "document.hidden" in text
