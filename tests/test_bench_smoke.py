@@ -68,9 +68,9 @@ def test_quick_run_measures_every_page_on_both_configurations_and_drops_its_data
     assert sum(report["database"]["jobs_by_status"].values()) == 2000
     assert report["database"]["server_version"]
     measured = {(m["config"], m["page"]) for m in report["measurements"]}
-    assert measured == {
-        (config, page) for config in ("jobstate", "stock") for page in PAGES
-    } | {("jobstate", page) for page in OURS_ONLY}
+    assert measured == {(config, page) for config in ("jobstate", "stock") for page in PAGES} | {
+        ("jobstate", page) for page in OURS_ONLY
+    }
     for m in report["measurements"]:
         assert m["queries"] > 0, m
         assert m["median_ms"] > 0, m
