@@ -212,6 +212,10 @@ def test_the_workers_page_shows_a_live_and_a_lost_worker(live_server: Any, setti
                 page.get_by_role("link", name="lost", exact=True).click()
                 expect(page).to_have_url(re.compile(r"[?&]state=lost"))
                 expect(page.locator("#result_list tbody tr")).to_have_count(1)
+                expect(rows.filter(has_text="browser-live")).to_have_count(0)
+                # Back to both, for the screenshot.
+                page.get_by_role("link", name="All", exact=True).first.click()
+                expect(rows).to_have_count(2)
 
             drive(page, "admin-workers", steps)
     finally:
