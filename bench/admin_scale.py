@@ -363,7 +363,7 @@ def _run(*, jobs: int, audit: int, warm: int) -> dict[str, Any]:
 _SEED_WORKERS_SQL = """
 INSERT INTO jobstate_worker (worker_id, kind, host, pid, backend, queues, concurrency, lease,
                              started_at, heartbeat_at, stopped_at, stopped_reason)
-SELECT 'worker-' || i, 'tasks', 'app-' || (1 + i %% 4), 1000 + i, 'default',
+SELECT 'worker-' || i, 'tasks', 'app-' || (1 + mod(i, 4)), 1000 + i, 'default',
        '["default"]'::jsonb, 8, interval '1 minute', now() - interval '3 hours',
        CASE WHEN i IN (15, 16) THEN now() - interval '10 minutes' ELSE now() END,
        CASE WHEN i = 14 THEN now() END, CASE WHEN i = 14 THEN 'SIGTERM' ELSE '' END
