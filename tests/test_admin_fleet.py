@@ -299,3 +299,16 @@ def test_the_live_script_is_a_static_file_of_the_app() -> None:
     assert found, "jobstate/static/jobstate/live.js is served by staticfiles"
     text = Path(str(found)).read_text(encoding="utf-8")
     assert "visibilitychange" in text and "document.hidden" in text
+
+
+@pytest.mark.parametrize("value", [5, timedelta(0), timedelta(days=-1), "1 day"])
+def test_a_worker_retention_that_is_not_a_positive_duration_is_refused(
+    settings: Any, value: Any
+) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from jobstate.conf import jobstate_settings
+
+    settings.JOBSTATE = {"WORKER_RETENTION": value}
+    with pytest.raises(ImproperlyConfigured, match="WORKER_RETENTION"):
+        _ = jobstate_settings.WORKER_RETENTION
