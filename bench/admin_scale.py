@@ -14,7 +14,12 @@ with Django's test ``Client`` logged in as a superuser:
 
 - the jobs changelist, unfiltered and filtered by status (``error``);
 - the audit changelist;
-- the operations dashboard.
+- the operations dashboard (with its two finished-jobs charts);
+- the Workers page (16 registered workers, the executors of the seeded claimed jobs,
+  some lost and some stopped) and the Queues page (one queue paused);
+
+and it times the 24-hour throughput chart's query on its own
+(``jobstate.admin.dashboard.finished_per_hour``).
 
 Every page is requested once cold (the first request of this process for that page)
 and then ``--warm`` more times; it reports the cold time, the median and the minimum of
@@ -22,7 +27,8 @@ the warm ones, the number of SQL queries and the time spent in them
 (``CaptureQueriesContext``). The same pages are measured on the stock configuration
 (``bench.stock_admin``: plain ``ModelAdmin`` classes, Django's default paginator, full
 result counts). The stock admin has no dashboard; its nearest page — counts per status
-and per target — is the jobs changelist with facets (``?_facets=1``).
+and per target — is the jobs changelist with facets (``?_facets=1``). It has no Workers
+or Queues page either; those are measured on their own.
 
 Server time is measured around ``Client.get``: URL resolution, middleware, the view,
 every query and template rendering, but no network and no browser.
@@ -322,13 +328,15 @@ def _run(*, jobs: int, audit: int, warm: int) -> dict[str, Any]:
 
     measurements: list[Measurement] = []
     with override_settings(ROOT_URLCONF="bench.stock_admin"):
-        configs = {"jobstate": _jobstate_pages(), "stock": _stock_pages()}
+        stock = {page.key: page for page in _stock_pages()}
         # The admin's own imports and template loading are paid once here, so each
         # page's cold request shows that page's own first-time cost.
         _get(client, "/admin/")
-        for index in range(len(configs["jobstate"])):
-            for config, pages in configs.items():
-                measurements.append(_measure(client, config, pages[index], warm))
+        for page in _jobstate_pages():
+            measurements.append(_measure(client, "jobstate", page, warm))
+            if page.key in stock:
+                measurements.append(_measure(client, "stock", stock[page.key], warm))
+    measurements.append(_measure_chart(warm))
 
     return {
         "rows": {"jobs": jobs, "audit": audit},
@@ -350,6 +358,19 @@ def _run(*, jobs: int, audit: int, warm: int) -> dict[str, Any]:
     }
 
 
+#: The registered workers: the executors the seeded claimed jobs name (``worker-1`` to
+#: ``worker-16``), beating now except two that went silent (lost) and one that stopped.
+_SEED_WORKERS_SQL = """
+INSERT INTO jobstate_worker (worker_id, kind, host, pid, backend, queues, concurrency, lease,
+                             started_at, heartbeat_at, stopped_at, stopped_reason)
+SELECT 'worker-' || i, 'tasks', 'app-' || (1 + mod(i, 4)), 1000 + i, 'default',
+       '["default"]'::jsonb, 8, interval '1 minute', now() - interval '3 hours',
+       CASE WHEN i IN (15, 16) THEN now() - interval '10 minutes' ELSE now() END,
+       CASE WHEN i = 14 THEN now() END, CASE WHEN i = 14 THEN 'SIGTERM' ELSE '' END
+FROM generate_series(1, 16) AS i
+"""
+
+
 def _seed(connection: Any, *, jobs: int, audit: int) -> None:
     span = HISTORY_DAYS * 86_400
     with connection.cursor() as cursor:
@@ -368,6 +389,11 @@ def _seed(connection: Any, *, jobs: int, audit: int) -> None:
         )
         if audit:
             cursor.execute(_SEED_AUDIT_SQL, {"n": audit, "jobs": jobs, "span": span})
+        cursor.execute(_SEED_WORKERS_SQL)
+        cursor.execute(
+            "INSERT INTO jobstate_queuepause (target, queue_name, paused_at, paused_by) "
+            "VALUES ('sms', '', now(), 'bench')"
+        )
 
 
 def _jobstate_pages() -> list[Page]:
@@ -379,6 +405,8 @@ def _jobstate_pages() -> list[Page]:
         Page("jobs_error", "jobs, status = error", f"{jobs}?status__exact=error"),
         Page("audit", "audit changelist", reverse("admin:jobstate_auditentry_changelist")),
         Page("dashboard", "dashboard", reverse("admin:jobstate_dashboard")),
+        Page("workers", "workers page", reverse("admin:jobstate_worker_changelist")),
+        Page("queues", "queues page", reverse("admin:jobstate_queuepause_changelist")),
     ]
 
 
@@ -433,6 +461,41 @@ def _measure(client: Any, config: str, page: Page, warm: int) -> Measurement:
         slowest_sql_ms=round(sql_times[slowest], 1) if slowest is not None else 0.0,
         slowest_sql=timer.statements[slowest][:300] if slowest is not None else "",
         bytes=size,
+        warm_ms=[round(t, 1) for t in warm_times],
+    )
+
+
+def _measure_chart(warm: int) -> Measurement:
+    """The 24-hour throughput chart's query alone, timed like a page."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobstate.admin.dashboard import finished_per_hour
+
+    times: list[float] = []
+    queries = 0
+    timer = _QueryTimer()
+    for _ in range(1 + warm):
+        timer = _QueryTimer()
+        with CaptureQueriesContext(connection) as context, connection.execute_wrapper(timer):
+            start = time.perf_counter()
+            finished_per_hour()
+            times.append((time.perf_counter() - start) * 1000)
+        queries = len(context.captured_queries)
+    warm_times = times[1:]
+    return Measurement(
+        config="jobstate",
+        page="throughput",
+        label="throughput chart (24 h)",
+        url="",
+        cold_ms=round(times[0], 1),
+        median_ms=round(statistics.median(warm_times), 1),
+        min_ms=round(min(warm_times), 1),
+        queries=queries,
+        sql_ms=round(sum(timer.elapsed_ms), 1),
+        slowest_sql_ms=round(max(timer.elapsed_ms, default=0.0), 1),
+        slowest_sql=timer.statements[0][:300] if timer.statements else "",
+        bytes=0,
         warm_ms=[round(t, 1) for t in warm_times],
     )
 

@@ -75,6 +75,8 @@ DEFAULTS: dict[str, Any] = {
     "FINISHED_JOB_RETENTION": timedelta(days=14),
     "FINISHED_RUN_RETENTION": timedelta(days=30),
     "DELIVERED_NOTIFICATION_RETENTION": timedelta(days=7),
+    # How long the Workers page keeps a worker after its last beat (stopped or lost).
+    "WORKER_RETENTION": timedelta(days=1),
     # JSON keys (any depth, case-insensitive) whose values the admin shows as "••••" in
     # job input / metadata / result, notification payloads and audit details.
     "ADMIN_REDACTED_KEYS": ["password", "secret", "token", "api_key", "authorization"],
@@ -109,6 +111,7 @@ _DURATIONS = {
     "FINISHED_JOB_RETENTION",
     "FINISHED_RUN_RETENTION",
     "DELIVERED_NOTIFICATION_RETENTION",
+    "WORKER_RETENTION",
 }
 # Positive ints; those in _OPTIONAL may also be None.
 _POSITIVE_INTS = {
@@ -170,6 +173,7 @@ class JobStateSettings:
     FINISHED_JOB_RETENTION: timedelta
     FINISHED_RUN_RETENTION: timedelta
     DELIVERED_NOTIFICATION_RETENTION: timedelta
+    WORKER_RETENTION: timedelta
     ADMIN_REDACTED_KEYS: list[str]
     LISTEN_NOTIFY: bool
     SCHEDULES: dict[str, dict[str, Any]]

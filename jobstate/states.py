@@ -14,7 +14,7 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models
@@ -284,6 +284,8 @@ AUDIT_EVENTS: dict[str, AuditEventDefaults] = {
         AuditStage.CHANNEL, AuditSeverity.INFO, "Channel delivery skipped"
     ),
     "ledger_error": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.ERROR, "Ledger error"),
+    "queue_paused": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.WARNING, "Queue paused"),
+    "queue_resumed": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.INFO, "Queue resumed"),
 }
 
 
@@ -351,3 +353,36 @@ class TaskRecovery:
     @property
     def total(self) -> int:
         return self.requeued + self.failed
+
+
+# --- the fleet: paused queues, registered workers ---------------------------------------
+
+#: The queue name of a target's jobs that have no queue (the hub and executor jobs): a
+#: job's queue is its ``queue_name``, or this when it has none.
+NO_QUEUE = ""
+
+
+class WorkerKind(models.TextChoices):
+    """What a registered worker process runs."""
+
+    TASKS = "tasks", _("task worker")
+    RELAY = "relay", _("notification relay")
+
+
+@dataclass(frozen=True)
+class WorkerRegistration:
+    """What a worker process says of itself when it starts
+    (``StateStore.register_worker``)."""
+
+    worker_id: str
+    kind: str
+    """``"tasks"`` (a ``jobstate_worker``) or ``"relay"`` (``deliver_notifications
+    --loop``)."""
+    host: str
+    pid: int
+    lease: timedelta
+    """How long its beat may be silent before the console calls it lost."""
+    backend: str = ""
+    queues: tuple[str, ...] | None = None
+    """The queues it claims from; ``None``: every queue."""
+    concurrency: int = 1

@@ -165,8 +165,9 @@ def test_the_page_costs_a_fixed_number_of_queries(
     for n in range(40):
         store.create_job(request_id=f"w{n}", target=f"t{n % 5}")
         finished_at(store, f"f{n}", "done", datetime.now(UTC) - timedelta(minutes=n))
-    # Session, user, the snapshot's (at most) eight small statements, the two charts.
-    with django_assert_max_num_queries(12):
+    # Session, user, the snapshot's (at most) eight small statements, the three charts
+    # (finished per minute, per hour over a day, queue depth).
+    with django_assert_max_num_queries(13):
         assert admin_client.get(PAGE).status_code == 200
 
 

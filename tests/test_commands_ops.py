@@ -225,6 +225,7 @@ def test_prune_jobstate_older_than_batch_size_dry_run_and_json() -> None:
         "jobs": 1,
         "runs": 1,
         "notifications": 0,
+        "workers": 0,
         "dry_run": True,
         "complete": True,
     }
@@ -235,6 +236,7 @@ def test_prune_jobstate_older_than_batch_size_dry_run_and_json() -> None:
         "jobs": 0,
         "runs": 0,
         "notifications": 0,
+        "workers": 0,
         "dry_run": False,
         "complete": True,
     }

@@ -502,18 +502,19 @@ def test_retention_sweeps_use_their_settings_or_one_override(settings: Any) -> N
         "FINISHED_RUN_RETENTION": timedelta(days=90),
     }
     report = maintenance.run_retention_sweeps()
-    assert report.counts == {"audit": 0, "jobs": 0, "runs": 0, "notifications": 0}
+    assert report.counts == {"audit": 0, "jobs": 0, "runs": 0, "notifications": 0, "workers": 0}
     report = maintenance.run_retention_sweeps(older_than=timedelta(days=45), dry_run=True)
     assert report.as_dict() == {
         "audit": 2,
         "jobs": 0,
         "runs": 2,
         "notifications": 0,
+        "workers": 0,
         "dry_run": True,
         "complete": True,
     }
     report = maintenance.run_retention_sweeps(timedelta(days=20), 1)
-    assert report.counts == {"audit": 2, "jobs": 2, "runs": 2, "notifications": 0}
+    assert report.counts == {"audit": 2, "jobs": 2, "runs": 2, "notifications": 0, "workers": 0}
     assert report["audit"].batches == 3
     assert not AuditEntry.objects.exists() and not JobRun.objects.exists()
 

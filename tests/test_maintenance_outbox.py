@@ -353,7 +353,7 @@ def test_the_runners_include_the_outbox_sweeps() -> None:
     assert "outbox" in maintenance.run_reaping_sweeps().counts
     pruned = maintenance.run_retention_sweeps(older_than=timedelta(days=10))
     assert pruned["notifications"].count == 3
-    assert list(maintenance.RETENTION_SWEEPS)[-1] == "notifications"
+    assert list(maintenance.RETENTION_SWEEPS)[-2:] == ["notifications", "workers"]
     assert not Notification.objects.filter(state=NotificationState.DELIVERED).exists()
 
 

@@ -37,6 +37,7 @@ from jobstate.models import (
     Job,
     JobRun,
     Notification,
+    QueuePause,
     RuntimeLock,
     Schedule,
     ScheduleOccurrence,
@@ -223,6 +224,20 @@ CASE_IDS = [case.action for case in CASES]
 #: why they need no action permission: they change nothing.
 READ_ONLY_VIEWS = {"jobstate_dashboard": OPERATIONS}
 
+#: Custom admin URLs that change state: the queue pause and resume pages (a
+#: confirmation page on GET, the change on its POST), each behind ``pause_queue``.
+PAUSE = "/admin/jobstate/queuepause/pause/"
+RESUME = "/admin/jobstate/queuepause/resume/"
+ACTION_VIEWS = {"jobstate_queue_pause": PAUSE, "jobstate_queue_resume": RESUME}
+
+#: The console's pages without an action of their own to guard, which a read-only user
+#: must see.
+CONSOLE_PAGES = {
+    "operations": OPERATIONS,
+    "workers": "/admin/jobstate/worker/",
+    "queues": "/admin/jobstate/queuepause/",
+}
+
 
 def jobstate_admins() -> list[tuple[type[Model], admin.ModelAdmin[Any]]]:
     models = apps.get_app_config("jobstate").get_models()
@@ -290,7 +305,7 @@ def test_every_action_and_custom_view_has_a_case(django_user_model: Any) -> None
             ):
                 found_views.add(url_name)
     assert found_actions == {(case.model, case.action) for case in CASES}
-    assert found_views == set(READ_ONLY_VIEWS)
+    assert found_views == set(READ_ONLY_VIEWS) | set(ACTION_VIEWS)
 
 
 def test_no_admin_adds_edits_or_deletes(django_user_model: Any) -> None:
@@ -492,10 +507,15 @@ def test_outsiders_are_sent_to_log_in_and_change_nothing(
 def test_outsiders_are_sent_to_log_in_from_the_custom_views(
     outsiders: dict[str, Client], who: str
 ) -> None:
-    for url in READ_ONLY_VIEWS.values():
-        response = outsiders[who].get(url)
+    for url in [*READ_ONLY_VIEWS.values(), *ACTION_VIEWS.values(), *CONSOLE_PAGES.values()]:
+        response = outsiders[who].get(url, {"target": "billing"})
         assert response.status_code == 302
         assert response["Location"].startswith("/admin/login/?next=")
+    for url in ACTION_VIEWS.values():
+        response = outsiders[who].post(url, {"target": "billing", "post": "yes"})
+        assert response.status_code == 302
+    assert not QueuePause.objects.exists()
+    assert not AuditEntry.objects.exists()
 
 
 # --- the custom views -----------------------------------------------------------------
@@ -510,3 +530,86 @@ def test_the_operations_page_takes_no_post(admin_client: Client) -> None:
         assert response.status_code == 405
     assert _job_status(pk) == JobStatus.ERROR
     assert snapshot() == before
+
+
+# --- the fleet pages: workers, queues, pause and resume ---------------------------------
+
+
+def read_only_staff(django_user_model: Any) -> Client:
+    """A staff user with every jobstate view permission and nothing else."""
+    user = staff(
+        django_user_model,
+        "vera.viewer",
+        list(jobstate_permissions().filter(codename__startswith="view_")),
+    )
+    return logged_in(user)
+
+
+def test_a_read_only_user_sees_every_console_page_and_runs_no_queue_action(
+    django_user_model: Any,
+) -> None:
+    store = DatabaseStateStore()
+    store.create_job(request_id="waiting", target="billing")
+    store.pause_queue(target="reports", by="olga")
+    client = read_only_staff(django_user_model)
+    for name, url in CONSOLE_PAGES.items():
+        response = client.get(url)
+        assert response.status_code == 200, name
+    queues = client.get(CONSOLE_PAGES["queues"]).content.decode()
+    assert "billing" in queues and "reports" in queues
+    assert "Pause…" not in queues and "Resume…" not in queues
+    before = (snapshot(), list(QueuePause.objects.values_list("target", flat=True)))
+    for url, target in ((PAUSE, "billing"), (RESUME, "reports")):
+        assert client.get(url, {"target": target}).status_code == 403
+        response = client.post(url, {"target": target, "queue": "", "post": "yes"})
+        assert response.status_code == 403
+    assert (snapshot(), list(QueuePause.objects.values_list("target", flat=True))) == before
+
+
+def test_a_refused_queue_action_is_logged_with_the_user(
+    django_user_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = read_only_staff(django_user_model)
+    with caplog.at_level("WARNING", logger="jobstate.admin"):
+        client.post(PAUSE, {"target": "billing", "post": "yes"})
+    assert "vera.viewer asked to pause a queue without the pause_queue permission" in caplog.text
+
+
+def test_with_the_pause_permission_a_queue_is_paused_and_audited_with_the_user(
+    django_user_model: Any,
+) -> None:
+    user = staff(
+        django_user_model,
+        OPERATOR,
+        [view_permission(QueuePause), jobstate_permissions().get(codename="pause_queue")],
+    )
+    client = logged_in(user)
+    client.post(PAUSE, {"target": "billing", "queue": "", "post": "yes"})
+    assert QueuePause.objects.get().target == "billing"
+    client.post(RESUME, {"target": "billing", "queue": "", "post": "yes"})
+    assert not QueuePause.objects.exists()
+    entries = AuditEntry.objects.filter(event__in=["queue_paused", "queue_resumed"])
+    assert [(entry.event, entry.detail["by"]) for entry in entries.order_by("id")] == [
+        ("queue_paused", OPERATOR),
+        ("queue_resumed", OPERATOR),
+    ]
+
+
+@pytest.mark.parametrize("url", [PAUSE, RESUME])
+def test_a_queue_action_posted_without_a_csrf_token_is_refused(admin_user: Any, url: str) -> None:
+    DatabaseStateStore().pause_queue(target="reports", by="olga")
+    client = csrf_client(admin_user)
+    target = "billing" if url == PAUSE else "reports"
+    confirmation = client.get(url, {"target": target, "queue": ""})
+    token = form_token(confirmation.content.decode())
+    before = (snapshot(), QueuePause.objects.count())
+    for data in ({}, {"csrfmiddlewaretoken": "x" * len(token)}):
+        response = client.post(url, {"target": target, "queue": "", "post": "yes", **data})
+        assert response.status_code == 403
+    assert (snapshot(), QueuePause.objects.count()) == before
+    response = client.post(
+        url, {"target": target, "queue": "", "post": "yes", "csrfmiddlewaretoken": token}
+    )
+    assert response.status_code == 302
+    assert QueuePause.objects.filter(target="billing").exists() == (url == PAUSE)
+    assert QueuePause.objects.filter(target="reports").exists() == (url == PAUSE)

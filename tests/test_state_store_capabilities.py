@@ -66,7 +66,27 @@ def test_the_stores_declare_what_they_offer() -> None:
         "supports_approvals",
         "supports_metrics",
         "supports_tasks",
+        "supports_queue_pauses",
+        "supports_worker_registry",
     }
+
+
+def test_a_store_without_pauses_or_a_registry_refuses_them_before_their_arguments() -> None:
+    class Plain(MemoryStateStore):
+        supports_queue_pauses = False
+        supports_worker_registry = False
+
+    store = Plain()
+    for call in (
+        lambda: store.pause_queue(target="", by=""),
+        lambda: store.resume_queue(target="", by=""),
+        lambda: store.paused_queues(),
+        lambda: store.register_worker(None),  # type: ignore[arg-type]
+        lambda: store.beat_worker(worker_id=""),
+        lambda: store.stop_worker(worker_id="", reason=""),
+    ):
+        with pytest.raises(UnsupportedStoreOperation, match="is False"):
+            call()
 
 
 def test_a_store_of_ones_own_implements_primitives_not_public_methods() -> None:

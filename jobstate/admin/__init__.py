@@ -5,7 +5,10 @@ at any size (estimated or capped counts, index-backed ordering and filters, exac
 search). History tables are read-only. Every change an operator makes is an admin
 action with a confirmation page and its own permission; it goes through the stores,
 re-checks each row in the database, and leaves an audit entry naming the user. The
-Operations page (``admin:jobstate_dashboard``) shows the metrics snapshot and charts.
+Operations page (``admin:jobstate_dashboard``) shows the metrics snapshot and charts;
+the Workers page lists the registered worker processes and the Queues page
+(``admin:jobstate_queuepause_changelist``) every queue, with pause and resume. The
+three pages refresh themselves in place.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from jobstate.admin.jobs import JobAdmin
 from jobstate.admin.locks import RuntimeLockAdmin
 from jobstate.admin.outbox import NotificationAdmin
 from jobstate.admin.paginator import EstimatedCountPaginator
+from jobstate.admin.queues import QueuePauseAdmin
 from jobstate.admin.runs import JobRunAdmin
 from jobstate.admin.schedules import ScheduleAdmin
+from jobstate.admin.workers import WorkerAdmin
 
 __all__ = [
     "ApprovalDecisionAdmin",
@@ -27,8 +32,10 @@ __all__ = [
     "JobAdmin",
     "JobRunAdmin",
     "NotificationAdmin",
+    "QueuePauseAdmin",
     "ReadOnlyAdmin",
     "RuntimeLockAdmin",
     "ScheduleAdmin",
+    "WorkerAdmin",
     "status_badge",
 ]

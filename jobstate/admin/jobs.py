@@ -30,7 +30,12 @@ from jobstate.admin.common import (
     text_block,
     with_database_now,
 )
-from jobstate.admin.dashboard import cards, finished_per_minute, queue_depth_by_target
+from jobstate.admin.dashboard import (
+    cards,
+    finished_per_hour,
+    finished_per_minute,
+    queue_depth_by_target,
+)
 from jobstate.admin.filters import (
     DelayedFilter,
     ExpiredLeaseFilter,
@@ -528,6 +533,7 @@ class JobAdmin(TaskFieldsAdmin):
             "status_cards": status_cards,
             "health_cards": health_cards,
             "finished": finished_per_minute(),
+            "throughput": finished_per_hour(),
             "depth": queue_depth_by_target(),
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }

@@ -34,7 +34,7 @@ __all__ += ["expire_stale_queued", "reap_stale_runs", "requeue_stale_dispatched"
 __all__ += ["rearm_outbox_leases", "recover_expired_leases", "recover_lost_tasks"]
 __all__ += ["release_expired_locks"]
 __all__ += ["prune_audit", "prune_delivered_notifications"]
-__all__ += ["prune_finished_jobs", "prune_finished_runs"]
+__all__ += ["prune_finished_jobs", "prune_finished_runs", "prune_workers"]
 
 
 class ReapingSweep(Protocol):
@@ -173,6 +173,15 @@ def prune_delivered_notifications(
     return run_sweep(RETENTION_TABLE["notifications"], {"older_than": older_than}, **options)
 
 
+def prune_workers(
+    *, older_than: timedelta | None = None, **options: Unpack[SweepOptions]
+) -> SweepResult:
+    """``workers``: forget registered workers (stopped or lost) whose last beat is more
+    than ``older_than`` old (default ``WORKER_RETENTION``), so the Workers page lists
+    the fleet of the last day, not of every deploy since the first."""
+    return run_sweep(RETENTION_TABLE["workers"], {"older_than": older_than}, **options)
+
+
 # --- registries and runners --------------------------------------------------------------
 
 #: The reaping sweeps, in the order :func:`run_reaping_sweeps` runs them (the order of
@@ -193,6 +202,7 @@ RETENTION_SWEEPS: dict[str, RetentionSweep] = {
     "jobs": prune_finished_jobs,
     "runs": prune_finished_runs,
     "notifications": prune_delivered_notifications,
+    "workers": prune_workers,
 }
 
 
@@ -252,8 +262,8 @@ def run_retention_sweeps(
 
     ``older_than`` replaces every sweep's retention setting (``AUDIT_RETENTION``,
     ``FINISHED_JOB_RETENTION``, ``FINISHED_RUN_RETENTION``,
-    ``DELIVERED_NOTIFICATION_RETENTION``) when given. Arguments are checked before any
-    sweep runs.
+    ``DELIVERED_NOTIFICATION_RETENTION``, ``WORKER_RETENTION``) when given. Arguments
+    are checked before any sweep runs.
     """
     names = _selected(RETENTION_SWEEPS, sweeps)
     options = SweepOptions(

@@ -257,6 +257,9 @@ RETENTION_TABLE: dict[str, Sweep[Any]] = _by_name(
     _retention("notifications", state_sweep_store, "DELIVERED_NOTIFICATION_RETENTION",
                lambda s, n, a: s.prune_delivered_notifications_batch(**a, limit=n),
                lambda s, n, a: s.count_old_delivered_notifications(**a, limit=n)),
+    _retention("workers", state_sweep_store, "WORKER_RETENTION",
+               lambda s, n, a: s.prune_workers_batch(**a, limit=n),
+               lambda s, n, a: s.count_old_workers(**a, limit=n)),
 )
 
 # fmt: on

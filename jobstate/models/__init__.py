@@ -4,9 +4,19 @@ One module per table family: :mod:`~jobstate.models.runs`, :mod:`~jobstate.model
 :mod:`~jobstate.models.ledger` (audit entries, runtime locks) and
 :mod:`~jobstate.models.outbox` (notifications, delivery attempts and replays, approval
 decisions) and :mod:`~jobstate.models.schedules` (periodic schedules and their
-occurrences). Everything is importable from ``jobstate.models``.
+occurrences) and :mod:`~jobstate.models.fleet` (registered workers, paused queues).
+Everything is importable from ``jobstate.models``.
 """
 
+from jobstate.models.fleet import (
+    NO_QUEUE,
+    QUEUE_PAUSE_UNIQUE,
+    WORKER_UNIQUE_ID,
+    QueuePause,
+    Worker,
+    WorkerKind,
+    WorkerQuerySet,
+)
 from jobstate.models.jobs import (
     JOB_UNIQUE_REQUEST_ID,
     RUNTIME_LOCK_PKEY,
@@ -40,11 +50,14 @@ from jobstate.states import JobRunStatus, JobStatus
 __all__ = [
     "JOB_UNIQUE_REQUEST_ID",
     "NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY",
+    "NO_QUEUE",
     "ONCE_PER_SLOT",
     "ONE_RUNNING_PER_OVERLAP_KEY",
+    "QUEUE_PAUSE_UNIQUE",
     "RUNTIME_LOCK_PKEY",
     "SCHEDULE_UNIQUE_KEY",
     "TASK_DUE",
+    "WORKER_UNIQUE_ID",
     "ApprovalDecision",
     "AuditEntry",
     "AuditEntryQuerySet",
@@ -59,12 +72,16 @@ __all__ = [
     "JobStatus",
     "Notification",
     "OccurrenceTrigger",
+    "QueuePause",
     "RuntimeLock",
     "RuntimeLockQuerySet",
     "Schedule",
     "ScheduleKind",
     "ScheduleOccurrence",
     "ScheduleQuerySet",
+    "Worker",
+    "WorkerKind",
+    "WorkerQuerySet",
     "thread_blockers",
     "time_ordered_uuid",
 ]

@@ -10,10 +10,11 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from django.db import models
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, Value
 from django.db.models.functions import Coalesce, Now
 from django.utils.translation import gettext_lazy as _
 
+from jobstate.models.fleet import NO_QUEUE, QueuePause
 from jobstate.states import (
     CLAIMED_JOB_STATUSES,
     INFLIGHT_JOB_STATUSES,
@@ -83,6 +84,18 @@ def thread_blockers() -> JobQuerySet:
     )
 
 
+def queue_paused() -> Exists:
+    """Whether the outer job's queue (its target and ``queue_name``, or
+    :data:`~jobstate.models.NO_QUEUE` without one) is paused. Use as
+    ``~queue_paused()``: every claim filters on it."""
+    return Exists(
+        QueuePause.objects.filter(
+            target=OuterRef("target"),
+            queue_name=Coalesce(OuterRef("queue_name"), Value(NO_QUEUE)),
+        )
+    )
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     def with_status(self, statuses: Iterable[str]) -> JobQuerySet:
         return self.filter(status__in=list(statuses))
@@ -117,9 +130,20 @@ class JobQuerySet(models.QuerySet["Job"]):
         ``(created_at, id)``)."""
         return self.filter(Q(thread_id__isnull=True) | ~Exists(thread_blockers()))
 
+    def unpaused(self) -> JobQuerySet:
+        """Jobs whose queue is not paused."""
+        return self.filter(~queue_paused())
+
     def claimable(self, targets: Iterable[str]) -> JobQuerySet:
-        """What a claim may take, oldest first."""
-        return self.ready().for_targets(targets).thread_unblocked().order_by("created_at", "id")
+        """What a claim may take, oldest first: ready, of an unpaused queue, through the
+        per-thread gate."""
+        return (
+            self.ready()
+            .for_targets(targets)
+            .unpaused()
+            .thread_unblocked()
+            .order_by("created_at", "id")
+        )
 
     def expired_leases(self, fallback_older_than: timedelta) -> JobQuerySet:
         """Jobs whose lease ended before the database clock, or that have no lease and

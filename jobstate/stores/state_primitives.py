@@ -99,6 +99,13 @@ class StateStorePrimitives(ABC):
     #: ``sweep_store`` (``_sweep_store``): the batch operations of the maintenance
     #: sweeps (:mod:`jobstate.maintenance`) over the store's data.
     supports_sweeps: ClassVar[bool] = False
+    #: ``pause_queue``, ``resume_queue`` and ``paused_queues`` (``_pause_queue``,
+    #: ``_resume_queue``, ``_paused_queues``); every claim primitive then passes over
+    #: the jobs of a paused queue (:mod:`jobstate.stores.state_fleet`).
+    supports_queue_pauses: ClassVar[bool] = False
+    #: ``register_worker``, ``beat_worker`` and ``stop_worker`` (``_register_worker``,
+    #: ``_beat_worker``, ``_stop_worker``): the worker processes the console lists.
+    supports_worker_registry: ClassVar[bool] = False
 
     # --- one unit of work ------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from jobstate.audit import AuditSeverity
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import InvalidJobState, WorkerLost
 from jobstate.states import TASK_TARGET_PREFIX, NewTask, TaskRecovery
-from jobstate.stores.state_core import CoreStateStore
+from jobstate.stores.state_fleet import FleetStateStore
 from jobstate.stores.state_validation import (
     JOB_REPORT_FIELDS,
     parse_batch_limit,
@@ -53,7 +53,7 @@ def task_claim_order(job: Job) -> tuple[int, object, object, object]:
     return (-job.priority, due, job.created_at, job.id)
 
 
-class TaskStateStore(CoreStateStore):
+class TaskStateStore(FleetStateStore):
     """The task operations of :class:`~jobstate.stores.state_store.StateStore`; see the
     module docstring."""
 

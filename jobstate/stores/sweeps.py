@@ -176,6 +176,18 @@ class SweepStore(ABC):
         """How many notifications :meth:`prune_delivered_notifications_batch` would
         delete now."""
 
+    @abstractmethod
+    def prune_workers_batch(self, *, older_than: timedelta, limit: int) -> int:
+        """Forget up to ``limit`` registered workers whose last beat is more than
+        ``older_than`` old (stopped or lost), oldest beat first. A live worker beats
+        far more often than any retention, so it is never forgotten; one that is
+        forgotten while hung registers again at its next beat. Returns the workers
+        deleted."""
+
+    @abstractmethod
+    def count_old_workers(self, *, older_than: timedelta, limit: int | None = None) -> int:
+        """How many workers :meth:`prune_workers_batch` would delete now."""
+
 
 class RunSweepStore(ABC):
     """The batch operations of the sweeps over one run store's operations-job runs (see

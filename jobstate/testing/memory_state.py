@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from jobstate.audit import AuditFields
 from jobstate.conf import jobstate_settings
-from jobstate.models import AuditEntry, Job, time_ordered_uuid
+from jobstate.models import NO_QUEUE, AuditEntry, Job, time_ordered_uuid
 from jobstate.states import (
     CLAIMED_JOB_STATUSES,
     EXPIRED_QUEUED_ERROR,
@@ -68,6 +68,8 @@ class MemoryStateStore(StateStore):
     supports_approvals = True
     supports_metrics = True
     supports_tasks = True
+    supports_queue_pauses = True
+    supports_worker_registry = True
 
     def __init__(
         self, using: str = "default", *, clock: Callable[[], datetime] | None = None
@@ -81,6 +83,8 @@ class MemoryStateStore(StateStore):
         self._audit_seq = 0
         self._locks: dict[str, tuple[str, datetime]] = {}
         self._decisions: dict[str, uuid.UUID] = {}
+        self._pauses: dict[tuple[str, str], str] = {}
+        self._workers: dict[str, Row] = {}
 
     def _atomic(self) -> AbstractContextManager[object]:
         return self._mutex
@@ -148,7 +152,10 @@ class MemoryStateStore(StateStore):
             ready = [
                 row
                 for row in self._jobs.values()
-                if row["target"] in scope and _is_ready(row, now) and not self._blocked(row, now)
+                if row["target"] in scope
+                and _is_ready(row, now)
+                and not self._paused(row)
+                and not self._blocked(row, now)
             ]
             if not ready:
                 return None
@@ -294,6 +301,7 @@ class MemoryStateStore(StateStore):
                 and row["target"] == target
                 and (queues is None or row["queue_name"] in queues)
                 and _is_ready(row, now)
+                and not self._paused(row)
             ]
             ready.sort(key=lambda row: task_claim_order(_job(row)))
             claimed = []
@@ -447,7 +455,60 @@ class MemoryStateStore(StateStore):
             blocked=len(queued_threads & claimed_threads),
         )
 
+    # --- the fleet: queue pauses, registered workers ------------------------------------
+
+    def _pause_queue(self, key: tuple[str, str], by: str) -> bool:
+        with self._mutex:
+            if key in self._pauses:
+                return False
+            self._pauses[key] = by
+            return True
+
+    def _resume_queue(self, key: tuple[str, str]) -> bool:
+        with self._mutex:
+            return self._pauses.pop(key, None) is not None
+
+    def _paused_queues(self) -> list[tuple[str, str]]:
+        with self._mutex:
+            return list(self._pauses)
+
+    def _register_worker(self, fields: dict[str, Any]) -> None:
+        with self._mutex:
+            now = self._clock()
+            self._workers[fields["worker_id"]] = {
+                **fields,
+                "started_at": now,
+                "heartbeat_at": now,
+                "stopped_at": None,
+                "stopped_reason": "",
+            }
+
+    def _beat_worker(self, worker_id: str) -> bool:
+        with self._mutex:
+            row = self._workers.get(worker_id)
+            if row is None or row["stopped_at"] is not None:
+                return False
+            row["heartbeat_at"] = self._clock()
+            return True
+
+    def _stop_worker(self, worker_id: str, reason: str) -> bool:
+        with self._mutex:
+            row = self._workers.get(worker_id)
+            if row is None:
+                return False
+            now = self._clock()
+            row.update(stopped_at=now, heartbeat_at=now, stopped_reason=reason)
+            return True
+
+    def registered_workers(self) -> list[Row]:
+        """Copies of the registered workers' rows (the console's view of them)."""
+        with self._mutex:
+            return [dict(row) for row in self._workers.values()]
+
     # --- internals (callers hold the mutex) -------------------------------------------
+
+    def _paused(self, row: Row) -> bool:
+        return (row["target"], row["queue_name"] or NO_QUEUE) in self._pauses
 
     def _insert(self, cleaned: dict[str, Any]) -> Row:
         now = self._clock()

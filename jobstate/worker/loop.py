@@ -6,8 +6,11 @@ of the worker itself:
 - it claims tasks in batches of at most its free slots, so it never holds a task it
   will not start, and hands each to an execution thread (:mod:`.execution`);
 - it settles ended attempts in batches (:mod:`.reports`);
-- once per beat it renews the leases of every task it holds, in one statement, and now
-  and then recovers tasks whose worker died (their lease ran out);
+- it registers itself when it starts (host, pid, worker id, backend, queues,
+  concurrency, lease: the console's Workers page), and once per beat it renews the
+  leases of every task it holds, in one statement, and moves its own last beat; now and
+  then it recovers tasks whose worker died (their lease ran out). When it stops
+  gracefully it says so, so the console shows it stopped rather than lost;
 - it fails an attempt that runs past the backend's ``TIMEOUT`` and lets a fresh thread
   take its slot;
 - it evaluates the periodic schedules (:mod:`jobstate.schedules`) when it starts and
@@ -43,7 +46,7 @@ from django.utils.crypto import get_random_string
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import ImproperlyConfiguredStore, StoreError, TaskTimedOut
 from jobstate.schedules import evaluate_schedules, sync_schedules
-from jobstate.states import task_notify_payload
+from jobstate.states import WorkerKind, WorkerRegistration, task_notify_payload
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 from jobstate.task_log import AttemptOutcome, TaskAttempt
@@ -165,8 +168,9 @@ class Worker:
                 self.config.concurrency, self._attempt_ended, name="jobstate-task"
             )
             self._start_listener()
-            self._banner()
             try:
+                self._register()
+                self._banner()
                 self._work()
             finally:
                 self._wind_down()
@@ -189,7 +193,7 @@ class Worker:
                 self._settle_ended()
                 now = time.monotonic()
                 if now >= next_beat:
-                    self._renew_leases()
+                    self._beat()
                     next_beat = now + beat
                 if now >= next_recovery:
                     self._recover_lost_tasks()
@@ -303,6 +307,42 @@ class Worker:
                     attempt.job.id,
                     self.options.timeout,
                 )
+
+    def _register(self) -> None:
+        if not self.store.supports_worker_registry:
+            return
+        self.store.register_worker(
+            WorkerRegistration(
+                worker_id=self.config.worker_id,
+                kind=WorkerKind.TASKS,
+                host=socket.gethostname() or "unknown",
+                pid=os.getpid(),
+                lease=self.options.lease,
+                backend=self.backend.alias,
+                queues=self.queues,
+                concurrency=self.config.concurrency,
+            )
+        )
+
+    def _beat(self) -> None:
+        """The worker's beat: renew the leases it holds and move its own last beat, so
+        the console sees it live for as long as its tasks' leases are kept. A row the
+        retention sweep forgot (a beat silent for that long) is written again."""
+        self._renew_leases()
+        if self.store.supports_worker_registry and not self.store.beat_worker(
+            worker_id=self.config.worker_id
+        ):
+            self._register()
+
+    def _say_stopped(self) -> None:
+        if not self.store.supports_worker_registry:
+            return
+        reason = self.summary.stopped_by or self._stop_requested or "error"
+        try:
+            self.store.stop_worker(worker_id=self.config.worker_id, reason=reason)
+        except StoreError as exc:
+            # The console then shows the worker lost once its lease has passed.
+            logger.error("Could not record that worker %s stopped: %s", self.config.worker_id, exc)
 
     def _renew_leases(self) -> None:
         held = [attempt for attempt in self._active.values() if not attempt.claim_lost]
@@ -434,6 +474,7 @@ class Worker:
             logger.error("Could not report the tasks still held while stopping: %s", exc)
         finally:
             self._pool.stop()
+        self._say_stopped()
         logger.info(
             "jobstate_worker %s stopped (%s): %d started, %d succeeded, %d retrying, "
             "%d failed, %d handed back, %d interrupted",
@@ -462,7 +503,7 @@ class Worker:
             self._enforce_timeouts()
             self._settle_ended()
             if time.monotonic() >= next_beat:
-                self._renew_leases()
+                self._beat()
                 next_beat = time.monotonic() + self.options.beat.total_seconds()
             if self._active:
                 self._wake.wait(min(self._sleep_seconds(next_beat), deadline - time.monotonic()))

@@ -26,13 +26,21 @@ retryable store error (the database unavailable, a timeout, a conflict; see
 due again when their lease ends, and the dead connection has been dropped, so the next
 pass reconnects. Any other failure ends the loop with status 1, for the process
 supervisor to restart it.
+
+A ``--loop`` relay registers itself on the console's Workers page (kind ``relay``, its
+``--relay-id`` or a ``relay:<host>:<pid>:<random>`` id, lease ``OUTBOX_LEASE``), beats
+after its passes (at most every quarter of the lease, so an idle loop does not write
+every second) and says it stopped when it exits on a signal.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, fields
 from types import FrameType
@@ -44,7 +52,8 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import JobStateError, StoreError
-from jobstate.relay import DeliveryReport, deliver_notifications
+from jobstate.relay import DeliveryReport, default_relay_id, deliver_notifications
+from jobstate.states import WorkerKind, WorkerRegistration
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 
@@ -71,6 +80,9 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _RETRY_CAP_SECONDS = 30.0
 #: Enough doublings to reach the cap from any interval worth giving.
 _BACKOFF_DOUBLINGS = 20
+#: The loop's beat: at most every this share of OUTBOX_LEASE, and at most this long.
+_BEAT_SHARE = 4
+_BEAT_CAP_SECONDS = 30.0
 
 
 def describe(counts: Mapping[str, int]) -> str:
@@ -167,7 +179,9 @@ class Command(BaseCommand):
         # Signal handlers can only be installed from the main thread.
         if threading.current_thread() is threading.main_thread():
             previous = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
+        beat = _RelayBeat(store, options["relay_id"])
         try:
+            beat.register()
             while not stop.is_set():
                 try:
                     report = asdict(self.relay_pass(store, **options))
@@ -186,6 +200,7 @@ class Command(BaseCommand):
                     stop.wait(delay)
                     continue
                 failed_in_a_row = 0
+                beat.maybe_beat()
                 totals["passes"] += 1
                 for name in _COUNTERS:
                     totals[name] += report[name]
@@ -203,6 +218,7 @@ class Command(BaseCommand):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             progress.clear()
+        beat.stopped("signal" if stop.is_set() else "error")
         if options["json"]:
             self.stdout.write(json.dumps(totals))
         elif options["verbosity"] >= 1:
@@ -212,3 +228,57 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Relay stopped after {totals['passes']} {passes}.{retried} {describe(totals)}"
             )
+
+
+class _RelayBeat:
+    """The relay loop's entry on the console's Workers page."""
+
+    def __init__(self, store: StateStore, relay_id: str | None) -> None:
+        self.store = store
+        self.enabled = store.supports_worker_registry
+        host = socket.gethostname() or "unknown"
+        self.worker_id = relay_id or f"relay:{default_relay_id()}"[:200]
+        self.host = host
+        lease = jobstate_settings.OUTBOX_LEASE
+        self.lease = lease
+        self.every = min(lease.total_seconds() / _BEAT_SHARE, _BEAT_CAP_SECONDS)
+        self.last = 0.0
+
+    def register(self) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.store.register_worker(
+                WorkerRegistration(
+                    worker_id=self.worker_id,
+                    kind=WorkerKind.RELAY,
+                    host=self.host,
+                    pid=os.getpid(),
+                    lease=self.lease,
+                )
+            )
+        except (JobStateError, DatabaseError) as exc:
+            raise command_error(exc) from exc
+        self.last = time.monotonic()
+
+    def maybe_beat(self) -> None:
+        if not self.enabled or time.monotonic() - self.last < self.every:
+            return
+        try:
+            if not self.store.beat_worker(worker_id=self.worker_id):
+                self.register()
+        except StoreError as exc:
+            if not exc.retryable:
+                raise command_error(exc) from exc
+            # The next pass fails the same way and is retried; the beat follows it.
+            return
+        self.last = time.monotonic()
+
+    def stopped(self, reason: str) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.store.stop_worker(worker_id=self.worker_id, reason=reason)
+        except StoreError:
+            # Exiting anyway: the Workers page shows the relay lost once its lease passed.
+            return

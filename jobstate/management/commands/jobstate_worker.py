@@ -14,6 +14,10 @@ leases run out.
 Every worker also evaluates the periodic schedules (``JOBSTATE["SCHEDULES"]``) at each
 slot, unless ``--no-schedules``: however many workers do, each slot is enqueued once.
 
+Each worker registers itself on the console's Workers page, beats on its lease-renewal
+beat and records that it stopped on a graceful exit; it claims nothing of a queue
+paused in the console (the Queues page) until the queue is resumed.
+
 Exit status: 0 the worker stopped as asked (``--batch``, ``--max-tasks``, a signal);
 1 the database or the store failed in a way retrying cannot cure; 2 invalid options or
 settings.

@@ -2,8 +2,9 @@
 
 Runs :func:`jobstate.maintenance.run_retention_sweeps`: audit entries older than
 ``AUDIT_RETENTION``, finished jobs older than ``FINISHED_JOB_RETENTION``, finished job
-runs older than ``FINISHED_RUN_RETENTION`` and delivered notifications older than
-``DELIVERED_NOTIFICATION_RETENTION`` (``--older-than DAYS`` replaces all of them). Dead
+runs older than ``FINISHED_RUN_RETENTION``, delivered notifications older than
+``DELIVERED_NOTIFICATION_RETENTION`` and registered workers whose last beat is older
+than ``WORKER_RETENTION`` (``--older-than DAYS`` replaces all of them). Dead
 letters are never deleted: they wait for an operator. Deletes in batches, each its own
 short transaction, so it can run next to live traffic and on several machines at once.
 Prints nothing when nothing was old enough; shows a progress line while it works when
@@ -38,6 +39,7 @@ _NOUNS: dict[str, tuple[str, str]] = {
     "jobs": ("finished job", "finished jobs"),
     "runs": ("finished job run", "finished job runs"),
     "notifications": ("delivered notification", "delivered notifications"),
+    "workers": ("registered worker", "registered workers"),
 }
 
 
@@ -51,9 +53,10 @@ def describe(result: SweepResult) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Delete audit entries, finished jobs, finished job runs and delivered notifications "
-        "past their retention (JOBSTATE['AUDIT_RETENTION'], ['FINISHED_JOB_RETENTION'], "
-        "['FINISHED_RUN_RETENTION'], ['DELIVERED_NOTIFICATION_RETENTION']), in batches; "
+        "Delete audit entries, finished jobs, finished job runs, delivered notifications "
+        "and registered workers past their retention (JOBSTATE['AUDIT_RETENTION'], "
+        "['FINISHED_JOB_RETENTION'], ['FINISHED_RUN_RETENTION'], "
+        "['DELIVERED_NOTIFICATION_RETENTION'], ['WORKER_RETENTION']), in batches; "
         "dead letters are never deleted. Quiet when nothing was old enough. "
         "Exit status: 0 done, 1 database or store failure, 2 invalid options or settings."
     )

@@ -27,7 +27,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
-from jobstate.models import AuditEntry, Job, Notification, time_ordered_uuid
+from jobstate.models import NO_QUEUE, AuditEntry, Job, Notification, QueuePause, time_ordered_uuid
 from jobstate.states import (
     CLAIMED_JOB_STATUSES,
     JobStatus,
@@ -52,6 +52,7 @@ __all__ = [
     "hot_cursor",
     "load_jobs",
     "lock_thread",
+    "paused_sql",
     "try_lock_thread",
 ]
 
@@ -70,6 +71,23 @@ _BLOCKERS_SQL = """
                AND (b.created_at < c.created_at
                     OR (b.created_at = c.created_at AND b.id < c.id))))
 """
+
+
+#: A candidate ``c`` whose queue is paused, in SQL (``JobQuerySet.unpaused`` on the
+#: portable path). The pause table holds a row per paused queue, usually none: the
+#: probe is one lookup in its unique index per candidate the claim looks at, and a
+#: claim that starts after a pause committed sees it (READ COMMITTED takes each
+#: statement's snapshot when the statement starts).
+_PAUSED_SQL = """
+    SELECT 1 FROM {pauses} AS p
+    WHERE p.target = c.target AND p.queue_name = COALESCE(c.queue_name, '{no_queue}')
+"""
+
+
+def paused_sql(connection: BaseDatabaseWrapper) -> str:
+    """The ``NOT EXISTS`` operand that passes over a candidate ``c`` of a paused queue."""
+    pauses = connection.ops.quote_name(QueuePause._meta.db_table)
+    return _PAUSED_SQL.format(pauses=pauses, no_queue=NO_QUEUE)
 
 
 # --- the statements, run -------------------------------------------------------------
@@ -113,6 +131,7 @@ def claim_unthreaded(
               AND (c.run_after IS NULL OR c.run_after <= statement_timestamp())
               AND c.target IN ({placeholders})
               AND c.thread_id IS NULL
+              AND NOT EXISTS ({paused_sql(connection)})
             ORDER BY c.created_at, c.id
             LIMIT %s
             FOR UPDATE OF c SKIP LOCKED
@@ -204,6 +223,7 @@ def claim_statement(connection: BaseDatabaseWrapper, targets: int, status: JobSt
                 WHERE c.status = 'queued'
                   AND (c.run_after IS NULL OR c.run_after <= statement_timestamp())
                   AND c.target IN ({placeholders})
+                  AND NOT EXISTS ({paused_sql(connection)})
                   AND (c.thread_id IS NULL OR NOT EXISTS ({_BLOCKERS_SQL.format(table=table)}))
                 ORDER BY c.created_at, c.id
                 LIMIT 1

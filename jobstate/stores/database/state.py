@@ -30,6 +30,7 @@ from jobstate.stores.database import (
     audit_locks,
     claims,
     continuations,
+    fleet,
     intake,
     observability,
     outbox,
@@ -69,6 +70,8 @@ class DatabaseStateStore(StateStore):
     supports_readiness = True
     supports_tasks = True
     supports_sweeps = True
+    supports_queue_pauses = True
+    supports_worker_registry = True
 
     def __init__(self, using: str = "default") -> None:
         self.using = using
@@ -244,6 +247,26 @@ class DatabaseStateStore(StateStore):
 
     def _schema_readiness(self) -> Readiness:
         return observability.schema_readiness(self.using)
+
+    # --- the fleet: queue pauses, registered workers ------------------------------------
+
+    def _pause_queue(self, key: tuple[str, str], by: str) -> bool:
+        return fleet.pause_queue(self.using, *key, by)
+
+    def _resume_queue(self, key: tuple[str, str]) -> bool:
+        return fleet.resume_queue(self.using, *key)
+
+    def _paused_queues(self) -> list[tuple[str, str]]:
+        return fleet.paused_queues(self.using)
+
+    def _register_worker(self, fields: dict[str, Any]) -> None:
+        fleet.register_worker(self.using, fields)
+
+    def _beat_worker(self, worker_id: str) -> bool:
+        return fleet.beat_worker(self.using, worker_id)
+
+    def _stop_worker(self, worker_id: str, reason: str) -> bool:
+        return fleet.stop_worker(self.using, worker_id, reason)
 
     # --- maintenance -----------------------------------------------------------------
 

@@ -28,7 +28,16 @@ from django.db.models.functions import Now
 
 from jobstate.audit import AuditFields, AuditSeverity, complete_audit_fields
 from jobstate.conf import jobstate_settings
-from jobstate.models import AuditEntry, Job, JobQuerySet, JobRun, Notification, RuntimeLock
+from jobstate.models import (
+    AuditEntry,
+    Job,
+    JobQuerySet,
+    JobRun,
+    Notification,
+    RuntimeLock,
+    Worker,
+    WorkerQuerySet,
+)
 from jobstate.stores.base import (
     EXPIRED_QUEUED_ERROR,
     TERMINAL_RUN_STATUSES,
@@ -178,6 +187,20 @@ class DatabaseSweepStore(SweepStore):
         self, *, older_than: timedelta, limit: int | None = None
     ) -> int:
         return _count(self.old_delivered_notifications(older_than=older_than), limit)
+
+    def old_workers(self, *, older_than: timedelta) -> WorkerQuerySet:
+        """Registered workers whose last beat is older than ``older_than`` (the
+        ``(heartbeat_at, id)`` index serves the cut-off and the order)."""
+        age = validate_duration(older_than, field="older_than", allow_zero=False)
+        return Worker.objects.using(self.using).silent_for(age)
+
+    def count_old_workers(self, *, older_than: timedelta, limit: int | None = None) -> int:
+        return _count(self.old_workers(older_than=older_than), limit)
+
+    def prune_workers_batch(self, *, older_than: timedelta, limit: int) -> int:
+        return self._deleter.delete_batch(
+            self.old_workers(older_than=older_than), "heartbeat_at", limit
+        )
 
     # --- reaping ----------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from django.db.models import F, Field
 from django.db.models.functions import Now
 
 from jobstate.conf import jobstate_settings
-from jobstate.models import TASK_DUE, Job
+from jobstate.models import TASK_DUE, Job, QueuePause
 from jobstate.states import TASK_NOTIFY_CHANNEL, JobStatus, task_notify_payload
 from jobstate.stores.database.hotpath import hot_cursor, load_jobs
 from jobstate.stores.database.intake import create_job
@@ -179,28 +179,37 @@ def claim_statement(
         sql = _STATEMENTS[shape] = _claim_statement(connection, shape)
     params: list[Any]
     if shape == "one":
-        params = [target, *(queues or []), limit]
+        params = [target, *(queues or []), target, *(queues or []), limit]
     elif shape == "several":
-        params = [queues, target, limit, limit]
+        params = [queues, target, target, limit, limit]
     else:
-        params = [target, target, target, limit, limit]
+        params = [target, target, target, target, limit, limit]
     return sql, [*params, JobStatus.RUNNING.value, owner, lease]
 
 
 def _claim_statement(connection: Any, shape: str) -> str:
     table = connection.ops.quote_name(Job._meta.db_table)
+    pauses = connection.ops.quote_name(QueuePause._meta.db_table)
     queues = ""
+    # A paused queue is left out before its part of the claim index is read: one probe
+    # of the pause table's unique key per queue, not per task.
     if shape == "one":
         picked = f"""
             SELECT c.id FROM {table} AS c
             WHERE {_READY} AND c.queue_name = %s
+              AND NOT EXISTS (SELECT 1 FROM {pauses} AS p
+                              WHERE p.target = %s AND p.queue_name = %s)
             ORDER BY {_INDEX_ORDER}
             LIMIT %s
             FOR UPDATE OF c SKIP LOCKED
         """
     else:
         if shape == "several":
-            names = "SELECT name FROM unnest(%s::text[]) AS given(name)"
+            names = f"""
+                SELECT name FROM unnest(%s::text[]) AS given(name)
+                WHERE NOT EXISTS (SELECT 1 FROM {pauses} AS p
+                                  WHERE p.target = %s AND p.queue_name = given.name)
+            """
         else:
             # Every queue that holds a waiting task of the target, found by skipping
             # through the claim index one queue name at a time (a handful of probes,
@@ -217,7 +226,12 @@ def _claim_statement(connection: Any, shape: str) -> str:
                     FROM waiting WHERE waiting.name IS NOT NULL
                 ),
             """
-            names = "SELECT name FROM waiting WHERE name IS NOT NULL"
+            names = f"""
+                SELECT name FROM waiting
+                WHERE name IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM {pauses} AS p
+                                  WHERE p.target = %s AND p.queue_name = waiting.name)
+            """
         # One ordered read of the index per queue, each locking at most LIMIT rows;
         # the first LIMIT of all of them are claimed, the others unlocked at the end of
         # the statement.
@@ -261,8 +275,10 @@ def _claim_portable(
     lease: timedelta,
     limit: int,
 ) -> list[Job]:
-    candidates = job_rows(using).filter(
-        status=JobStatus.QUEUED, task_path__isnull=False, target=target
+    candidates = (
+        job_rows(using)
+        .filter(status=JobStatus.QUEUED, task_path__isnull=False, target=target)
+        .unpaused()
     )
     if queues is not None:
         candidates = candidates.filter(queue_name__in=queues)

@@ -44,6 +44,7 @@ from jobstate.testing.state_contract.jobs import CASES as JOBS
 from jobstate.testing.state_contract.leases import CASES as LEASES
 from jobstate.testing.state_contract.listing import CASES as LISTING
 from jobstate.testing.state_contract.locks import CASES as LOCKS
+from jobstate.testing.state_contract.pauses import CASES as PAUSES
 from jobstate.testing.state_contract.threads import CASES as THREADS
 from jobstate.testing.state_contract.updates import CASES as UPDATES
 
@@ -60,6 +61,7 @@ _TABLES = (
     UPDATES,
     LISTING,
     CLAIMS,
+    PAUSES,
     THREADS,
     COMPLETION,
     LEASES,

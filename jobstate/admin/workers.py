@@ -1,0 +1,206 @@
+"""The Workers page: every registered worker process (task workers and relay loops) with
+its host, pid, backend, queues, concurrency, start, last beat, state, and the jobs it is
+running now, linked.
+
+A worker is *live* while its last beat is within its lease, *lost* when the beat is
+older (killed, hung, or cut off from the database) and *stopped* when it said so on a
+graceful exit; all judged on the database's clock, read by the page's own SELECT.
+Workers are registered and forgotten by the processes and the retention sweep
+(``prune_jobstate``), never edited here. The page refreshes itself in place
+(``jobstate/static/jobstate/live.js``).
+
+A page of workers costs a fixed number of queries: the page of rows (with the state
+and the database clock computed in the same SELECT), and two for the jobs they hold —
+a grouped count per worker and the first few jobs of each, by a window function —
+whatever the size of the jobs table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import Case, Count, F, QuerySet, Value, When, Window
+from django.db.models.functions import Now, RowNumber
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from jobstate.admin.common import (
+    ReadOnlyAdmin,
+    admin_change_url,
+    database_now,
+    relative_time,
+    status_badge,
+    with_database_now,
+)
+from jobstate.models import Job, Worker
+from jobstate.states import CLAIMED_JOB_STATUSES
+
+__all__ = ["RUNNING_SHOWN", "WorkerAdmin", "WorkerStateFilter", "worker_state"]
+
+#: How many of a worker's running jobs its row links; the rest are counted.
+RUNNING_SHOWN = 5
+
+_STATE_COLOURS = {"live": "#1a7f37", "lost": "#cf222e", "stopped": "#6e7781"}
+
+
+def worker_state() -> Case:
+    """``"stopped"``, ``"lost"`` or ``"live"`` for each worker, on the database clock."""
+    return Case(
+        When(stopped_at__isnull=False, then=Value("stopped")),
+        When(heartbeat_at__lt=Now() - F("lease"), then=Value("lost")),
+        default=Value("live"),
+    )
+
+
+def _state_label(state: str) -> str:
+    return {"live": _("live"), "lost": _("lost"), "stopped": _("stopped")}.get(state, state)
+
+
+class WorkerStateFilter(admin.SimpleListFilter):
+    title = gettext_lazy("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(state, _state_label(state)) for state in ("live", "lost", "stopped")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value in ("live", "lost", "stopped"):
+            return queryset.filter(state=value)
+        return queryset
+
+
+class WorkerChangeList(ChangeList):
+    """Loads the jobs the page's workers hold in two queries, after the page itself."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        workers = list(self.result_list)
+        ids = [worker.worker_id for worker in workers]
+        if not ids:
+            return
+        claimed = Job.objects.filter(status__in=list(CLAIMED_JOB_STATUSES), executor_id__in=ids)
+        counts = dict(
+            claimed.order_by()
+            .values_list("executor_id")
+            .annotate(n=Count("id"))
+            .values_list("executor_id", "n")
+        )
+        ranked = claimed.annotate(
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("executor_id")],
+                order_by=[F("claimed_at").asc(), F("id").asc()],
+            )
+        ).filter(rank__lte=RUNNING_SHOWN)
+        shown: dict[str, list[tuple[Any, str]]] = {}
+        for pk, owner, task_path, target in ranked.order_by("executor_id", "rank").values_list(
+            "id", "executor_id", "task_path", "target"
+        ):
+            shown.setdefault(owner or "", []).append((pk, task_path or target or str(pk)))
+        for worker in workers:
+            worker.running_jobs = shown.get(worker.worker_id, [])
+            worker.running_count = counts.get(worker.worker_id, 0)
+
+
+_WORKER_FIELDS = (
+    "worker_id",
+    "state_display",
+    "kind",
+    "host",
+    "pid",
+    "backend",
+    "queues_display",
+    "concurrency",
+    "lease",
+    "started_at",
+    "heartbeat_at",
+    "stopped_at",
+    "stopped_reason",
+)
+
+
+@admin.register(Worker)
+class WorkerAdmin(ReadOnlyAdmin):
+    """Registered workers: who runs, where, on which queues, and what each runs now."""
+
+    list_display = [
+        "worker_id",
+        "state_display",
+        "kind",
+        "host",
+        "pid",
+        "backend",
+        "queues_display",
+        "concurrency",
+        "started_display",
+        "last_beat",
+        "running_now",
+    ]
+    list_filter = [WorkerStateFilter, "kind"]
+    search_fields = ["worker_id"]
+    search_help_text = gettext_lazy("A worker id, a host or a pid, exactly.")
+    ordering = ["-started_at", "-id"]
+    actions = None
+    fields = _WORKER_FIELDS
+    readonly_fields = _WORKER_FIELDS
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
+        return with_database_now(super().get_queryset(request)).annotate(state=worker_state())
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return WorkerChangeList
+
+    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+        term = term.strip()
+        if not term:
+            return queryset
+        found = queryset.filter(worker_id=term) | queryset.filter(host=term)
+        if term.isdigit() and int(term) < 2**31:
+            found = found | queryset.filter(pid=int(term))
+        return found
+
+    # --- columns ---------------------------------------------------------------------
+
+    @admin.display(description=gettext_lazy("state"))
+    def state_display(self, worker: Worker) -> SafeString:
+        state = getattr(worker, "state", "live")
+        badge = status_badge(_state_label(state), _STATE_COLOURS.get(state, "#6e7781"))
+        if state == "stopped" and worker.stopped_reason:
+            return format_html('{} <span class="help">{}</span>', badge, worker.stopped_reason)
+        return badge
+
+    @admin.display(description=gettext_lazy("queues"))
+    def queues_display(self, worker: Worker) -> str:
+        if worker.queues is None:
+            return _("every queue") if worker.kind == "tasks" else "—"
+        return ", ".join(str(name) for name in worker.queues)
+
+    @admin.display(description=gettext_lazy("started"), ordering="started_at")
+    def started_display(self, worker: Worker) -> str:
+        return relative_time(worker.started_at, database_now(worker))
+
+    @admin.display(description=gettext_lazy("last beat"), ordering="heartbeat_at")
+    def last_beat(self, worker: Worker) -> str:
+        return relative_time(worker.heartbeat_at, database_now(worker))
+
+    @admin.display(description=gettext_lazy("running now"))
+    def running_now(self, worker: Worker) -> SafeString | str:
+        jobs: list[tuple[Any, str]] = getattr(worker, "running_jobs", [])
+        count: int = getattr(worker, "running_count", 0)
+        if not count:
+            return "—"
+        links = format_html_join(
+            ", ",
+            '<a href="{}">{}</a>',
+            ((admin_change_url(Job, pk, self.admin_site.name), label) for pk, label in jobs),
+        )
+        rest = count - len(jobs)
+        if rest > 0:
+            return format_html("{} {}", links, _("and %(n)d more") % {"n": rest})
+        return links
