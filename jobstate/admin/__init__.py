@@ -10,6 +10,7 @@ Operations page (``admin:jobstate_dashboard``) shows the metrics snapshot and ch
 
 from __future__ import annotations
 
+from jobstate.admin.bulk import BulkOperationAdmin
 from jobstate.admin.common import ReadOnlyAdmin, status_badge
 from jobstate.admin.history import ApprovalDecisionAdmin, AuditEntryAdmin, DeliveryReplayAdmin
 from jobstate.admin.jobs import JobAdmin
@@ -22,6 +23,7 @@ from jobstate.admin.schedules import ScheduleAdmin
 __all__ = [
     "ApprovalDecisionAdmin",
     "AuditEntryAdmin",
+    "BulkOperationAdmin",
     "DeliveryReplayAdmin",
     "EstimatedCountPaginator",
     "JobAdmin",

@@ -3,10 +3,12 @@
 One module per table family: :mod:`~jobstate.models.runs`, :mod:`~jobstate.models.jobs`,
 :mod:`~jobstate.models.ledger` (audit entries, runtime locks) and
 :mod:`~jobstate.models.outbox` (notifications, delivery attempts and replays, approval
-decisions) and :mod:`~jobstate.models.schedules` (periodic schedules and their
-occurrences). Everything is importable from ``jobstate.models``.
+decisions), :mod:`~jobstate.models.bulk` (the console's bulk operations) and
+:mod:`~jobstate.models.schedules` (periodic schedules and their occurrences).
+Everything is importable from ``jobstate.models``.
 """
 
+from jobstate.models.bulk import BulkAction, BulkOperation, BulkState
 from jobstate.models.jobs import (
     JOB_UNIQUE_REQUEST_ID,
     RUNTIME_LOCK_PKEY,
@@ -48,6 +50,9 @@ __all__ = [
     "ApprovalDecision",
     "AuditEntry",
     "AuditEntryQuerySet",
+    "BulkAction",
+    "BulkOperation",
+    "BulkState",
     "CatchUp",
     "DeliveryAttempt",
     "DeliveryReplay",

@@ -167,6 +167,26 @@ class StateStore(TaskStateStore):
                 self.append_audit(job=job, event="rejected", detail=detail)
             return job
 
+    def delete_finished_job(self, job_id: JobId, *, by: str, via: str) -> Job | None:
+        """Delete a job that is done, error or rejected, and write a ``deleted`` audit
+        entry naming ``by`` and ``via`` (with the job's id, request id and last status;
+        audit entries outlive their job) in the same transaction. The job is held from
+        the read of its status to the delete, so a job requeued or claimed meanwhile is
+        never deleted: ``None`` (and nothing written) when it is gone or not finished.
+        Returns the job as it was before the delete."""
+        self._require(self.supports_job_deletion, "supports_job_deletion", "delete_finished_job")
+        pk = parse_uuid(job_id, field="job_id")
+        validate_requeue_arguments([JobStatus.DONE], by, via, "deleted")
+        with self._atomic():
+            job = self._lock_job(pk)
+            if job is None or job.status not in TERMINAL_JOB_STATUSES:
+                return None
+            if not self._delete_job(pk, [JobStatus(job.status)]):
+                return None
+            detail = {"by": by, "via": via, "prev_status": job.status}
+            self.append_audit(job=job.pk, request_id=job.request_id, event="deleted", detail=detail)
+            return job
+
     def requeue_approved_job_once(
         self, *, job_id: JobId, decision_id: str, approver: str, comment: str = ""
     ) -> ApprovalRequeueOutcome:

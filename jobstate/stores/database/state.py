@@ -69,6 +69,7 @@ class DatabaseStateStore(StateStore):
     supports_readiness = True
     supports_tasks = True
     supports_sweeps = True
+    supports_job_deletion = True
 
     def __init__(self, using: str = "default") -> None:
         self.using = using
@@ -99,6 +100,9 @@ class DatabaseStateStore(StateStore):
         return intake.lock_job(self.using, pk, lease_ended=lease_ended)
 
     # --- claims and reports ----------------------------------------------------------
+
+    def _delete_job(self, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
+        return intake.delete_job(self.using, pk, expected)
 
     def _claim(
         self, scope: list[str], owner: str, lease: timedelta, status: JobStatus

@@ -1,0 +1,233 @@
+"""Bulk operations over a filter of the jobs list: requeue, reject (cancel) or delete
+every matching job, in bounded batches that survive restarts.
+
+An operation is a :class:`~jobstate.models.BulkOperation` row holding the filter (the
+list's filter parameters and search), the operator, a cutoff (jobs created after the
+confirmation are not included), counts and a keyset cursor. :func:`advance_bulk_operation`
+runs batches for about a second and a half and returns; whoever drives it (the console's
+progress page, ``manage.py run_bulk_operation``) calls it again until the operation is
+done. Each batch is one transaction that
+
+1. locks the operation's row, so two drivers never take the same batch;
+2. reads the next :data:`BATCH_SIZE` matching jobs after the cursor, newest first (the
+   list's order), that the action applies to at that moment;
+3. hands each one to the store's single-job transition (``requeue_job`` /
+   ``requeue_expired_lease_job``, ``reject_queued_job``, ``delete_finished_job``), which
+   re-checks the job under its row lock: a job claimed or changed meanwhile is left
+   alone and counted as skipped;
+4. moves the cursor and the counts.
+
+A crash rolls back the batch in flight (its transitions, audit entries and cursor move
+together), so a resumed operation neither repeats nor loses a job. Every job changed
+gets the audit entry of its transition naming the operator (``via`` ``bulk:<id>``); the
+operation adds one summary entry when it starts and one when it ends.
+
+Which jobs are included: those matching the filter when a batch reaches them, created
+at or before the cutoff. A job that enters the filter after the confirmation (e.g.
+fails meanwhile) is included if the cursor has not passed it yet; one that leaves it is
+not touched.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+
+from django.db import connections, transaction
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from jobstate.exceptions import JobStateError
+from jobstate.job_queries import filter_jobs, parse_search, recent_window_start
+from jobstate.models import BulkAction, BulkOperation, BulkState, Job
+from jobstate.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
+from jobstate.stores import get_state_store
+from jobstate.stores.state_store import StateStore
+
+__all__ = [
+    "BATCH_SIZE",
+    "STEP_SECONDS",
+    "BulkOperationFinished",
+    "action_applies",
+    "advance_bulk_operation",
+    "cancel_bulk_operation",
+    "matching_jobs",
+    "start_bulk_operation",
+]
+
+#: Jobs per batch (one transaction).
+BATCH_SIZE = 200
+
+#: How long one call of :func:`advance_bulk_operation` runs batches.
+STEP_SECONDS = 1.5
+
+
+class BulkOperationFinished(JobStateError):
+    """The operation is no longer running (done or cancelled)."""
+
+
+def action_applies(action: str) -> Q:
+    """The jobs ``action`` applies to: requeue takes finished jobs and claimed jobs whose
+    lease has expired, reject takes queued jobs, delete takes finished jobs."""
+    if action == BulkAction.REQUEUE:
+        return Q(status__in=list(TERMINAL_JOB_STATUSES)) | Q(
+            status__in=list(CLAIMED_JOB_STATUSES), lease_until__lt=Now()
+        )
+    if action == BulkAction.REJECT:
+        return Q(status=JobStatus.QUEUED)
+    if action == BulkAction.DELETE:
+        return Q(status__in=list(TERMINAL_JOB_STATUSES))
+    raise ValueError(f"unknown bulk action {action!r}")
+
+
+def matching_jobs(operation: BulkOperation, using: str = "default") -> QuerySet[Job]:
+    """The jobs of ``operation``'s filter, created by its cutoff, that its action applies
+    to now."""
+    rows = filter_jobs(
+        Job.objects.using(using),
+        operation.filters,
+        operation.search,
+        window_start=operation.search_window_start,
+    )
+    return rows.filter(created_at__lte=operation.cutoff).filter(action_applies(operation.action))
+
+
+def start_bulk_operation(
+    *,
+    action: str,
+    filters: Mapping[str, str],
+    search: str,
+    operator: str,
+    reason: str = "",
+    using: str = "default",
+) -> BulkOperation:
+    """Record an operation over the jobs matching ``filters`` and ``search`` now, with
+    the count of those its action applies to. A malformed filter raises
+    :class:`~jobstate.job_queries.SearchError` and records nothing."""
+    if action not in BulkAction.values:
+        raise ValueError(f"unknown bulk action {action!r}")
+    filters = dict(filters)
+    window_start = None
+    if search.strip() and parse_search(search).needs_window(connections[using].vendor):
+        window_start = recent_window_start(using)
+    # Validates the filter before anything is written.
+    filter_jobs(Job.objects.using(using), filters, search, window_start=window_start)
+    store = get_state_store(using)
+    with transaction.atomic(using=using):
+        # The cutoff is the database's clock, which stamps the jobs' created_at.
+        operation = BulkOperation.objects.using(using).create(
+            action=action,
+            operator=operator,
+            filters=filters,
+            search=search.strip(),
+            search_window_start=window_start,
+            reason=reason,
+            cutoff=Now(),
+        )
+        operation.refresh_from_db(using=using)
+        operation.total = matching_jobs(operation, using).count()
+        operation.save(using=using, update_fields=["total"])
+        _summary(store, operation, "bulk_started")
+    return operation
+
+
+def advance_bulk_operation(
+    operation_id: int,
+    *,
+    seconds: float = STEP_SECONDS,
+    batch_size: int = BATCH_SIZE,
+    using: str = "default",
+) -> BulkOperation:
+    """Run batches of the operation for about ``seconds`` (at least one batch) and
+    return it as it then stands; a finished or cancelled one is returned unchanged."""
+    deadline = time.monotonic() + seconds
+    store = get_state_store(using)
+    while True:
+        operation = _run_batch(store, operation_id, batch_size, using)
+        if operation.state != BulkState.RUNNING or time.monotonic() >= deadline:
+            return operation
+
+
+def cancel_bulk_operation(operation_id: int, *, by: str, using: str = "default") -> BulkOperation:
+    """Stop a running operation after the batch in flight; what it did stays done."""
+    store = get_state_store(using)
+    with transaction.atomic(using=using):
+        operation = BulkOperation.objects.using(using).select_for_update().get(pk=operation_id)
+        if operation.state != BulkState.RUNNING:
+            raise BulkOperationFinished(f"Bulk operation {operation_id} is {operation.state}.")
+        operation.state = BulkState.CANCELLED
+        operation.finished_at = operation.updated_at = timezone.now()
+        operation.save(using=using)
+        _summary(store, operation, "bulk_cancelled", by=by)
+    return operation
+
+
+def _run_batch(store: StateStore, operation_id: int, batch_size: int, using: str) -> BulkOperation:
+    with transaction.atomic(using=using):
+        operation = BulkOperation.objects.using(using).select_for_update().get(pk=operation_id)
+        if operation.state != BulkState.RUNNING:
+            return operation
+        rows = matching_jobs(operation, using)
+        if operation.cursor_created_at is not None:
+            at, last = operation.cursor_created_at, operation.cursor_id
+            # The plain bound lets the index range start at the cursor; the pair is the
+            # exact keyset condition.
+            rows = rows.filter(created_at__lte=at).filter(
+                Q(created_at__lt=at) | Q(created_at=at, id__lt=last)
+            )
+        batch = list(
+            rows.order_by("-created_at", "-id").values_list("id", "created_at", "status")[
+                :batch_size
+            ]
+        )
+        if not batch:
+            operation.state = BulkState.DONE
+            operation.finished_at = operation.updated_at = timezone.now()
+            operation.save(using=using)
+            _summary(store, operation, "bulk_finished")
+            return operation
+        via = f"bulk:{operation.pk}"
+        for job_id, _created, status in batch:
+            if _apply(store, operation, job_id, status, via):
+                operation.done += 1
+            else:
+                operation.skipped += 1
+        operation.cursor_id, operation.cursor_created_at = batch[-1][0], batch[-1][1]
+        operation.updated_at = timezone.now()
+        operation.save(using=using)
+        return operation
+
+
+def _apply(
+    store: StateStore, operation: BulkOperation, job_id: uuid.UUID, status: str, via: str
+) -> bool:
+    by = operation.operator
+    if operation.action == BulkAction.REQUEUE:
+        if status in TERMINAL_JOB_STATUSES:
+            # The status read by the batch: a job that moved since is not requeued.
+            refired = store.requeue_job(job_id, from_statuses=[status], by=by, via=via)
+            return refired is not None
+        return store.requeue_expired_lease_job(job_id, by=by, via=via) is not None
+    if operation.action == BulkAction.REJECT:
+        reason = operation.reason or f"rejected by {by} (bulk operation {operation.pk})"
+        return store.reject_queued_job(job_id, by=by, reason=reason) is not None
+    return store.delete_finished_job(job_id, by=by, via=via) is not None
+
+
+def _summary(store: StateStore, operation: BulkOperation, event: str, by: str = "") -> None:
+    store.append_audit(
+        event=event,
+        title=f"Bulk {operation.get_action_display()} #{operation.pk}",
+        detail={
+            "by": by or operation.operator,
+            "operation": operation.pk,
+            "action": operation.action,
+            "filters": operation.filters,
+            "search": operation.search,
+            "total": operation.total,
+            "done": operation.done,
+            "skipped": operation.skipped,
+        },
+    )
