@@ -9,7 +9,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from django.test import Client
 
 from jobstate.bulk import advance_bulk_operation, start_bulk_operation
 from jobstate.job_queries import SearchError
