@@ -40,7 +40,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobstate.exceptions import JobStateError
-from jobstate.job_queries import filter_jobs, parse_search, recent_window_start
+from jobstate.job_queries import db_instant, filter_jobs, parse_search, recent_window_start
 from jobstate.models import BulkAction, BulkOperation, BulkState, Job
 from jobstate.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.stores import get_state_store
@@ -91,7 +91,8 @@ def matching_jobs(operation: BulkOperation, using: str = "default") -> QuerySet[
         operation.search,
         window_start=operation.search_window_start,
     )
-    return rows.filter(created_at__lte=operation.cutoff).filter(action_applies(operation.action))
+    cutoff = db_instant(using, operation.cutoff)
+    return rows.filter(created_at__lte=cutoff).filter(action_applies(operation.action))
 
 
 def start_bulk_operation(
@@ -171,7 +172,7 @@ def _run_batch(store: StateStore, operation_id: int, batch_size: int, using: str
             return operation
         rows = matching_jobs(operation, using)
         if operation.cursor_created_at is not None:
-            at, last = operation.cursor_created_at, operation.cursor_id
+            at, last = db_instant(using, operation.cursor_created_at), operation.cursor_id
             # The plain bound lets the index range start at the cursor; the pair is the
             # exact keyset condition.
             rows = rows.filter(created_at__lte=at).filter(

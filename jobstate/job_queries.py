@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Q, QuerySet, TextField
+from django.db.models import Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast, Now
 
 from jobstate.exceptions import JobStateError
@@ -51,6 +51,7 @@ __all__ = [
     "JobSearch",
     "SearchError",
     "apply_job_filter",
+    "db_instant",
     "filter_jobs",
     "parse_search",
     "recent_window_start",
@@ -177,7 +178,7 @@ class JobSearch:
             rows = _SEARCHES[name](rows, value, vendor)
         if self.needs_window(vendor):
             start = window_start if window_start is not None else recent_window_start(rows.db)
-            rows = rows.filter(created_at__gte=start)
+            rows = rows.filter(created_at__gte=db_instant(rows.db, start))
         return rows
 
 
@@ -186,6 +187,8 @@ def parse_search(term: str) -> JobSearch:
     term = term.strip()
     if len(term) > SEARCH_LIMIT:
         raise SearchError(f"A search is at most {SEARCH_LIMIT} characters.")
+    if len(re.findall(r'(?<!\\)"', term)) % 2:
+        raise SearchError("A quote is not closed.")
     exact = ""
     conditions: list[tuple[str, Any]] = []
     position = 0
@@ -198,6 +201,8 @@ def parse_search(term: str) -> JobSearch:
         position = match.end()
         name, value = match.group("field"), match.group("value")
         if name is None:
+            if re.fullmatch(r"[a-z]+:", value):
+                raise SearchError(f"{value} needs a value.")
             if exact:
                 raise SearchError(
                     "Only one bare term (an id, request id or thread) per search; "
@@ -294,6 +299,19 @@ _SEARCHES: dict[str, Callable[[QuerySet[Job], Any, str], QuerySet[Job]]] = {
     "input": _input,
     "worker": _worker,
 }
+
+
+def db_instant(using: str, instant: datetime) -> datetime | Value:
+    """``instant`` as a comparison with ``Job.created_at`` on ``using`` should take it.
+
+    SQLite keeps instants as text, and the database clock that stamps ``created_at``
+    writes milliseconds (``…:05.123``) where Django writes a parameter with microseconds
+    (``…:05.123000``); compared as text, the row would sort before the equal parameter.
+    There the instant is handed over in the clock's own format."""
+    if connections[using].vendor != "sqlite":
+        return instant
+    text = instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return Value(text[:-3] if instant.microsecond % 1000 == 0 else text)
 
 
 def recent_window_start(using: str = "default") -> datetime:

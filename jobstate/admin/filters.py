@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
@@ -20,7 +21,7 @@ from django.utils.translation import gettext_lazy as _
 
 from jobstate.audit import AUDIT_EVENTS
 from jobstate.conf import jobstate_settings
-from jobstate.job_queries import apply_job_filter
+from jobstate.job_queries import SearchError, apply_job_filter
 from jobstate.models import Job
 from jobstate.stores.base import JobRunStatus
 
@@ -77,13 +78,25 @@ class FixedChoicesFilter(admin.SimpleListFilter):
         return queryset
 
 
+def job_filter(queryset: QuerySet[Any], parameter: str, value: str | None) -> QuerySet[Any]:
+    """The jobs list narrowed by one of its filters through :mod:`jobstate.job_queries`;
+    a value it cannot read is the list's "incorrect lookup" (Django drops the filters
+    and says so), not a server error."""
+    if not value:
+        return queryset
+    try:
+        return apply_job_filter(queryset, parameter, value)
+    except SearchError as exc:
+        raise IncorrectLookupParameters(exc) from exc
+
+
 class JobChoicesFilter(FixedChoicesFilter):
     """A jobs list filter that narrows exactly as :mod:`jobstate.job_queries` does (and
     so as a bulk operation over the list's filter does)."""
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        return apply_job_filter(queryset, str(self.parameter_name), value) if value else queryset
+        return job_filter(queryset, str(self.parameter_name), value)
 
 
 def _recent_job_values(request: HttpRequest, field: str) -> list[str]:
@@ -150,7 +163,7 @@ class ExpiredLeaseFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        return apply_job_filter(queryset, str(self.parameter_name), value) if value else queryset
+        return job_filter(queryset, str(self.parameter_name), value)
 
 
 class DelayedFilter(admin.SimpleListFilter):
@@ -162,7 +175,7 @@ class DelayedFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        return apply_job_filter(queryset, str(self.parameter_name), value) if value else queryset
+        return job_filter(queryset, str(self.parameter_name), value)
 
 
 class TriggerFilter(FixedChoicesFilter):
