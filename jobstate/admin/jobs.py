@@ -40,6 +40,7 @@ from jobstate.admin.filters import (
     TaskFilter,
 )
 from jobstate.admin.tasks import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
+from jobstate.admin.timeline import job_timeline
 from jobstate.job_queries import SEARCH_FIELDS, SearchError, parse_search
 from jobstate.models import ApprovalDecision, AuditEntry, Job, Notification
 from jobstate.stores import get_state_store
@@ -497,6 +498,7 @@ class JobAdmin(TaskFieldsAdmin):
                 buttons.append({"action": action, "label": label, "return_to": request.path})
         return {
             "jobstate_job_page": True,
+            "job_timeline": job_timeline(job, trail, page, database_now(job)),
             "audit_trail": [
                 {
                     "entry": entry,
