@@ -159,7 +159,7 @@ class JobAdmin(TaskFieldsAdmin):
     operator's user name."""
 
     list_display = [
-        "request_id",
+        "request_id_cell",
         "status_display",
         "target",
         "task_display",
@@ -168,7 +168,7 @@ class JobAdmin(TaskFieldsAdmin):
         "attempts",
         "age",
         "lease",
-        "executor_id",
+        "executor_cell",
     ]
     list_filter = [
         "status",
@@ -230,9 +230,25 @@ class JobAdmin(TaskFieldsAdmin):
 
     # --- columns and fields ----------------------------------------------------------
 
+    @admin.display(description=gettext_lazy("request id"), ordering="request_id")
+    def request_id_cell(self, job: Job) -> SafeString:
+        # One line however long: cut with an ellipsis by the list's CSS, whole in the
+        # tooltip and on the job's page.
+        return format_html(
+            '<span class="jobstate-one-line" title="{}">{}</span>', job.request_id, job.request_id
+        )
+
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_display(self, job: Job) -> SafeString:
         return choice_badge(job.status, JobStatus(job.status).label)
+
+    @admin.display(description=gettext_lazy("executor / worker"), ordering="executor_id")
+    def executor_cell(self, job: Job) -> SafeString | str:
+        if not job.executor_id:
+            return "—"
+        return format_html(
+            '<span class="jobstate-one-line" title="{}">{}</span>', job.executor_id, job.executor_id
+        )
 
     @admin.display(description=gettext_lazy("age"), ordering="created_at")
     def age(self, job: Job) -> str:
