@@ -11,10 +11,12 @@ from urllib.parse import urlencode
 import pytest
 
 from jobstate.bulk import advance_bulk_operation, start_bulk_operation
+from jobstate.exceptions import InvalidJobState
 from jobstate.job_queries import SearchError
 from jobstate.models import AuditEntry, BulkOperation, BulkState, Job
 from jobstate.stores.base import JobStatus
 from jobstate.stores.database import DatabaseStateStore
+from jobstate.testing.memory_state import MemoryStateStore
 from tests.test_admin_jobs import failed_job, logged_in, operator, shown_messages
 
 pytestmark = pytest.mark.django_db
@@ -218,3 +220,20 @@ def test_a_bulk_operation_over_a_search_uses_the_search(django_user_model: Any) 
     advance_bulk_operation(operation.pk)
     requeued = Job.objects.filter(status="queued")
     assert sorted(job.input["customer"] for job in requeued) == [1, 1]
+
+
+@pytest.mark.parametrize("store_class", [DatabaseStateStore, MemoryStateStore])
+def test_delete_finished_job_deletes_only_finished_jobs_and_audits(store_class: Any) -> None:
+    store = store_class()
+    finished = failed_job(store, "gone")
+    waiting = store.create_job(request_id="waiting", target="mail")
+    assert store.delete_finished_job(waiting.pk, by="ops", via="test") is None
+    assert store.get_job(waiting.pk) is not None
+    deleted = store.delete_finished_job(finished.pk, by="ops", via="test")
+    assert deleted is not None and deleted.status == JobStatus.ERROR
+    assert store.get_job(finished.pk) is None and store.find_by_request_id("gone") is None
+    [entry] = [e for e in store.list_audit(request_id="gone") if e.event == "deleted"]
+    assert entry.detail == {"by": "ops", "via": "test", "prev_status": "error"}
+    assert store.delete_finished_job(finished.pk, by="ops", via="test") is None
+    with pytest.raises(InvalidJobState):
+        store.delete_finished_job(finished.pk, by="", via="test")
