@@ -66,6 +66,7 @@ def test_the_stores_declare_what_they_offer() -> None:
         "supports_approvals",
         "supports_metrics",
         "supports_tasks",
+        "supports_job_deletion",
     }
 
 
