@@ -11,10 +11,10 @@ done. Each batch is one transaction that
 1. locks the operation's row, so two drivers never take the same batch;
 2. reads the next :data:`BATCH_SIZE` matching jobs after the cursor, newest first (the
    list's order), that the action applies to at that moment;
-3. hands each one to the store's single-job transition (``requeue_job`` /
-   ``requeue_expired_lease_job``, ``reject_queued_job``, ``delete_finished_job``), which
-   re-checks the job under its row lock: a job claimed or changed meanwhile is left
-   alone and counted as skipped;
+3. hands them to the store's batch transition (``requeue_jobs``,
+   ``reject_queued_jobs``, ``delete_finished_jobs``: the single-job transitions over a
+   batch), which re-checks each job's condition under its row lock: a job claimed or
+   changed meanwhile is left alone and counted as skipped;
 4. moves the cursor and the counts.
 
 A crash rolls back the batch in flight (its transitions, audit entries and cursor move
@@ -189,32 +189,26 @@ def _run_batch(store: StateStore, operation_id: int, batch_size: int, using: str
             operation.save(using=using)
             _summary(store, operation, "bulk_finished")
             return operation
-        via = f"bulk:{operation.pk}"
-        for job_id, _created, status in batch:
-            if _apply(store, operation, job_id, status, via):
-                operation.done += 1
-            else:
-                operation.skipped += 1
+        changed = _apply(store, operation, [(job_id, status) for job_id, _at, status in batch])
+        operation.done += changed
+        operation.skipped += len(batch) - changed
         operation.cursor_id, operation.cursor_created_at = batch[-1][0], batch[-1][1]
         operation.updated_at = timezone.now()
         operation.save(using=using)
         return operation
 
 
-def _apply(
-    store: StateStore, operation: BulkOperation, job_id: uuid.UUID, status: str, via: str
-) -> bool:
-    by = operation.operator
+def _apply(store: StateStore, operation: BulkOperation, jobs: list[tuple[uuid.UUID, str]]) -> int:
+    """Hand one batch to the store's batch transition; how many jobs it changed."""
+    by, via = operation.operator, f"bulk:{operation.pk}"
     if operation.action == BulkAction.REQUEUE:
-        if status in TERMINAL_JOB_STATUSES:
-            # The status read by the batch: a job that moved since is not requeued.
-            refired = store.requeue_job(job_id, from_statuses=[status], by=by, via=via)
-            return refired is not None
-        return store.requeue_expired_lease_job(job_id, by=by, via=via) is not None
+        # The status each job was read in: one that moved since is not requeued.
+        return len(store.requeue_jobs(jobs, by=by, via=via))
+    ids = [job_id for job_id, _status in jobs]
     if operation.action == BulkAction.REJECT:
         reason = operation.reason or f"rejected by {by} (bulk operation {operation.pk})"
-        return store.reject_queued_job(job_id, by=by, reason=reason) is not None
-    return store.delete_finished_job(job_id, by=by, via=via) is not None
+        return len(store.reject_queued_jobs(ids, by=by, reason=reason))
+    return len(store.delete_finished_jobs(ids, by=by, via=via))
 
 
 def _summary(store: StateStore, operation: BulkOperation, event: str, by: str = "") -> None:

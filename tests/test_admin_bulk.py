@@ -17,7 +17,7 @@ from jobstate.models import AuditEntry, BulkOperation, BulkState, Job
 from jobstate.stores.base import JobStatus
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
-from tests.test_admin_jobs import failed_job, logged_in, operator, shown_messages
+from tests.test_admin_jobs import failed_job, logged_in, operator, running_job, shown_messages
 
 pytestmark = pytest.mark.django_db
 
@@ -237,3 +237,45 @@ def test_delete_finished_job_deletes_only_finished_jobs_and_audits(store_class: 
     assert store.delete_finished_job(finished.pk, by="ops", via="test") is None
     with pytest.raises(InvalidJobState):
         store.delete_finished_job(finished.pk, by="", via="test")
+
+
+@pytest.mark.parametrize("store_class", [DatabaseStateStore, MemoryStateStore])
+def test_the_batch_transitions_keep_the_single_transitions_checks(store_class: Any) -> None:
+    """The database store's set-based batches and the base's one-at-a-time default
+    (the in-memory store) answer alike."""
+    store = store_class()
+    failed = failed_job(store, "failed")
+    done = failed_job(store, "done-later")
+    store.update_job(done.pk, status="done", metadata={"no_delivery": True, "k": 1})
+    expired = running_job(store, "expired", expired=True)
+    held = running_job(store, "held", expired=False)
+    queued = store.create_job(request_id="queued", target="mail")
+    requeued = store.requeue_jobs(
+        [
+            (failed.pk, "error"),
+            (done.pk, "error"),  # seen as error, done now: left alone
+            (expired.pk, "running"),
+            (held.pk, "running"),  # its lease still runs
+            (queued.pk, "queued"),
+        ],
+        by="ops",
+        via="bulk:test",
+    )
+    assert sorted(requeued) == sorted([failed.pk, expired.pk])
+    assert store.get_job(done.pk).status == "done"  # type: ignore[union-attr]
+    again = store.get_job(expired.pk)
+    assert again is not None and again.status == "queued" and again.claim_token is None
+    entries = [e for e in store.list_audit(request_id="expired") if e.event == "rerun"]
+    assert [e.detail for e in entries] == [
+        {"by": "ops", "via": "bulk:test", "prev_status": "running"}
+    ]
+    assert store.requeue_jobs([(done.pk, "done")], by="ops", via="v") == [done.pk]
+    assert store.get_job(done.pk).metadata == {"k": 1}  # type: ignore[union-attr]
+    rejected = store.reject_queued_jobs([queued.pk, held.pk, failed.pk], by="ops", reason="r")
+    assert sorted(rejected) == sorted([queued.pk, failed.pk])  # both were queued
+    assert store.get_job(queued.pk).error == "r"  # type: ignore[union-attr]
+    deleted = store.delete_finished_jobs([queued.pk, held.pk], by="ops", via="v")
+    assert deleted == [queued.pk]
+    assert store.get_job(held.pk) is not None
+    with pytest.raises(InvalidJobState):
+        store.requeue_jobs([(failed.pk, "nonsense")], by="ops", via="v")
