@@ -48,8 +48,9 @@ from jobstate.stores.state_validation import REJECT_REASON_LIMIT
 
 __all__ = ["BulkOperationAdmin", "bulk_links", "bulk_urls"]
 
-#: Parameters of the jobs list's URL that do not narrow it (ordering, page).
-_NOT_FILTERS = {"o", "p", "all"}
+#: Parameters of the jobs list's URL that do not narrow it (ordering, page, "show all",
+#: the "incorrect lookup" note, facets).
+_NOT_FILTERS = {"o", "p", "all", "e", "_facets"}
 
 #: The permission suffix (``has_<suffix>_permission`` on the job admin) of each action.
 PERMISSIONS = {
