@@ -4,6 +4,7 @@ the progress page and its steps, permissions, audit entries, and the batches the
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 from urllib.parse import urlencode
@@ -279,3 +280,17 @@ def test_the_batch_transitions_keep_the_single_transitions_checks(store_class: A
     assert store.get_job(held.pk) is not None
     with pytest.raises(InvalidJobState):
         store.requeue_jobs([(failed.pk, "nonsense")], by="ops", via="v")
+
+
+def test_the_command_finishes_an_operation_and_refuses_an_unknown_one() -> None:
+    from django.core.management import CommandError, call_command
+
+    store = DatabaseStateStore()
+    failed_jobs(store, 3)
+    operation = start_bulk_operation(action="requeue", filters={}, search="", operator="ops")
+    out = io.StringIO()
+    call_command("run_bulk_operation", str(operation.pk), "--batch-size", "2", stdout=out)
+    assert f"Bulk operation {operation.pk} (requeue) done: 3 done, 0 skipped" in out.getvalue()
+    with pytest.raises(CommandError, match="No bulk operation 999") as raised:
+        call_command("run_bulk_operation", "999")
+    assert raised.value.returncode == 2
