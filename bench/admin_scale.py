@@ -17,6 +17,9 @@ with Django's test ``Client`` logged in as a superuser:
 - the operations dashboard (with its two finished-jobs charts);
 - the Workers page (16 registered workers, the executors of the seeded claimed jobs,
   some lost and some stopped) and the Queues page (one queue paused);
+- the console's jobs pages (``bench.admin_console``): the jobs list with each search
+  kind, a job's page with its timeline, and a bulk requeue over a filter (``--no-bulk``
+  leaves it out);
 
 and it times the 24-hour throughput chart's query on its own
 (``jobstate.admin.dashboard.finished_per_hour``).
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.admin_console import print_console
 from bench.pg import (
     BenchError,
     connect,
@@ -244,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_manifest = manifest(conn)
     _setup_django(args.url)
     try:
-        report = _run(jobs=jobs, audit=audit, warm=args.warm)
+        report = _run(jobs=jobs, audit=audit, warm=args.warm, bulk=not args.no_bulk)
     finally:
         from django.db import connections
 
@@ -287,6 +291,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", action="store_true", help="leave the database in place afterwards"
     )
+    parser.add_argument(
+        "--no-bulk", action="store_true", help="skip the bulk requeue (it changes the data)"
+    )
     return parser.parse_args(argv)
 
 
@@ -306,17 +313,20 @@ def _setup_django(url: str) -> None:
     django.setup()
 
 
-def _run(*, jobs: int, audit: int, warm: int) -> dict[str, Any]:
+def _run(*, jobs: int, audit: int, warm: int, bulk: bool = True) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection
     from django.test import Client
     from django.test.utils import override_settings
 
+    from bench import admin_console
+
     started = time.perf_counter()
     call_command("migrate", verbosity=0, interactive=False)
     migrated = time.perf_counter()
     _seed(connection, jobs=jobs, audit=audit)
+    admin_console.seed_tasks(connection, jobs)
     seeded = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
@@ -337,6 +347,12 @@ def _run(*, jobs: int, audit: int, warm: int) -> dict[str, Any]:
             if page.key in stock:
                 measurements.append(_measure(client, "stock", stock[page.key], warm))
     measurements.append(_measure_chart(warm))
+    console: dict[str, Any] = {"pages": []}
+    for extra in admin_console.console_pages(connection):
+        measured = _measure(client, "jobstate", Page(extra.key, extra.label, extra.url), warm)
+        console["pages"].append({**asdict(measured), "uses_index": extra.uses_index})
+    if bulk:
+        console["bulk"] = admin_console.bulk_requeue(connection)
 
     return {
         "rows": {"jobs": jobs, "audit": audit},
@@ -355,6 +371,7 @@ def _run(*, jobs: int, audit: int, warm: int) -> dict[str, Any]:
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
         "measurements": [asdict(m) for m in measurements],
+        "console": console,
     }
 
 
@@ -600,6 +617,7 @@ def _print_report(report: dict[str, Any]) -> None:
             f"  {ours['label']:<28} {ratio:6.1f}x time   "
             f"{stock['queries']} vs {ours['queries']} queries   ({stock['label']})"
         )
+    print_console(report)
 
 
 if __name__ == "__main__":

@@ -250,6 +250,7 @@ AUDIT_EVENTS: dict[str, AuditEventDefaults] = {
         AuditStage.RECOVERY, AuditSeverity.WARNING, "Retry scheduled"
     ),
     "expired": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.WARNING, "Expired"),
+    "deleted": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.WARNING, "Deleted"),
     "tool_result": AuditEventDefaults(AuditStage.TOOL, AuditSeverity.INFO, "Tool result"),
     "tool_approved": AuditEventDefaults(AuditStage.APPROVAL, AuditSeverity.INFO, "Tool approved"),
     "tool_approved_external": AuditEventDefaults(

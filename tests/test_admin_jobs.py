@@ -133,7 +133,8 @@ def test_changelist_shows_status_badges_lease_and_age(admin_client: Client, stor
     assert re.search(r"ends in (19|20) min", page)
     assert re.search(r"<td class=\"field-age\">\d+ s ago</td>", page)
     for request_id in ("live", "lost", "broken"):
-        assert f">{request_id}</a>" in page
+        # The request id links to the job, on one line with the whole id as tooltip.
+        assert f'title="{request_id}">{request_id}</span></a>' in page
 
 
 def test_changelist_lists_newest_first(admin_client: Client, store) -> None:

@@ -75,6 +75,14 @@ def test_quick_run_measures_every_page_on_both_configurations_and_drops_its_data
         assert m["queries"] > 0, m
         assert m["median_ms"] > 0, m
     assert "stock ÷ jobstate" in result.stdout
+    console = {m["page"]: m for m in report["console"]["pages"]}
+    assert {"search_input", "search_task", "search_worker", "job_page"} <= set(console)
+    for m in console.values():
+        assert m["queries"] > 0, m
+    bulk = report["console"]["bulk"]
+    assert bulk["state"] == "done" and bulk["done"] == bulk["matching"] > 0
+    assert bulk["statements"] > 0 and bulk["slowest_statement_ms"] > 0
+    assert "bulk requeue over" in result.stdout and "search: input key" in result.stdout
     assert "jobs, status = error" in result.stdout
     assert "workers page" in result.stdout and "throughput chart (24 h)" in result.stdout
     assert not _database_exists(url, name), "the benchmark left its database behind"

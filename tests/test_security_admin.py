@@ -237,6 +237,9 @@ CONSOLE_PAGES = {
     "workers": "/admin/jobstate/worker/",
     "queues": "/admin/jobstate/queuepause/",
 }
+#: Custom admin URLs that run the bulk actions over a filter; each checks the action's
+#: own permission (tests/test_security_bulk.py).
+BULK_VIEWS = {"jobstate_job_bulk", "jobstate_job_bulk_progress"}
 
 
 def jobstate_admins() -> list[tuple[type[Model], admin.ModelAdmin[Any]]]:
@@ -305,7 +308,7 @@ def test_every_action_and_custom_view_has_a_case(django_user_model: Any) -> None
             ):
                 found_views.add(url_name)
     assert found_actions == {(case.model, case.action) for case in CASES}
-    assert found_views == set(READ_ONLY_VIEWS) | set(ACTION_VIEWS)
+    assert found_views == set(READ_ONLY_VIEWS) | set(ACTION_VIEWS) | BULK_VIEWS
 
 
 def test_no_admin_adds_edits_or_deletes(django_user_model: Any) -> None:

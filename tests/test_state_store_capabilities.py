@@ -68,6 +68,7 @@ def test_the_stores_declare_what_they_offer() -> None:
         "supports_tasks",
         "supports_queue_pauses",
         "supports_worker_registry",
+        "supports_job_deletion",
     }
 
 

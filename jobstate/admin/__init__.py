@@ -13,6 +13,7 @@ three pages refresh themselves in place.
 
 from __future__ import annotations
 
+from jobstate.admin.bulk import BulkOperationAdmin
 from jobstate.admin.common import ReadOnlyAdmin, status_badge
 from jobstate.admin.history import ApprovalDecisionAdmin, AuditEntryAdmin, DeliveryReplayAdmin
 from jobstate.admin.jobs import JobAdmin
@@ -27,6 +28,7 @@ from jobstate.admin.workers import WorkerAdmin
 __all__ = [
     "ApprovalDecisionAdmin",
     "AuditEntryAdmin",
+    "BulkOperationAdmin",
     "DeliveryReplayAdmin",
     "EstimatedCountPaginator",
     "JobAdmin",

@@ -13,15 +13,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q, QuerySet
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from jobstate.audit import AUDIT_EVENTS
 from jobstate.conf import jobstate_settings
+from jobstate.job_queries import SearchError, apply_job_filter
 from jobstate.models import Job
-from jobstate.stores.base import CLAIMED_JOB_STATUSES, JobRunStatus, JobStatus
+from jobstate.stores.base import JobRunStatus
 
 __all__ = [
     "ADMIN_AUDIT_EVENTS",
@@ -76,6 +78,27 @@ class FixedChoicesFilter(admin.SimpleListFilter):
         return queryset
 
 
+def job_filter(queryset: QuerySet[Any], parameter: str, value: str | None) -> QuerySet[Any]:
+    """The jobs list narrowed by one of its filters through :mod:`jobstate.job_queries`;
+    a value it cannot read is the list's "incorrect lookup" (Django drops the filters
+    and says so), not a server error."""
+    if not value:
+        return queryset
+    try:
+        return apply_job_filter(queryset, parameter, value)
+    except SearchError as exc:
+        raise IncorrectLookupParameters(exc) from exc
+
+
+class JobChoicesFilter(FixedChoicesFilter):
+    """A jobs list filter that narrows exactly as :mod:`jobstate.job_queries` does (and
+    so as a bulk operation over the list's filter does)."""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return job_filter(queryset, str(self.parameter_name), value)
+
+
 def _recent_job_values(request: HttpRequest, field: str) -> list[str]:
     """Distinct non-empty ``field`` values among the newest jobs, sorted. One query per
     request serves the target, source, task and queue filters."""
@@ -91,7 +114,7 @@ def _recent_job_values(request: HttpRequest, field: str) -> list[str]:
     return cache[field]
 
 
-class TargetFilter(FixedChoicesFilter):
+class TargetFilter(JobChoicesFilter):
     title = _("target")
     parameter_name = "target"
     field = "target"
@@ -100,7 +123,7 @@ class TargetFilter(FixedChoicesFilter):
         return _recent_job_values(request, "target")
 
 
-class SourceFilter(FixedChoicesFilter):
+class SourceFilter(JobChoicesFilter):
     title = _("source")
     parameter_name = "source"
     field = "source"
@@ -109,7 +132,7 @@ class SourceFilter(FixedChoicesFilter):
         return _recent_job_values(request, "source")
 
 
-class TaskFilter(FixedChoicesFilter):
+class TaskFilter(JobChoicesFilter):
     """django.tasks tasks by their dotted path."""
 
     title = _("task")
@@ -120,7 +143,7 @@ class TaskFilter(FixedChoicesFilter):
         return _recent_job_values(request, "task_path")
 
 
-class QueueFilter(FixedChoicesFilter):
+class QueueFilter(JobChoicesFilter):
     """django.tasks tasks by their queue."""
 
     title = _("queue")
@@ -139,12 +162,8 @@ class ExpiredLeaseFilter(admin.SimpleListFilter):
         return [("expired", _("Expired")), ("held", _("Held"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        claimed = queryset.filter(status__in=list(CLAIMED_JOB_STATUSES))
-        if self.value() == "expired":
-            return claimed.filter(lease_until__lt=Now())
-        if self.value() == "held":
-            return claimed.filter(lease_until__gte=Now())
-        return queryset
+        value = self.value()
+        return job_filter(queryset, str(self.parameter_name), value)
 
 
 class DelayedFilter(admin.SimpleListFilter):
@@ -155,13 +174,8 @@ class DelayedFilter(admin.SimpleListFilter):
         return [("yes", _("Delayed (run after is ahead)")), ("no", _("Ready"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "yes":
-            return queryset.filter(status=JobStatus.QUEUED, run_after__gt=Now())
-        if self.value() == "no":
-            return queryset.filter(status=JobStatus.QUEUED).filter(
-                Q(run_after__isnull=True) | Q(run_after__lte=Now())
-            )
-        return queryset
+        value = self.value()
+        return job_filter(queryset, str(self.parameter_name), value)
 
 
 class TriggerFilter(FixedChoicesFilter):

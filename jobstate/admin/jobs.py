@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
@@ -17,13 +17,13 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from jobstate.admin.bulk import bulk_links, bulk_urls
 from jobstate.admin.common import (
     REDACTOR_ATTRIBUTE,
     ActionRow,
     ActionSpec,
     choice_badge,
     database_now,
-    exact_search,
     json_block,
     relative_time,
     run_confirmed_action,
@@ -45,6 +45,8 @@ from jobstate.admin.filters import (
     TaskFilter,
 )
 from jobstate.admin.tasks import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
+from jobstate.admin.timeline import job_timeline
+from jobstate.job_queries import SEARCH_FIELDS, SearchError, parse_search
 from jobstate.models import ApprovalDecision, AuditEntry, Job, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
@@ -162,7 +164,7 @@ class JobAdmin(TaskFieldsAdmin):
     operator's user name."""
 
     list_display = [
-        "request_id",
+        "request_id_cell",
         "status_display",
         "target",
         "task_display",
@@ -171,7 +173,7 @@ class JobAdmin(TaskFieldsAdmin):
         "attempts",
         "age",
         "lease",
-        "executor_id",
+        "executor_cell",
     ]
     list_filter = [
         "status",
@@ -182,9 +184,14 @@ class JobAdmin(TaskFieldsAdmin):
         ExpiredLeaseFilter,
         DelayedFilter,
     ]
-    # Enables the search box; the search itself is exact (see ``search``).
+    # Enables the search box; the search itself is jobstate.job_queries (see ``search``).
     search_fields = ["request_id"]
-    search_help_text = gettext_lazy("An exact job id, request id or thread number.")
+    search_help_text = gettext_lazy(
+        "An exact job id, request id or thread number, and/or field:value terms "
+        "(all must match): task:app.tasks.send (or a prefix: task:app.tasks.*), "
+        "queue:emails, error:TimeoutError, input:customer=42 (a JSON value; "
+        'a.b=1 for a nested key), worker:w-1. Quote values with spaces: error:"timed out".'
+    )
     # Served by the jobstate_job_recent_idx index (ties broken by the time-ordered id).
     ordering = ["-created_at"]
     actions = ["requeue_jobs", "reject_jobs", "approve_and_requeue_jobs"]
@@ -196,10 +203,30 @@ class JobAdmin(TaskFieldsAdmin):
         # Leases are judged on the clock that wrote them (see with_database_now).
         return with_database_now(super().get_queryset(request))
 
-    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
-        return exact_search(
-            queryset, term, uuid_fields=["id"], int_fields=["thread_id"], text_fields=["request_id"]
-        )
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        """The list narrowed by the search (:mod:`jobstate.job_queries`); a search it
+        cannot read shows why and lists nothing."""
+        if not search_term.strip():
+            return queryset, False
+        try:
+            return parse_search(search_term).apply(queryset), False
+        except SearchError as exc:
+            fields = ", ".join(f"{name}: ({what})" for name, what in SEARCH_FIELDS.items())
+            self.message_user(
+                request,
+                _("Search not understood: %(error)s Search fields: %(fields)s.")
+                % {"error": exc, "fields": fields},
+                messages.ERROR,
+            )
+            return queryset.none(), False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "jobstate_bulk_links": bulk_links(self, request)}
+        return super().changelist_view(request, context)
 
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
         # A task's page shows what it runs right after what the job is.
@@ -208,9 +235,25 @@ class JobAdmin(TaskFieldsAdmin):
 
     # --- columns and fields ----------------------------------------------------------
 
+    @admin.display(description=gettext_lazy("request id"), ordering="request_id")
+    def request_id_cell(self, job: Job) -> SafeString:
+        # One line however long: cut with an ellipsis by the list's CSS, whole in the
+        # tooltip and on the job's page.
+        return format_html(
+            '<span class="jobstate-one-line" title="{}">{}</span>', job.request_id, job.request_id
+        )
+
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_display(self, job: Job) -> SafeString:
         return choice_badge(job.status, JobStatus(job.status).label)
+
+    @admin.display(description=gettext_lazy("executor / worker"), ordering="executor_id")
+    def executor_cell(self, job: Job) -> SafeString | str:
+        if not job.executor_id:
+            return "—"
+        return format_html(
+            '<span class="jobstate-one-line" title="{}">{}</span>', job.executor_id, job.executor_id
+        )
 
     @admin.display(description=gettext_lazy("age"), ordering="created_at")
     def age(self, job: Job) -> str:
@@ -269,6 +312,9 @@ class JobAdmin(TaskFieldsAdmin):
 
     def has_approve_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "approve_job")
+
+    def has_delete_finished_permission(self, request: HttpRequest) -> bool:
+        return self.user_can(request, "delete_finished_job")
 
     # --- actions ---------------------------------------------------------------------
 
@@ -473,6 +519,7 @@ class JobAdmin(TaskFieldsAdmin):
                 buttons.append({"action": action, "label": label, "return_to": request.path})
         return {
             "jobstate_job_page": True,
+            "job_timeline": job_timeline(job, trail, page, database_now(job)),
             "audit_trail": [
                 {
                     "entry": entry,
@@ -513,7 +560,7 @@ class JobAdmin(TaskFieldsAdmin):
             self.admin_site.admin_view(self.operations_view),
             name="jobstate_dashboard",
         )
-        return [operations, *super().get_urls()]
+        return [operations, *bulk_urls(self), *super().get_urls()]
 
     def operations_view(self, request: HttpRequest) -> HttpResponse:
         """The metrics snapshot as cards, jobs finished per minute over the last hour

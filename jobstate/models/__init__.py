@@ -3,11 +3,13 @@
 One module per table family: :mod:`~jobstate.models.runs`, :mod:`~jobstate.models.jobs`,
 :mod:`~jobstate.models.ledger` (audit entries, runtime locks) and
 :mod:`~jobstate.models.outbox` (notifications, delivery attempts and replays, approval
-decisions) and :mod:`~jobstate.models.schedules` (periodic schedules and their
-occurrences) and :mod:`~jobstate.models.fleet` (registered workers, paused queues).
-Everything is importable from ``jobstate.models``.
+decisions), :mod:`~jobstate.models.bulk` (the console's bulk operations),
+:mod:`~jobstate.models.schedules` (periodic schedules and their occurrences) and
+:mod:`~jobstate.models.fleet` (registered workers, paused queues). Everything is
+importable from ``jobstate.models``.
 """
 
+from jobstate.models.bulk import BulkAction, BulkOperation, BulkState
 from jobstate.models.fleet import (
     NO_QUEUE,
     QUEUE_PAUSE_UNIQUE,
@@ -61,6 +63,9 @@ __all__ = [
     "ApprovalDecision",
     "AuditEntry",
     "AuditEntryQuerySet",
+    "BulkAction",
+    "BulkOperation",
+    "BulkState",
     "CatchUp",
     "DeliveryAttempt",
     "DeliveryReplay",

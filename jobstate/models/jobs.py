@@ -258,6 +258,7 @@ class Job(models.Model):
             ("requeue_job", _("Can requeue finished or expired jobs")),
             ("reject_job", _("Can reject queued jobs")),
             ("approve_job", _("Can approve and requeue finished jobs")),
+            ("delete_finished_job", _("Can delete finished jobs")),
         ]
         constraints = [
             models.UniqueConstraint(fields=["request_id"], name=JOB_UNIQUE_REQUEST_ID),

@@ -107,6 +107,9 @@ class StateStorePrimitives(ABC):
     #: ``_beat_worker``, ``_stop_worker``): the worker processes the console lists.
     supports_worker_registry: ClassVar[bool] = False
 
+    #: ``delete_finished_job`` (``_delete_job``).
+    supports_job_deletion: ClassVar[bool] = False
+
     # --- one unit of work ------------------------------------------------------------
 
     @abstractmethod
@@ -157,6 +160,11 @@ class StateStorePrimitives(ABC):
         :meth:`_atomic` block ends; ``None`` when there is none. With ``lease_ended``,
         only a running or dispatched job whose ``lease_until`` is before the store's
         clock."""
+
+    def _delete_job(self, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
+        """Delete the job while its status is one of ``expected``, in one atomic step;
+        whether it was deleted. Its audit entries stay."""
+        raise self._missing_primitive("supports_job_deletion", "_delete_job")
 
     # --- claims and reports ----------------------------------------------------------
 

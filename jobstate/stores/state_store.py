@@ -43,6 +43,7 @@ from jobstate.stores.state_validation import (
 )
 from jobstate.stores.validation import (
     clean_job_fields,
+    parse_statuses,
     parse_uuid,
     require_text,
     validate_instant,
@@ -166,6 +167,118 @@ class StateStore(TaskStateStore):
                 detail = {"by": by, "reason": error, "prev_status": JobStatus.QUEUED.value}
                 self.append_audit(job=job, event="rejected", detail=detail)
             return job
+
+    def delete_finished_job(self, job_id: JobId, *, by: str, via: str) -> Job | None:
+        """Delete a job that is done, error or rejected, and write a ``deleted`` audit
+        entry naming ``by`` and ``via`` (with the job's id, request id and last status;
+        audit entries outlive their job) in the same transaction. The job is held from
+        the read of its status to the delete, so a job requeued or claimed meanwhile is
+        never deleted: ``None`` (and nothing written) when it is gone or not finished.
+        Returns the job as it was before the delete."""
+        self._require(self.supports_job_deletion, "supports_job_deletion", "delete_finished_job")
+        pk = parse_uuid(job_id, field="job_id")
+        validate_requeue_arguments([JobStatus.DONE], by, via, "deleted")
+        with self._atomic():
+            job = self._lock_job(pk)
+            if job is None or job.status not in TERMINAL_JOB_STATUSES:
+                return None
+            if not self._delete_job(pk, [JobStatus(job.status)]):
+                return None
+            detail = {"by": by, "via": via, "prev_status": job.status}
+            self.append_audit(job=job.pk, request_id=job.request_id, event="deleted", detail=detail)
+            return job
+
+    # --- the same transitions over a batch of jobs (the console's bulk actions) -------
+
+    def requeue_jobs(
+        self,
+        jobs: Sequence[tuple[JobId, str]],
+        *,
+        by: str,
+        via: str,
+        event: str = "rerun",
+    ) -> list[uuid.UUID]:
+        """The refire transition (:meth:`requeue_job`) for a batch of ``(job id, status
+        it was seen in)`` pairs, in one transaction: a finished job is requeued while it
+        is still in that status; a running or dispatched one while it is still in it and
+        its lease has ended on the store's clock (:meth:`requeue_expired_lease_job`).
+        Each job is checked while held, and each requeued one gets the audit entry
+        :meth:`requeue_job` writes. Returns the ids requeued; the rest are untouched."""
+        pairs = [
+            (parse_uuid(pk, field="job_id"), parse_statuses([status])[0]) for pk, status in jobs
+        ]
+        validate_requeue_arguments([JobStatus.DONE], by, via, event)
+        if not pairs:
+            return []
+        with self._atomic():
+            return self._requeue_batch(pairs, by=by, via=via, event=event)
+
+    def reject_queued_jobs(
+        self, job_ids: Sequence[JobId], *, by: str, reason: str = ""
+    ) -> list[uuid.UUID]:
+        """:meth:`reject_queued_job` for a batch of jobs, in one transaction; the ids
+        rejected (those still queued)."""
+        pks = [parse_uuid(pk, field="job_id") for pk in job_ids]
+        error = validate_reject_arguments(by, reason)
+        if not pks:
+            return []
+        with self._atomic():
+            return self._reject_batch(pks, by=by, error=error)
+
+    def delete_finished_jobs(
+        self, job_ids: Sequence[JobId], *, by: str, via: str
+    ) -> list[uuid.UUID]:
+        """:meth:`delete_finished_job` for a batch of jobs, in one transaction; the ids
+        deleted (those still done, error or rejected)."""
+        self._require(self.supports_job_deletion, "supports_job_deletion", "delete_finished_jobs")
+        pks = [parse_uuid(pk, field="job_id") for pk in job_ids]
+        validate_requeue_arguments([JobStatus.DONE], by, via, "deleted")
+        if not pks:
+            return []
+        with self._atomic():
+            return self._delete_batch(pks, by=by, via=via)
+
+    def _requeue_batch(
+        self, jobs: list[tuple[uuid.UUID, JobStatus]], *, by: str, via: str, event: str
+    ) -> list[uuid.UUID]:
+        """:meth:`requeue_jobs` on checked arguments, inside its transaction. This
+        default refires one job at a time; a backend may override it with set-based
+        statements that keep the same checks."""
+        requeued = []
+        for pk, status in jobs:
+            if status not in TERMINAL_JOB_STATUSES:
+                held = self._lock_job(pk, lease_ended=True)
+                if held is None or held.status != status:
+                    continue
+            if self._refire(pk, [status], by=by, via=via, event=event) is not None:
+                requeued.append(pk)
+        return requeued
+
+    def _reject_batch(self, pks: list[uuid.UUID], *, by: str, error: str) -> list[uuid.UUID]:
+        """:meth:`reject_queued_jobs` on checked arguments (default: one at a time)."""
+        rejected = []
+        for pk in pks:
+            job = self._update_job(
+                pk, {"status": JobStatus.REJECTED, "error": error}, [JobStatus.QUEUED]
+            )
+            if job is not None:
+                detail = {"by": by, "reason": error, "prev_status": JobStatus.QUEUED.value}
+                self.append_audit(job=job, event="rejected", detail=detail)
+                rejected.append(pk)
+        return rejected
+
+    def _delete_batch(self, pks: list[uuid.UUID], *, by: str, via: str) -> list[uuid.UUID]:
+        """:meth:`delete_finished_jobs` on checked arguments (default: one at a time)."""
+        deleted = []
+        for pk in pks:
+            job = self._lock_job(pk)
+            if job is None or job.status not in TERMINAL_JOB_STATUSES:
+                continue
+            if self._delete_job(pk, [JobStatus(job.status)]):
+                detail = {"by": by, "via": via, "prev_status": job.status}
+                self.append_audit(job=pk, request_id=job.request_id, event="deleted", detail=detail)
+                deleted.append(pk)
+        return deleted
 
     def requeue_approved_job_once(
         self, *, job_id: JobId, decision_id: str, approver: str, comment: str = ""

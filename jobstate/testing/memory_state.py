@@ -70,6 +70,7 @@ class MemoryStateStore(StateStore):
     supports_tasks = True
     supports_queue_pauses = True
     supports_worker_registry = True
+    supports_job_deletion = True
 
     def __init__(
         self, using: str = "default", *, clock: Callable[[], datetime] | None = None
@@ -127,6 +128,15 @@ class MemoryStateStore(StateStore):
             row.update(copy.deepcopy(cleaned))
             row["updated_at"] = self._clock()
             return _job(row)
+
+    def _delete_job(self, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
+        with self._mutex:
+            row = self._jobs.get(pk)
+            if row is None or row["status"] not in expected:
+                return False
+            del self._jobs[pk]
+            del self._request_ids[row["request_id"]]
+            return True
 
     def _lock_job(self, pk: uuid.UUID, *, lease_ended: bool = False) -> Job | None:
         # The caller holds the store's lock through _atomic(), which is the "hold".

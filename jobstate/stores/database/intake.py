@@ -106,6 +106,15 @@ def update_job(
         return job_rows(using).get(id=pk)
 
 
+def delete_job(using: str, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
+    """Delete the job in one conditional ``DELETE`` (narrowed to ``expected``). Its
+    notifications keep their rows with ``job`` cleared (``SET_NULL``); its audit
+    entries keep the job's id (no database constraint)."""
+    with transaction.atomic(using=using):
+        deleted, _by_model = job_rows(using).filter(id=pk).with_status(expected).delete()
+        return bool(deleted)
+
+
 def lock_job(using: str, pk: uuid.UUID, *, lease_ended: bool) -> Job | None:
     """The job, locked (``SELECT ... FOR UPDATE``) until the caller's transaction ends;
     with ``lease_ended`` only while it is claimed and its lease ended on the database

@@ -28,6 +28,7 @@ from jobstate.states import (
 )
 from jobstate.stores.database import (
     audit_locks,
+    bulk,
     claims,
     continuations,
     fleet,
@@ -72,6 +73,7 @@ class DatabaseStateStore(StateStore):
     supports_sweeps = True
     supports_queue_pauses = True
     supports_worker_registry = True
+    supports_job_deletion = True
 
     def __init__(self, using: str = "default") -> None:
         self.using = using
@@ -102,6 +104,20 @@ class DatabaseStateStore(StateStore):
         return intake.lock_job(self.using, pk, lease_ended=lease_ended)
 
     # --- claims and reports ----------------------------------------------------------
+
+    def _requeue_batch(
+        self, jobs: list[tuple[uuid.UUID, JobStatus]], *, by: str, via: str, event: str
+    ) -> list[uuid.UUID]:
+        return bulk.requeue_batch(self.using, jobs, by=by, via=via, event=event)
+
+    def _reject_batch(self, pks: list[uuid.UUID], *, by: str, error: str) -> list[uuid.UUID]:
+        return bulk.reject_batch(self.using, pks, by=by, error=error)
+
+    def _delete_batch(self, pks: list[uuid.UUID], *, by: str, via: str) -> list[uuid.UUID]:
+        return bulk.delete_batch(self.using, pks, by=by, via=via)
+
+    def _delete_job(self, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
+        return intake.delete_job(self.using, pk, expected)
 
     def _claim(
         self, scope: list[str], owner: str, lease: timedelta, status: JobStatus
