@@ -28,7 +28,7 @@ from tests.task_functions import add, started_then_sleeps
 from tests.tasks_kit import finish, start_worker, stop, use_options, wait_for
 from tests.test_commands_ops import database_url
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def state_of(worker_id: str) -> str | None:
