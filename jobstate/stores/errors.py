@@ -69,6 +69,17 @@ _TIMEOUT = frozenset({"57014", "55P03"})
 #: too many connections, and the two idle-session timeouts that end the session.
 _UNAVAILABLE = frozenset({"57P01", "57P02", "57P03", "53300", "25P03", "57P05"})
 
+# MariaDB/MySQL error numbers (mysqlclient gives no SQLSTATE, only the number): a
+# deadlock; a lock wait timeout, MySQL's max_execution_time, MariaDB's
+# max_statement_time and a NOWAIT lock; too many connections, a server shutting down, a
+# killed connection, no connection (socket or TCP), the server gone away, the
+# connection lost mid-query, and MySQL's idle-session disconnect.
+_MYSQL_CONFLICT = frozenset({1213})
+_MYSQL_TIMEOUT = frozenset({1205, 3024, 1969, 3572})
+_MYSQL_UNAVAILABLE = frozenset({1040, 1053, 1927, 2002, 2003, 2006, 2013, 4031})
+#: The SQLSTATE MySQL documents for the one number whose SQLSTATE says more than HY000.
+_MYSQL_SQLSTATE = {1213: "40001"}
+
 # SQLite primary result codes (the low byte of ``sqlite_errorcode``).
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
@@ -104,6 +115,18 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+def _mysql_errno(exc: BaseException) -> int | None:
+    """The MariaDB/MySQL error number of the mysqlclient error Django chained to ``exc``
+    (Django copies its arguments, the number first), if it is one."""
+    for candidate in (exc.__cause__, exc):
+        if candidate is None or not type(candidate).__module__.startswith("MySQLdb"):
+            continue
+        args = candidate.args
+        if args and isinstance(args[0], int):
+            return args[0]
+    return None
+
+
 def _sqlite_code(exc: BaseException) -> int | None:
     for candidate in (exc, exc.__cause__):
         code = getattr(candidate, "sqlite_errorcode", None)
@@ -131,6 +154,13 @@ def classify(exc: Error, connection: BaseDatabaseWrapper | None) -> type[StoreEr
             return StoreTimeout
         if code in _UNAVAILABLE or code.startswith("08"):
             return StoreUnavailable
+    errno = _mysql_errno(exc)
+    if errno in _MYSQL_CONFLICT:
+        return StoreConflict
+    if errno in _MYSQL_TIMEOUT:
+        return StoreTimeout
+    if errno in _MYSQL_UNAVAILABLE:
+        return StoreUnavailable
     sqlite = _sqlite_code(exc)
     if sqlite in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return StoreTimeout
@@ -160,8 +190,11 @@ def store_error(exc: Error, *, operation: str, using: str) -> StoreError:
     the cause. A lost connection is dropped here so the next call reconnects."""
     connection = _connection(using)
     kind = classify(exc, connection)
-    code = sqlstate(exc)
+    errno = _mysql_errno(exc)
+    code = sqlstate(exc) or (_MYSQL_SQLSTATE.get(errno) if errno is not None else None)
     origin = type(exc).__name__ + (f", SQLSTATE {code}" if code else "")
+    if errno is not None:
+        origin += f", MySQL error {errno}"
     what = _DESCRIPTIONS.get(kind) or next(
         text for cls, text in _OTHER_FAILURES if isinstance(exc, cls)
     )
