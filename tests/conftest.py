@@ -10,6 +10,8 @@
   it fails, since nothing claims it holds there; a test of a ``mysql`` module that is
   also marked ``postgres`` is deselected there (and counted as deselected).
 
+- ``mariadb_harness``: drives a MariaDB server of its own (the MariaDB drain and torture
+  harnesses), whatever database the suite is on; deselected unless the run is on MariaDB.
 The test command runs SQLite with ``-m "not postgres and not concurrent"``, PostgreSQL
 with everything, and MariaDB with ``-m mysql``.
 """
@@ -22,6 +24,12 @@ from django.db import connection
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if connection.vendor != "mysql":
+        # A MariaDB harness test is the same run whichever database the suite is on;
+        # it runs once, in the MariaDB step, and is counted as deselected elsewhere.
+        elsewhere = [item for item in items if item.get_closest_marker("mariadb_harness")]
+        if elsewhere:
+            config.hook.pytest_deselected(items=elsewhere)
+            items[:] = [item for item in items if item not in elsewhere]
         return
     kept, postgresql_only = [], []
     for item in items:
