@@ -10,8 +10,9 @@
   it fails, since nothing claims it holds there; a test of a ``mysql`` module that is
   also marked ``postgres`` is deselected there (and counted as deselected).
 
-- ``mariadb_harness``: drives a MariaDB server of its own (the MariaDB drain and torture
-  harnesses), whatever database the suite is on; deselected unless the run is on MariaDB.
+- ``only_on(vendor)``: a test of one backend's own behaviour (``"sqlite"``,
+  ``"postgresql"``, ``"mysql"``), or a harness driving a MariaDB server of its own
+  (``"mysql"``); deselected, and counted, on the other backends' runs.
 The test command runs SQLite with ``-m "not postgres and not concurrent"``, PostgreSQL
 with everything, and MariaDB with ``-m mysql``.
 """
@@ -22,14 +23,20 @@ import pytest
 from django.db import connection
 
 
+def _only_on(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("only_on")
+    return None if marker is None else str(marker.args[0])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test of one backend's own behaviour (its settings, its guards), or a harness that
+    # drives a MariaDB server of its own, runs on that backend's step only and is
+    # counted as deselected on the others: never a skip that could hide a lost step.
+    elsewhere = [item for item in items if _only_on(item) not in (None, connection.vendor)]
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [item for item in items if item not in elsewhere]
     if connection.vendor != "mysql":
-        # A MariaDB harness test is the same run whichever database the suite is on;
-        # it runs once, in the MariaDB step, and is counted as deselected elsewhere.
-        elsewhere = [item for item in items if item.get_closest_marker("mariadb_harness")]
-        if elsewhere:
-            config.hook.pytest_deselected(items=elsewhere)
-            items[:] = [item for item in items if item not in elsewhere]
         return
     kept, postgresql_only = [], []
     for item in items:

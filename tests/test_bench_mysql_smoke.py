@@ -36,7 +36,7 @@ def mysql_server_url() -> str:
 
 
 @pytest.mark.mysql
-@pytest.mark.mariadb_harness
+@pytest.mark.only_on("mysql")
 @pytest.mark.slow
 def test_the_mariadb_drain_empties_every_contender_and_drops_its_database(tmp_path: Path) -> None:
     name = f"jobstate_bench_mysql_smoke_{os.getpid()}"

@@ -54,12 +54,11 @@ def _options(alias: str = "default") -> dict[str, Any]:
     return connections[alias].settings_dict.setdefault("OPTIONS", {})
 
 
+@pytest.mark.only_on("sqlite")
 @pytest.mark.django_db
 def test_sqlite_without_immediate_transactions_fails_the_check_until_accepted(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if connections["default"].vendor != "sqlite":
-        pytest.skip("a SQLite setting")
     monkeypatch.delitem(_options(), "transaction_mode")
 
     [message] = check_database_guarantees(databases=["default"])
@@ -73,13 +72,12 @@ def test_sqlite_without_immediate_transactions_fails_the_check_until_accepted(
 
 
 @pytest.mark.mysql
+@pytest.mark.only_on("mysql")
 @pytest.mark.django_db
 @pytest.mark.parametrize("level", ["repeatable read", "serializable", None])
 def test_mariadb_away_from_read_committed_fails_the_check(
     monkeypatch: pytest.MonkeyPatch, level: str | None
 ) -> None:
-    if connections["default"].vendor != "mysql":
-        pytest.skip("a MariaDB/MySQL setting")
     monkeypatch.setitem(_options(), "isolation_level", level)
 
     [message] = check_database_guarantees(databases=["default"])
@@ -89,12 +87,11 @@ def test_mariadb_away_from_read_committed_fails_the_check(
 
 
 @pytest.mark.mysql
+@pytest.mark.only_on("mysql")
 @pytest.mark.django_db
 def test_mariadb_at_read_committed_spelled_by_the_host_passes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if connections["default"].vendor != "mysql":
-        pytest.skip("a MariaDB/MySQL setting")
     monkeypatch.setitem(_options(), "isolation_level", "READ COMMITTED")
 
     assert check_database_guarantees(databases=["default"]) == []

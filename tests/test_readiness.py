@@ -152,13 +152,12 @@ def test_a_missing_table_means_not_ready() -> None:
     assert "jobstate_approvaldecision" in readiness.detail
 
 
+@pytest.mark.only_on("mysql")
 @pytest.mark.django_db(transaction=True)
 def test_a_missing_mariadb_guard_means_not_ready_and_fails_the_deploy_check() -> None:
     """On MariaDB and MySQL the unique index standing in for the partial constraint is
     what keeps one RUNNING run per overlap key; without it the schema is not usable."""
     connection = connections["default"]
-    if connection.vendor != "mysql":
-        pytest.skip("the guards exist on MariaDB and MySQL only")
     index = "jobstate_jobrun_one_running_per_overlap_key"
     with connection.cursor() as cursor:
         cursor.execute(f"DROP INDEX `{index}` ON `jobstate_jobrun`")

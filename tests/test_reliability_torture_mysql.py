@@ -54,7 +54,7 @@ def _run(url: str, report_path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.mysql
-@pytest.mark.mariadb_harness
+@pytest.mark.only_on("mysql")
 @pytest.mark.slow
 def test_a_short_torture_run_on_mariadb_loses_nothing_and_its_checks_can_fail(
     tmp_path: Path,
