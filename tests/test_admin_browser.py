@@ -187,7 +187,8 @@ PAGE_LAYOUT_SCREENSHOT = ARTIFACTS / "admin-job-page-layout.png"
 LONG_REQUEST_ID = "demo-3f1c9a52-8d7e-4b0a-9c61-2e5f7a8b9c0d-retry-2026-12-01T21:05:38Z"
 
 
-def _operator(*codenames: str) -> None:
+def make_operator(*codenames: str) -> None:
+    """The staff user the browser tests log in as, with these jobstate permissions."""
     operator = get_user_model().objects.create_user(
         USERNAME, "ada@example.com", PASSWORD, is_staff=True
     )
@@ -196,7 +197,8 @@ def _operator(*codenames: str) -> None:
     )
 
 
-def _log_in(page: Page, base: str) -> None:
+def log_in(page: Page, base: str) -> None:
+    """Log in on the admin's login page as :func:`make_operator`'s user."""
     from playwright.sync_api import expect
 
     page.goto(f"{base}/admin/login/?next=/admin/")
@@ -235,12 +237,12 @@ def test_operator_requeues_every_failed_job_of_a_filter_in_bulk(live_server: obj
     store = DatabaseStateStore()
     billing = [_failed(store, f"invoice-{n}", "billing") for n in range(30)]
     other = _failed(store, "report-1", "reports")
-    _operator("view_job", "view_bulkoperation", "requeue_job")
+    make_operator("view_job", "view_bulkoperation", "requeue_job")
 
     def drive(page: Page, base: str) -> None:
         from playwright.sync_api import expect
 
-        _log_in(page, base)
+        log_in(page, base)
         page.goto(f"{base}/admin/jobstate/job/?status__exact=error&target=billing")
         page.locator("#jobstate-bulk-requeue").click()
         expect(page.locator("#jobstate-bulk-count")).to_have_text("30 matching jobs now")
@@ -268,12 +270,12 @@ def test_operator_finds_jobs_by_a_key_of_their_input(live_server: object) -> Non
     store.create_job(request_id="order-1", target="shop", input={"customer": 42, "sku": "A"})
     store.create_job(request_id="order-2", target="shop", input={"customer": 7})
     store.create_job(request_id="order-3", target="shop", input={"customer": "42"})
-    _operator("view_job")
+    make_operator("view_job")
 
     def drive(page: Page, base: str) -> None:
         from playwright.sync_api import expect
 
-        _log_in(page, base)
+        log_in(page, base)
         page.goto(f"{base}/admin/jobstate/job/")
         expect(page.locator("#searchbar_helptext, .help")).to_contain_text(["input:customer=42"])
         page.locator("#searchbar").fill("input:customer=42")
@@ -296,12 +298,12 @@ def test_operator_reads_a_retried_tasks_timeline(live_server: object, settings: 
 
     use_options(settings, MAX_ATTEMPTS=3)
     task = failed_task("hunter2-browser-secret")
-    _operator("view_job")
+    make_operator("view_job")
 
     def drive(page: Page, base: str) -> None:
         from playwright.sync_api import expect
 
-        _log_in(page, base)
+        log_in(page, base)
         page.goto(f"{base}/admin/jobstate/job/{task.id}/change/")
         timeline = page.locator("#jobstate-timeline li")
         expect(timeline.first).to_contain_text("Enqueued")
@@ -329,12 +331,12 @@ def test_long_request_ids_stay_on_one_line_and_buttons_clear_the_title(
     store = DatabaseStateStore()
     store.create_job(request_id="short", target="mail", executor_id=None)
     long_job = store.create_job(request_id=LONG_REQUEST_ID, target="mail")
-    _operator("view_job", "requeue_job", "reject_job", "approve_job", "delete_finished_job")
+    make_operator("view_job", "requeue_job", "reject_job", "approve_job", "delete_finished_job")
 
     def drive(page: Page, base: str) -> None:
         from playwright.sync_api import expect
 
-        _log_in(page, base)
+        log_in(page, base)
         # A laptop's width, where the demo's ids used to wrap into five lines.
         page.set_viewport_size({"width": 1024, "height": 800})
         page.goto(f"{base}/admin/jobstate/job/")

@@ -23,8 +23,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.db import connections
 
 from jobstate.admin.workers import worker_state
@@ -33,15 +31,13 @@ from jobstate.states import JobStatus
 from jobstate.stores import get_state_store
 from tests.task_functions import add
 from tests.tasks_kit import start_worker, stop, use_options, wait_for
-from tests.test_admin_browser import ARTIFACTS, chromium_page
+from tests.test_admin_browser import ARTIFACTS, USERNAME, chromium_page, log_in, make_operator
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-USERNAME = "operator-grace"
-PASSWORD = "correct horse battery staple"
 T = TypeVar("T")
 
 
@@ -65,25 +61,6 @@ def off_loop(work: Callable[[], T]) -> T:
     if errors:
         raise errors[0]
     return result[0]  # type: ignore[no-any-return]
-
-
-def make_operator(*codenames: str) -> None:
-    user = get_user_model().objects.create_user(
-        USERNAME, "grace@example.com", PASSWORD, is_staff=True
-    )
-    user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="jobstate", codename__in=codenames)
-    )
-
-
-def log_in(page: Page, base: str) -> None:
-    from playwright.sync_api import expect
-
-    page.goto(f"{base}/admin/login/?next=/admin/")
-    page.get_by_label("Username").fill(USERNAME)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("button", name="Log out")).to_be_visible()
 
 
 def drive(page: Page, name: str, steps: Callable[[], None]) -> None:
