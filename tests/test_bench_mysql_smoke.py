@@ -11,28 +11,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-from django.db import connection
 
 from bench.mysql import connect, execute
+from tests.servers import mysql_server_url
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = 120
-
-
-def mysql_server_url() -> str:
-    """The MariaDB server of the test run: the test database's when the run is on
-    MariaDB, else ``JOBSTATE_TEST_MYSQL_URL`` (scripts/test's default otherwise)."""
-    if connection.vendor == "mysql":
-        settings = connection.settings_dict
-        user = quote(settings["USER"] or "root")
-        password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
-        host = settings["HOST"] or "127.0.0.1"
-        return f"mysql://{user}{password}@{host}:{settings['PORT'] or 3306}/"
-    url = os.environ.get("JOBSTATE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/jobstate")
-    return url.rsplit("/", 1)[0] + "/"
 
 
 @pytest.mark.mysql
