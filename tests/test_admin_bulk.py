@@ -20,7 +20,7 @@ from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.test_admin_jobs import failed_job, logged_in, operator, running_job, shown_messages
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
 
 BULK = "/admin/jobstate/job/bulk/"
 

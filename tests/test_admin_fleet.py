@@ -20,6 +20,9 @@ from jobstate.states import NewTask, WorkerKind, WorkerRegistration, task_target
 from jobstate.stores.database import DatabaseStateStore
 from tests.test_admin_jobs import logged_in, operator, shown_messages
 
+#: The console's pages and their queries run on MariaDB/MySQL too (scripts/test's MariaDB step).
+pytestmark = pytest.mark.mysql
+
 WORKERS = "/admin/jobstate/worker/"
 QUEUES = "/admin/jobstate/queuepause/"
 PAUSE = "/admin/jobstate/queuepause/pause/"

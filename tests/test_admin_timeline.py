@@ -18,6 +18,9 @@ from tests.tasks_kit import finish, start_worker, stop, use_options
 from tests.test_admin_jobs import JOBS
 from tests.test_admin_tasks import failed_task
 
+#: The console's pages and their queries run on MariaDB/MySQL too (scripts/test's MariaDB step).
+pytestmark = pytest.mark.mysql
+
 
 def timeline_items(html: str) -> list[str]:
     section = html.split('id="jobstate-timeline"', 1)[1].split("</fieldset>", 1)[0]

@@ -17,6 +17,9 @@ from jobstate.stores.database import DatabaseStateStore
 from tests.plans import plans_without_table_scans
 from tests.test_admin_jobs import shown_messages
 
+#: The console's pages and their queries run on MariaDB/MySQL too (scripts/test's MariaDB step).
+pytestmark = pytest.mark.mysql
+
 JOBS = "/admin/jobstate/job/"
 
 
