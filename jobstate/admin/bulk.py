@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import (
@@ -34,7 +33,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from jobstate.admin.common import ReadOnlyAdmin, ScaledAdmin, choice_badge
+from jobstate.admin.common import ReadOnlyAdmin, RejectForm, ScaledAdmin, choice_badge
 from jobstate.bulk import (
     BulkOperationFinished,
     action_applies,
@@ -44,7 +43,6 @@ from jobstate.bulk import (
 )
 from jobstate.job_queries import FILTER_PARAMETERS, SEARCH_PARAMETER, SearchError, filter_jobs
 from jobstate.models import BulkAction, BulkOperation, BulkState, Job
-from jobstate.stores.state_validation import REJECT_REASON_LIMIT
 
 __all__ = ["BulkOperationAdmin", "bulk_links", "bulk_urls"]
 
@@ -79,16 +77,6 @@ INTROS = {
         "entry naming you; the audit entries of a deleted job stay."
     ),
 }
-
-
-class BulkReasonForm(forms.Form):
-    reason = forms.CharField(
-        label=gettext_lazy("Reason"),
-        required=False,
-        max_length=REJECT_REASON_LIMIT,
-        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-        help_text=gettext_lazy("Stored as the jobs' error and in their audit entries."),
-    )
 
 
 def list_filters(query: QueryDict) -> tuple[dict[str, str], str]:
@@ -156,7 +144,7 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
     except SearchError as exc:
         model_admin.message_user(request, str(exc), messages.ERROR)
         return HttpResponseRedirect(changelist)
-    form = BulkReasonForm(request.POST if request.method == "POST" else None)
+    form = RejectForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         operation = start_bulk_operation(
             action=action,

@@ -36,13 +36,14 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
+from django.utils.translation import gettext_lazy, ngettext
 
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.redaction import REDACTED, Redactor
 from jobstate.admin.redaction import redactor as make_redactor
 from jobstate.audit import AuditSeverity
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
+from jobstate.stores.state_validation import REJECT_REASON_LIMIT
 
 __all__ = [
     "ACTION_ROW_LIMIT",
@@ -51,6 +52,7 @@ __all__ = [
     "ActionRow",
     "ActionSpec",
     "ReadOnlyAdmin",
+    "RejectForm",
     "admin_change_url",
     "exact_search",
     "json_block",
@@ -73,6 +75,19 @@ ACTION_ROW_LIMIT = 500
 #: Text longer than this (lines or characters) is folded in a ``<details>`` element.
 FOLD_LINES = 20
 FOLD_CHARS = 2000
+
+
+class RejectForm(forms.Form):
+    """The optional reason of a reject, on the single and the bulk confirmation pages."""
+
+    reason = forms.CharField(
+        label=gettext_lazy("Reason"),
+        required=False,
+        max_length=REJECT_REASON_LIMIT,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        help_text=gettext_lazy("Stored as the jobs' error and in their audit entries."),
+    )
+
 
 #: How many skipped rows a message names before it says "and N more".
 NAMED_IN_MESSAGE = 10

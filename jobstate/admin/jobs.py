@@ -22,6 +22,7 @@ from jobstate.admin.common import (
     REDACTOR_ATTRIBUTE,
     ActionRow,
     ActionSpec,
+    RejectForm,
     choice_badge,
     database_now,
     json_block,
@@ -55,7 +56,7 @@ from jobstate.stores.base import (
     ApprovalRequeueOutcome,
     JobStatus,
 )
-from jobstate.stores.state_validation import APPROVAL_COMMENT_LIMIT, REJECT_REASON_LIMIT
+from jobstate.stores.state_validation import APPROVAL_COMMENT_LIMIT
 
 __all__ = ["JobAdmin"]
 
@@ -65,16 +66,6 @@ ADMIN_VIA = "admin"
 #: How many audit entries and notifications the job page shows.
 TRAIL_LIMIT = 200
 NOTIFICATIONS_LIMIT = 50
-
-
-class RejectForm(forms.Form):
-    reason = forms.CharField(
-        label=gettext_lazy("Reason"),
-        required=False,
-        max_length=REJECT_REASON_LIMIT,
-        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-        help_text=gettext_lazy("Stored as the jobs' error and in their audit entries."),
-    )
 
 
 class ApproveForm(forms.Form):
