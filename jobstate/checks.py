@@ -5,27 +5,70 @@ from __future__ import annotations
 
 from typing import Any
 
-import django
-from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
-from jobstate.conf import DEFAULTS, jobstate_settings
+from jobstate.conf import jobstate_settings
 
 
-@register()
+class JobStateTags:
+    """The tags of jobstate's system checks. A command runs only the checks that concern
+    it (its ``requires_system_checks``), so one bad schedule or task backend stops
+    neither the maintenance commands nor the workers; ``manage.py check`` runs them
+    all, and ``check --tag jobstate_schedules`` one kind."""
+
+    settings = "jobstate_settings"
+    databases = "jobstate_databases"
+    tasks = "jobstate_tasks"
+    schedules = "jobstate_schedules"
+    operations = "jobstate_operations"
+
+
+#: The checks a maintenance command or a worker runs before it starts: the ``JOBSTATE``
+#: settings and what each database guarantees. A broken schedule is skipped by the
+#: evaluation, a worker checks its own task backend, ``run_operations_job`` its modules.
+MAINTENANCE_CHECKS = [JobStateTags.settings, JobStateTags.databases]
+
+#: Every kind of jobstate check: ``jobstate_ready`` is not ready while one reports an
+#: error.
+JOBSTATE_CHECKS = [
+    JobStateTags.settings,
+    JobStateTags.databases,
+    JobStateTags.tasks,
+    JobStateTags.schedules,
+    JobStateTags.operations,
+]
+
+
+@register(JobStateTags.settings)
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
-    """Read every ``JOBSTATE`` setting once, so a bad value (an unknown name, a zero
-    lease, an empty observability token) stops ``runserver``, ``migrate`` and ``check``
-    instead of the first request or job that needs it."""
+    """Read every ``JOBSTATE`` setting, so a bad value (an unknown name, a zero lease,
+    an empty observability token) stops ``runserver``, ``migrate`` and ``check``
+    instead of the first request or job that needs it. One message per problem."""
+    return [Error(problem, id="jobstate.E001") for problem in jobstate_settings.problems()]
+
+
+@register(JobStateTags.operations)
+def check_operations_modules(**kwargs: Any) -> list[CheckMessage]:
+    """Each module of ``JOBSTATE["OPERATIONS_JOB_MODULES"]`` imports (``jobstate.E002``):
+    a misspelt one would otherwise surface as a traceback of the first run or listing."""
+    from jobstate.operations import operations_module_problems
+
     try:
-        for name in DEFAULTS:
-            getattr(jobstate_settings, name)
-    except ImproperlyConfigured as exc:
-        return [Error(str(exc), id="jobstate.E001")]
-    return []
+        problems = operations_module_problems()
+    except ImproperlyConfigured:
+        return []  # jobstate.E001 says what is wrong with the setting
+    return [
+        Error(
+            problem,
+            hint="Fix or remove the module name; every installed app's 'operations' "
+            "module is imported without being listed.",
+            id="jobstate.E002",
+        )
+        for problem in problems
+    ]
 
 
 #: How a host accepts a weaker guarantee knowingly: Django's own list of silenced checks.
@@ -36,7 +79,7 @@ _ACCEPT_HINT = "To accept the weaker guarantee knowingly, add {id!r} to SILENCED
 _SAFE_ISOLATION = "read committed"
 
 
-@register(Tags.compatibility)
+@register(Tags.compatibility, JobStateTags.databases)
 def check_database_guarantees(**kwargs: Any) -> list[CheckMessage]:
     """Each configured database must give every guarantee, or the check fails naming
     the one it cannot give (errors ``jobstate.E040``-``E043``; a host that accepts the
@@ -185,50 +228,60 @@ def _server_guards(alias: str) -> list[CheckMessage]:
 TASK_BACKEND_PATH = "jobstate.tasks_backend.JobStateBackend"
 
 
-@register()
+@register(JobStateTags.tasks)
 def check_task_backends(**kwargs: Any) -> list[CheckMessage]:
-    """Django runs each task backend's own check (``OPTIONS``, ``QUEUES``:
-    ``jobstate.E020``-``E022``) through ``django.tasks``; on Django 5.2 the backport does
-    so only when its app is in ``INSTALLED_APPS``. Without it, this check runs them, and
-    says so when the backport is missing altogether (``jobstate.E023``)."""
-    if django.VERSION >= (6, 0) or apps.is_installed("django_tasks"):
-        return []
-    ours = [
-        alias
-        for alias, params in (getattr(settings, "TASKS", None) or {}).items()
-        if isinstance(params, dict) and params.get("BACKEND") == TASK_BACKEND_PATH
-    ]
-    if not ours:
+    """jobstate's checks of each ``JobStateBackend`` of ``TASKS`` (``OPTIONS``,
+    ``QUEUES``, the app, the store: ``jobstate.E020``-``E022``, ``E024``), registered
+    here so they run on every Django version, whether or not something imported
+    ``django.tasks`` (whose own check is registered only then); and
+    ``jobstate.E023`` when Django 5.2 lacks the django-tasks backport."""
+    tasks = getattr(settings, "TASKS", None) or {}
+    if not isinstance(tasks, dict):
         return []
     try:
+        from jobstate.tasks_backend import JobStateBackend
         from jobstate.tasks_compat import task_backends
     except ImproperlyConfigured as exc:
-        return [Error(str(exc), id="jobstate.E023")]
+        named = any(
+            isinstance(params, dict) and params.get("BACKEND") == TASK_BACKEND_PATH
+            for params in tasks.values()
+        )
+        return [Error(str(exc), id="jobstate.E023")] if named else []
     messages: list[CheckMessage] = []
-    for alias in ours:
-        messages += task_backends[alias].check()
+    for alias in tasks:
+        try:
+            backend = task_backends[alias]
+        except ImproperlyConfigured:
+            continue  # not a backend that loads: Django's own check of TASKS says so
+        if isinstance(backend, JobStateBackend):
+            messages += backend.configuration_messages()
     return messages
 
 
-@register()
+@register(JobStateTags.schedules)
 def check_schedules(**kwargs: Any) -> list[CheckMessage]:
     """Each schedule of ``JOBSTATE["SCHEDULES"]``: its declaration (``jobstate.E030``:
-    unknown keys, a bad cron expression, an unknown time zone, arguments that are not
-    JSON), then what it runs (``jobstate.E031``: a task path that does not import or is
-    no task, a backend that is not jobstate's or refuses the task's queue or priority,
-    an operations job that is not registered or refuses its input). One message per
-    problem, naming the schedule."""
-    from jobstate.schedules import declared_schedules, schedule_problems, target_problems
+    unknown keys, a bad cron expression, an unknown time zone, arguments the job table
+    cannot hold), and, when that is good, what it runs (``jobstate.E031``: a task path
+    that does not import or is no task, a backend that is not jobstate's or refuses the
+    task's queue or priority, an operations job that is not registered or refuses its
+    input). One message per problem, naming the schedule; a broken schedule is skipped
+    by every evaluation while the others run."""
+    from jobstate.schedules import target_problems
+    from jobstate.schedules.definitions import declaration_problems, parse_declaration
 
     try:
         schedules = jobstate_settings.SCHEDULES
     except ImproperlyConfigured:
         return []  # jobstate.E001 says what is wrong with it
-    problems = schedule_problems(schedules)
-    if problems:
-        return [Error(problem, id="jobstate.E030") for problem in problems]
-    return [
-        Error(problem, id="jobstate.E031")
-        for definition in declared_schedules().values()
-        for problem in target_problems(definition)
-    ]
+    messages: list[CheckMessage] = []
+    for key, declared in schedules.items():
+        problems = declaration_problems(key, declared)
+        if problems:
+            messages += [Error(problem, id="jobstate.E030") for problem in problems]
+            continue
+        messages += [
+            Error(problem, id="jobstate.E031")
+            for problem in target_problems(parse_declaration(key, declared))
+        ]
+    return messages

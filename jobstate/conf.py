@@ -9,6 +9,7 @@ Values are read lazily and the cache is dropped on ``setting_changed`` so tests 
 from __future__ import annotations
 
 from datetime import timedelta
+from difflib import get_close_matches
 from typing import Any
 
 from django.conf import settings
@@ -186,40 +187,69 @@ class JobStateSettings:
         user = getattr(settings, "JOBSTATE", {}) or {}
         if not isinstance(user, dict):
             raise ImproperlyConfigured("settings.JOBSTATE must be a dict.")
-        unknown = set(user) - set(DEFAULTS)
+        unknown = unknown_setting_problems(user)
         if unknown:
-            raise ImproperlyConfigured(
-                f"Unknown JOBSTATE setting(s): {', '.join(sorted(unknown))}. "
-                f"Known settings: {', '.join(sorted(DEFAULTS))}."
-            )
+            raise ImproperlyConfigured(" ".join(unknown))
         return user
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in DEFAULTS:
             raise AttributeError(name)
         if name not in self._cache:
-            value = self._user_settings().get(name, DEFAULTS[name])
-            if name in _DURATIONS and not (isinstance(value, timedelta) and value > timedelta(0)):
-                raise ImproperlyConfigured(
-                    f"JOBSTATE[{name!r}] must be a positive datetime.timedelta, got {value!r}."
-                )
-            if (
-                name in _POSITIVE_INTS
-                and not (value is None and name in _OPTIONAL)
-                and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
-            ):
-                allowed = "a positive int or None" if name in _OPTIONAL else "a positive int"
-                raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be {allowed}, got {value!r}.")
-            if name in _BOOLEANS and not isinstance(value, bool):
-                raise ImproperlyConfigured(
-                    f"JOBSTATE[{name!r}] must be True or False, got {value!r}."
-                )
-            _check_shape(name, value)
-            self._cache[name] = value
+            self._cache[name] = checked_value(name, self._user_settings().get(name, DEFAULTS[name]))
         return self._cache[name]
+
+    def problems(self) -> list[str]:
+        """Every problem of ``settings.JOBSTATE``, one sentence each: each unknown name
+        (with the known one it was likely meant as) and each bad value. The system check
+        ``jobstate.E001`` reports them all at once; reading a setting raises the first."""
+        user = getattr(settings, "JOBSTATE", {}) or {}
+        if not isinstance(user, dict):
+            return ["settings.JOBSTATE must be a dict."]
+        problems = unknown_setting_problems(user)
+        for name, default in DEFAULTS.items():
+            try:
+                checked_value(name, user.get(name, default))
+            except ImproperlyConfigured as exc:
+                problems.append(str(exc))
+        return problems
 
     def reload(self) -> None:
         self._cache.clear()
+
+
+def unknown_setting_problems(user: dict[Any, Any]) -> list[str]:
+    """One sentence per name of ``user`` that is no ``JOBSTATE`` setting, suggesting
+    the known setting it is closest to (a typo of ``HEARTBEAT_INTERVAL``)."""
+    problems = []
+    for name in sorted(set(user) - set(DEFAULTS), key=str):
+        close = get_close_matches(str(name), DEFAULTS, n=1) if isinstance(name, str) else []
+        hint = (
+            f"did you mean {close[0]}?"
+            if close
+            else f"known settings: {', '.join(sorted(DEFAULTS))}."
+        )
+        problems.append(f"Unknown JOBSTATE setting {name!r}; {hint}")
+    return problems
+
+
+def checked_value(name: str, value: Any) -> Any:
+    """``value`` of setting ``name`` if it is valid, else ``ImproperlyConfigured``."""
+    if name in _DURATIONS and not (isinstance(value, timedelta) and value > timedelta(0)):
+        raise ImproperlyConfigured(
+            f"JOBSTATE[{name!r}] must be a positive datetime.timedelta, got {value!r}."
+        )
+    if (
+        name in _POSITIVE_INTS
+        and not (value is None and name in _OPTIONAL)
+        and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+    ):
+        allowed = "a positive int or None" if name in _OPTIONAL else "a positive int"
+        raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be {allowed}, got {value!r}.")
+    if name in _BOOLEANS and not isinstance(value, bool):
+        raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be True or False, got {value!r}.")
+    _check_shape(name, value)
+    return value
 
 
 def _check_shape(name: str, value: Any) -> None:
@@ -245,6 +275,15 @@ def _check_shape(name: str, value: Any) -> None:
         raise ImproperlyConfigured(
             "JOBSTATE['SCHEDULES'] must be a dict of schedule key -> declaration, got "
             f"{type(value).__name__}."
+        )
+    if name == "OPERATIONS_JOB_MODULES" and (
+        isinstance(value, str)
+        or not isinstance(value, list | tuple)
+        or not all(isinstance(module, str) and module for module in value)
+    ):
+        raise ImproperlyConfigured(
+            "JOBSTATE['OPERATIONS_JOB_MODULES'] must be a list of dotted module names, got "
+            f"{value!r}."
         )
     if name == "ADMIN_REDACTED_KEYS" and (
         isinstance(value, str)

@@ -40,6 +40,7 @@ __all__ = [
     "OverlapPolicy",
     "Registry",
     "operations_job",
+    "operations_module_problems",
     "registry",
 ]
 
@@ -229,6 +230,22 @@ class Registry:
                 self._discovered = True
             finally:
                 self._discovering = False
+
+
+def operations_module_problems() -> list[str]:
+    """One sentence per module of ``JOBSTATE["OPERATIONS_JOB_MODULES"]`` that does not
+    import (the system check ``jobstate.E002``, and ``run_operations_job`` before it
+    lists or runs a job). Importing one registers its jobs, as autodiscovery would."""
+    problems = []
+    for name in jobstate_settings.OPERATIONS_JOB_MODULES:
+        try:
+            import_module(name)
+        except ImportError as exc:
+            problems.append(
+                f"JOBSTATE['OPERATIONS_JOB_MODULES'] names {name!r}, which does not import: "
+                f"{type(exc).__name__}: {exc}."
+            )
+    return problems
 
 
 def _describe(func: object) -> str:

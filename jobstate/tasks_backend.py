@@ -67,9 +67,12 @@ class JobStateBackend(BaseTaskBackend):
 
     @cached_property
     def task_options(self) -> TaskOptions:
-        """The checked ``OPTIONS``; ``ImproperlyConfigured`` when they are bad (the
-        system check reports the same problems at start-up)."""
-        return parse_task_options(self.options)
+        """The checked ``OPTIONS``; ``ImproperlyConfigured`` naming this alias when they
+        are bad (the system check reports the same problems at start-up)."""
+        try:
+            return parse_task_options(self.options)
+        except ImproperlyConfigured as exc:
+            raise ImproperlyConfigured(f"TASKS[{self.alias!r}]: {exc}") from exc
 
     @property
     def store(self) -> StateStore:
@@ -116,12 +119,15 @@ class JobStateBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         return task_result(job, self.alias)
 
-    def check(self, **kwargs: Any) -> list[CheckMessage]:
-        """Django's checks of the backend, and jobstate's: the ``OPTIONS``
-        (``jobstate.E020``), the ``QUEUES`` (``jobstate.E021``), the jobstate app the
-        tasks' table belongs to (``jobstate.E022``) and a configured state store that
-        can hold tasks (``jobstate.E024``)."""
-        messages = list(super().check(**kwargs))
+    def configuration_messages(self) -> list[CheckMessage]:
+        """jobstate's checks of this backend: the ``OPTIONS`` (``jobstate.E020``), the
+        ``QUEUES`` (``jobstate.E021``), the jobstate app the tasks' table belongs to
+        (``jobstate.E022``) and a configured state store that can hold tasks
+        (``jobstate.E024``). The system check :func:`jobstate.checks.check_task_backends`
+        runs them, whether or not ``django.tasks`` (whose own check calls
+        :meth:`check`) was imported; so :meth:`check` leaves them out rather than
+        report them twice."""
+        messages: list[CheckMessage] = []
         where = f"TASKS[{self.alias!r}]"
         if not apps.is_installed("jobstate"):
             messages.append(

@@ -28,6 +28,7 @@ from jobstate.schedules.service import (
     enqueue_due,
     evaluate_schedules,
     row_definition,
+    schedule_declarations,
     schedule_problems,
     sync_schedules,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "resume_schedule",
     "row_definition",
     "run_schedule_now",
+    "schedule_declarations",
     "schedule_problems",
     "sync_schedules",
     "target_problems",

@@ -24,6 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from jobstate.exceptions import InvalidPayload
+from jobstate.jsonvalues import ensure_json
 from jobstate.models.schedules import CatchUp, ScheduleKind
 
 __all__ = [
@@ -178,11 +180,17 @@ def _text(value: Any, limit: int) -> str | None:
     return value
 
 
-def _json_problem(value: Any) -> str | None:
+def _json_problem(value: Any, field: str) -> str | None:
+    """Why ``value`` is not an argument the job table can hold, by the stores' own rules
+    (:func:`~jobstate.jsonvalues.ensure_json`: no NUL, no lone surrogate, within
+    ``MAX_PAYLOAD_BYTES``...), after the round trip through JSON the enqueue makes
+    (tuples become lists)."""
     try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        ensure_json(json.loads(json.dumps(value, allow_nan=False)), field=field)
+    except InvalidPayload as exc:  # a ValueError: caught first
         return str(exc)
+    except (TypeError, ValueError) as exc:
+        return f"{field} must be JSON: {exc}."
     return None
 
 
@@ -282,8 +290,8 @@ def _argument_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
     args = declared.get("args", [])
     if not isinstance(args, list | tuple):
         problems.append(f"{where}['args'] must be a list, got {type(args).__name__}.")
-    elif problem := _json_problem(list(args)):
-        problems.append(f"{where}['args'] must be JSON: {problem}.")
+    elif problem := _json_problem(list(args), f"{where}['args']"):
+        problems.append(problem)
     elif args and "operations_job" in declared:
         problems.append(
             f"{where}['args'] must be empty for an operations job: give its input as 'kwargs'."
@@ -291,8 +299,8 @@ def _argument_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
     kwargs = declared.get("kwargs", {})
     if not isinstance(kwargs, Mapping) or not all(isinstance(name, str) for name in kwargs):
         problems.append(f"{where}['kwargs'] must be a dict with string keys, got {kwargs!r}.")
-    elif problem := _json_problem(dict(kwargs)):
-        problems.append(f"{where}['kwargs'] must be JSON: {problem}.")
+    elif problem := _json_problem(dict(kwargs), f"{where}['kwargs']"):
+        problems.append(problem)
     return problems
 
 

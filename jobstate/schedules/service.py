@@ -61,6 +61,7 @@ __all__ = [
     "enqueue_due",
     "evaluate_schedules",
     "row_definition",
+    "schedule_declarations",
     "schedule_problems",
     "sync_schedules",
 ]
@@ -146,6 +147,22 @@ def declared_schedules() -> dict[str, ScheduleDefinition]:
     return {key: parse_declaration(key, declared) for key, declared in schedules.items()}
 
 
+def schedule_declarations() -> tuple[dict[str, ScheduleDefinition], dict[str, str]]:
+    """The good declarations of ``JOBSTATE["SCHEDULES"]`` as definitions, and why each
+    broken one is broken (its problems, one sentence each), by key. A broken
+    declaration stops only its own schedule: synchronisation leaves its row as it was
+    and every evaluation skips it, logging why."""
+    good: dict[str, ScheduleDefinition] = {}
+    broken: dict[str, str] = {}
+    for key, declared in jobstate_settings.SCHEDULES.items():
+        problems = declaration_problems(key, declared)
+        if problems:
+            broken[str(key)] = " ".join(problems)
+        else:
+            good[key] = parse_declaration(key, declared)
+    return good, broken
+
+
 def row_definition(row: Schedule) -> ScheduleDefinition:
     """The definition a schedule's row holds (the one last synchronised)."""
     try:
@@ -220,7 +237,7 @@ def sync_schedules(*, now: datetime | None = None, using: str = DEFAULT_DB_ALIAS
     enqueued. Other changes (arguments, queue, catch-up) keep the watermark. Run on
     ``migrate``, at each worker's start, and by ``enqueue_due_schedules`` and the beat
     task; two processes with different settings each make the rows say theirs."""
-    declared = declared_schedules()
+    declared, broken = schedule_declarations()
     at = _now(now)
     with translated_database_errors("sync_schedules", using):
         rows, created = _with_rows_for(declared, at, using)
@@ -230,6 +247,8 @@ def sync_schedules(*, now: datetime | None = None, using: str = DEFAULT_DB_ALIAS
         for row in rows:
             clock = at or row.database_now  # type: ignore[attr-defined]
             definition = declared.get(row.key)
+            if row.key in broken:
+                continue
             if definition is None:
                 if row.removed_at is None and _mark_removed(row, clock, using):
                     removed.append(row.key)
@@ -306,14 +325,19 @@ def evaluate_schedules(
 ) -> SchedulePass:
     """:func:`enqueue_due`, reporting instead of raising what could not be enqueued,
     and the next slot; ``by`` names the caller in the occurrences (a worker's id)."""
-    declared = declared_schedules()
+    declared, broken = schedule_declarations()
     at = _now(now)
     with translated_database_errors("enqueue_due", using):
         rows, _created = _with_rows_for(declared, at, using)
-    active = [row for row in rows if row.removed_at is None and not row.paused]
-    if not rows:
-        return SchedulePass(now=at or timezone.now())
-    result = SchedulePass(now=at or rows[0].database_now)  # type: ignore[attr-defined]
+    active = [
+        row for row in rows if row.removed_at is None and not row.paused and row.key not in broken
+    ]
+    result = SchedulePass(
+        now=at or (rows[0].database_now if rows else timezone.now())  # type: ignore[attr-defined]
+    )
+    for key, problems in broken.items():
+        logger.error("Schedule %s is broken and was skipped: %s", key, problems)
+        result.failures[key] = f"schedule {key!r} is broken: {problems}"
     for row in active:
         try:
             definition = row_definition(row)

@@ -79,6 +79,10 @@ def _operations_input(definition: ScheduleDefinition) -> Any:
         registry.get(definition.target).parse_input(value)
     except (UnknownOperationsJob, OperationsJobInputError) as exc:
         raise ScheduleError(f"schedule {definition.key!r}: {exc}") from exc
+    except ImportError as exc:  # a module of OPERATIONS_JOB_MODULES (jobstate.E002)
+        raise ScheduleError(
+            f"schedule {definition.key!r}: the operations jobs could not be loaded: {exc}"
+        ) from exc
     return value
 
 
