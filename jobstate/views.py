@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Callable
 from functools import wraps
 
@@ -24,6 +25,8 @@ from django.views.decorators.http import require_safe
 from jobstate.conf import jobstate_settings
 from jobstate.metrics import CONTENT_TYPE, render_metrics
 from jobstate.stores import get_state_store
+
+logger = logging.getLogger("jobstate.readiness")
 
 __all__ = ["metrics", "ready"]
 
@@ -78,6 +81,8 @@ def ready(request: HttpRequest) -> HttpResponse:
     """200 when the database answers and jobstate's schema is fully migrated, else 503.
     The body names which check failed, never why."""
     readiness = get_state_store().schema_readiness()
+    if not readiness.ready:
+        logger.warning("jobstate is not ready: %s", readiness.detail)
     body = {
         "ready": readiness.ready,
         "checks": {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
@@ -34,7 +34,14 @@ from jobstate.admin.common import (
 )
 from jobstate.exceptions import ScheduleError, UnknownSchedule
 from jobstate.models import Job, Schedule, ScheduleOccurrence
-from jobstate.schedules import pause_schedule, resume_schedule, row_definition, run_schedule_now
+from jobstate.schedules import (
+    pause_schedule,
+    resume_schedule,
+    row_definition,
+    run_schedule_now,
+    schedule_declarations,
+    schedule_problem,
+)
 
 __all__ = ["ScheduleAdmin", "ScheduleStateFilter"]
 
@@ -42,6 +49,7 @@ __all__ = ["ScheduleAdmin", "ScheduleStateFilter"]
 OCCURRENCES_SHOWN = 20
 
 _STATE_COLOURS = {"active": "#1a7f37", "paused": "#bc4c00", "removed": "#6e7781"}
+_BROKEN_COLOUR = "#cf222e"
 
 
 def _state(schedule: Schedule) -> str:
@@ -137,7 +145,32 @@ class ScheduleAdmin(ReadOnlyAdmin):
     @admin.display(description=gettext_lazy("state"))
     def state_display(self, schedule: Schedule) -> SafeString:
         state = _state(schedule)
-        return status_badge(_state_label(state), _STATE_COLOURS[state])
+        badge = status_badge(_state_label(state), _STATE_COLOURS[state])
+        problem = None if state == "removed" else schedule_problem(schedule.key)
+        if problem is None:
+            return badge
+        # Every evaluation skips it (and logs why) until settings or the code are fixed.
+        return format_html(
+            '{} {}<br><span class="help jobstate-broken">{}</span>',
+            badge,
+            status_badge(_("broken"), _BROKEN_COLOUR),
+            problem,
+        )
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # A broken declaration of a new key has no row yet: say so above the list.
+        _good, broken = schedule_declarations()
+        known = set(Schedule.objects.filter(key__in=list(broken)).values_list("key", flat=True))
+        for key, problem in broken.items():
+            if key not in known:
+                messages.error(
+                    request,
+                    _("Schedule %(key)s is broken and is skipped: %(problem)s")
+                    % {"key": key, "problem": problem},
+                )
+        return super().changelist_view(request, extra_context)
 
     @admin.display(description=gettext_lazy("cron"), ordering="cron")
     def cron_display(self, schedule: Schedule) -> SafeString:

@@ -19,6 +19,7 @@ enqueued once. See ``docs/schedules.md``.
 
 from jobstate.schedules.control import pause_schedule, resume_schedule, run_schedule_now
 from jobstate.schedules.definitions import ScheduleDefinition
+from jobstate.schedules.health import schedule_problem
 from jobstate.schedules.service import (
     EnqueuedOccurrence,
     ScheduleFailures,
@@ -48,6 +49,7 @@ __all__ = [
     "row_definition",
     "run_schedule_now",
     "schedule_declarations",
+    "schedule_problem",
     "schedule_problems",
     "sync_schedules",
     "target_problems",

@@ -51,6 +51,7 @@ from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 from jobstate.task_log import AttemptOutcome, TaskAttempt
 from jobstate.tasks_backend import JobStateBackend
+from jobstate.worker.coverage import unserved_queues_warning
 from jobstate.worker.execution import Attempt, ExecutionPool, Outcome, class_path
 from jobstate.worker.reports import Reporter, interrupted
 from jobstate.worker.signals import stop_signals
@@ -453,6 +454,15 @@ class Worker:
             self.options.lease,
             timeout,
         )
+        if self.queues is not None and self.store.supports_worker_registry:
+            warning = unserved_queues_warning(
+                target=self.backend.target,
+                alias=self.backend.alias,
+                queues=self.queues,
+                using=self.config.using,
+            )
+            if warning is not None:
+                logger.warning(warning)
 
     def _wind_down(self) -> None:
         """Claim nothing more; hand back what no thread started; let the running tasks

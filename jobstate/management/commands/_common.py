@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 from datetime import timedelta
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import CommandError, OutputWrapper
+from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState
+from jobstate.checks import MAINTENANCE_CHECKS
+from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, StoreError
 from jobstate.stores.validation import BIGINT_MAX, DURATION_LIMIT, require_text
 
 #: Exit status of a maintenance command when the store or database failed.
@@ -101,6 +103,23 @@ def known_database(alias: str) -> str:
     return alias
 
 
+def backend_named(alias: str) -> Any:
+    """``--backend``: the task backend of that ``TASKS`` alias, else exit status 2
+    naming the aliases there are."""
+    from jobstate.tasks_compat import task_backends
+
+    known = list(task_backends.settings)
+    if alias not in known:
+        raise CommandError(
+            f"--backend {alias!r} is not in settings.TASKS (known: {', '.join(known) or 'none'}).",
+            returncode=EXIT_USAGE,
+        )
+    try:
+        return task_backends[alias]
+    except ImproperlyConfigured as exc:  # its BACKEND does not import
+        raise CommandError(f"TASKS[{alias!r}]: {exc}", returncode=EXIT_USAGE) from exc
+
+
 def command_error(exc: Exception) -> CommandError:
     """The ``CommandError`` (and exit status) for an error a sweep, the relay or a store
     raised: 2 for invalid options or settings, 1 for a database or store failure."""
@@ -175,3 +194,65 @@ def add_sweep_options(
         default=DEFAULT_DB_ALIAS,
         help="The database holding jobstate's tables (default: %(default)s).",
     )
+
+
+def _database_failure(exc: BaseException) -> bool:
+    """Whether a database error is ``exc`` or among its causes."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, DatabaseError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def unmigrated_error(alias: str) -> CommandError | None:
+    """The error that tells an operator to migrate, when jobstate's migrations are not
+    all applied on database ``alias``; ``None`` when they are or that cannot be read."""
+    from jobstate.stores.database.observability import pending_jobstate_migrations
+
+    try:
+        pending = pending_jobstate_migrations(connections[alias])
+    except DatabaseError:
+        return None
+    if not pending:
+        return None
+    command = "manage.py migrate" + ("" if alias == DEFAULT_DB_ALIAS else f" --database {alias}")
+    return CommandError(
+        f"jobstate's tables on database {alias!r} are not migrated ({len(pending)} "
+        f"migration(s) not applied, from {pending[0]}): run {command}.",
+        returncode=EXIT_FAILED,
+    )
+
+
+def require_migrated(alias: str) -> None:
+    """Before a worker or a job run starts (which would log failures of its own before
+    the command's error): exit 1 saying to migrate when jobstate's migrations are not
+    all applied on database ``alias``."""
+    unmigrated = unmigrated_error(alias)
+    if unmigrated is not None:
+        raise unmigrated
+
+
+class JobStateCommand(BaseCommand):
+    """The base of jobstate's commands: it runs only the system checks that concern a
+    maintenance command (:data:`~jobstate.checks.MAINTENANCE_CHECKS`), so a broken
+    schedule or another backend's bad options do not stop it; and a failure on a
+    database whose jobstate migrations are not applied says to run ``migrate``, instead
+    of the driver's "no such table"."""
+
+    requires_system_checks = MAINTENANCE_CHECKS
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        alias = options.get("database") or DEFAULT_DB_ALIAS
+        try:
+            return super().execute(*args, **options)
+        except (CommandError, DatabaseError, StoreError) as exc:
+            if not _database_failure(exc) or alias not in connections:
+                raise
+            unmigrated = unmigrated_error(alias)
+            if unmigrated is None:
+                raise
+            raise unmigrated from exc

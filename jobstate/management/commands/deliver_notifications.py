@@ -47,7 +47,7 @@ from types import FrameType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from jobstate.conf import jobstate_settings
@@ -59,6 +59,7 @@ from jobstate.stores.base import StateStore
 
 from ._common import (
     EXIT_USAGE,
+    JobStateCommand,
     ProgressLine,
     command_error,
     interval_seconds,
@@ -95,7 +96,7 @@ def describe(counts: Mapping[str, int]) -> str:
     return f"Claimed {claimed} {noun}: {', '.join(parts)}."
 
 
-class Command(BaseCommand):
+class Command(JobStateCommand):
     help = (
         "Deliver due notifications from the outbox: one relay pass, or --loop until "
         "SIGTERM/SIGINT (the pass in progress finishes its claimed sends; a second signal "

@@ -3,8 +3,13 @@ cron (a deployment whose ``jobstate_worker`` processes evaluate them needs none)
 
 It brings the schedule rows in step with ``JOBSTATE["SCHEDULES"]``, then enqueues every
 due slot (:func:`jobstate.schedules.enqueue_due`). Run it as often as you like, from as
-many machines as you like: each slot is enqueued once. Prints one line per occurrence
-it enqueued, nothing when there was nothing to do; ``--json`` prints one object.
+many machines as you like: each slot is enqueued once. Prints nothing when all went
+well, so cron mails only on trouble (``--verbosity 2``: one line per occurrence it
+enqueued; ``--json``: one object).
+
+A broken schedule (a declaration ``manage.py check`` refuses, a task that no longer
+imports) does not stop the others: they are enqueued, the broken one is named on stderr
+and the exit status is 1.
 
 Exit status: 0 done; 1 the database failed or a schedule could not be enqueued (named
 on stderr; the others were); 2 invalid options or settings.
@@ -16,16 +21,16 @@ import json
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from jobstate.exceptions import InvalidJobState, JobStateError
 from jobstate.schedules import evaluate_schedules, sync_schedules
 
-from ._common import EXIT_FAILED, command_error, known_database
+from ._common import EXIT_FAILED, JobStateCommand, command_error, known_database
 
 
-class Command(BaseCommand):
+class Command(JobStateCommand):
     help = (
         "Enqueue the due slots of the periodic schedules (JOBSTATE['SCHEDULES']) once; "
         "safe to run from cron on several machines at once. Exit status: 0 done, 1 a "
@@ -74,7 +79,7 @@ class Command(BaseCommand):
                     }
                 )
             )
-        else:
+        elif options["verbosity"] >= 2:
             for item in result.enqueued:
                 self.stdout.write(
                     f"Enqueued {item.schedule} for {item.slot.isoformat()} as {item.result_id}"

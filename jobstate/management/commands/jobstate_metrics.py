@@ -15,17 +15,17 @@ from dataclasses import asdict
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from jobstate.exceptions import JobStateError
 from jobstate.metrics import render_metrics
 from jobstate.stores import get_state_store
 
-from ._common import command_error, known_database
+from ._common import JobStateCommand, command_error, known_database
 
 
-class Command(BaseCommand):
+class Command(JobStateCommand):
     help = (
         "Print jobstate's operational metrics: Prometheus text, or --json for the snapshot. "
         "Exit status: 0 printed, 1 database or store failure, 2 invalid options or settings."

@@ -31,12 +31,21 @@ import sys
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.core.management.base import CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, JobStateError
 
-from ._common import EXIT_FAILED, EXIT_USAGE, checked_name, command_error, interval_seconds
+from ._common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    JobStateCommand,
+    backend_named,
+    checked_name,
+    command_error,
+    interval_seconds,
+    require_migrated,
+)
 
 #: Most threads one worker process runs tasks in.
 CONCURRENCY_LIMIT = 1000
@@ -87,7 +96,7 @@ def _queue_names(text: str) -> list[str] | None:
     return list(dict.fromkeys(names))
 
 
-class Command(BaseCommand):
+class Command(JobStateCommand):
     help = (
         "Run the tasks of a jobstate task backend (django.tasks) until stopped: claim, "
         "run in threads, retry, time out, recover crashed workers' tasks. The first "
@@ -162,19 +171,21 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here, so the other commands work on Django 5.2 without the backport.
         from jobstate.tasks_backend import JobStateBackend
-        from jobstate.tasks_compat import task_backends
         from jobstate.worker import Worker, WorkerConfig, default_worker_id
 
         self._configure_logging(options["verbosity"])
-        try:
-            backend = task_backends[options["backend"]]
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        backend = backend_named(options["backend"])
         if not isinstance(backend, JobStateBackend):
             raise CommandError(
                 f"TASKS[{options['backend']!r}] is {type(backend).__module__}."
                 f"{type(backend).__qualname__}, not jobstate.tasks_backend.JobStateBackend; "
                 "jobstate_worker runs only jobstate's tasks.",
+                returncode=EXIT_USAGE,
+            )
+        errors = [message for message in backend.configuration_messages() if message.is_serious()]
+        if errors:
+            raise CommandError(
+                " ".join(f"({message.id}) {message.msg}" for message in errors),
                 returncode=EXIT_USAGE,
             )
         queues = options["queue_name"]
@@ -185,6 +196,7 @@ class Command(BaseCommand):
                 f"TASKS[{backend.alias!r}]['QUEUES'] ({', '.join(sorted(backend.queues))}).",
                 returncode=EXIT_USAGE,
             )
+        require_migrated(DEFAULT_DB_ALIAS)
         worker_id = options["worker_id"]
         worker_id = (
             default_worker_id()

@@ -20,13 +20,14 @@ import json
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db import DatabaseError
 
 from jobstate.exceptions import JobStateError
 from jobstate.maintenance import SweepResult, run_retention_sweeps
 
 from ._common import (
+    JobStateCommand,
     ProgressLine,
     add_sweep_options,
     command_error,
@@ -51,7 +52,7 @@ def describe(result: SweepResult) -> str:
     return f"Deleted {result.count} {noun}."
 
 
-class Command(BaseCommand):
+class Command(JobStateCommand):
     help = (
         "Delete audit entries, finished jobs, finished job runs, delivered notifications "
         "and registered workers past their retention (JOBSTATE['AUDIT_RETENTION'], "

@@ -19,13 +19,14 @@ import json
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.db import DatabaseError
 
 from jobstate.exceptions import JobStateError
 from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
 
 from ._common import (
+    JobStateCommand,
     ProgressLine,
     add_sweep_options,
     command_error,
@@ -104,7 +105,7 @@ def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
     return lines
 
 
-class Command(BaseCommand):
+class Command(JobStateCommand):
     help = (
         "Settle work whose owner is gone: stale job runs -> TIMED_OUT, queued jobs past "
         "QUEUED_TTL -> error, dispatched jobs of silent executors -> queued, expired "

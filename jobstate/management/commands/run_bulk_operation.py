@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from jobstate.bulk import BATCH_SIZE, advance_bulk_operation
 from jobstate.models import BulkOperation, BulkState
 
-from ._common import EXIT_FAILED, EXIT_USAGE, known_database, positive_int
+from ._common import EXIT_FAILED, EXIT_USAGE, JobStateCommand, known_database, positive_int
 
 
-class Command(BaseCommand):
+class Command(JobStateCommand):
     help = "Run a bulk operation of the console to its end (or resume one)."
 
     def add_arguments(self, parser: CommandParser) -> None:

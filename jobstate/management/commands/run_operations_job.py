@@ -1,7 +1,8 @@
 """``manage.py run_operations_job KEY [--input JSON]``: run one operations job now.
 
 Exit status: 0 when the run SUCCEEDED or was SKIPPED (another run held the key), 1 when
-it FAILED or TIMED_OUT or the run store failed, 2 for an unknown job, rejected input or
+it FAILED or TIMED_OUT or the run store failed, 2 for an unknown job, rejected input, a
+module of ``JOBSTATE["OPERATIONS_JOB_MODULES"]`` that does not import (``--list`` too), or
 any other bad option (a ``--database`` not in ``settings.DATABASES``, a blank or
 over-long ``--triggered-by``, ``--list`` together with a job to run).
 Quiet on success (cron-friendly) unless ``--verbosity 2`` or ``--json``.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from jobstate.exceptions import (
@@ -21,11 +22,18 @@ from jobstate.exceptions import (
     StoreError,
     UnknownOperationsJob,
 )
+from jobstate.operations import operations_module_problems
 from jobstate.runner import JobExecutionResult, JobRunner, registry
 from jobstate.stores import get_run_store
 from jobstate.stores.base import Trigger
 
-from ._common import EXIT_FAILED, EXIT_USAGE, checked_name, known_database
+from ._common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    JobStateCommand,
+    checked_name,
+    known_database,
+)
 
 
 def _reject_constant(name: str) -> Any:
@@ -47,7 +55,7 @@ def parse_input(text: str | None) -> Any:
         ) from exc
 
 
-class Command(BaseCommand):
+class Command(JobStateCommand):
     help = (
         "Run one registered operations job now and record the run. Exit status: 0 when it "
         "succeeded or was skipped (another run held its key), 1 when it failed or timed "
@@ -79,6 +87,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        problems = operations_module_problems()
+        if problems:
+            raise CommandError(" ".join(problems), returncode=EXIT_USAGE)
         if options["list"]:
             given = [
                 name

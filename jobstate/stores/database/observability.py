@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 from typing import Any
 
@@ -47,8 +46,6 @@ __all__ = [
     "pending_jobstate_migrations",
     "schema_readiness",
 ]
-
-logger = logging.getLogger("jobstate.readiness")
 
 _APP_LABEL = "jobstate"
 
@@ -239,7 +236,7 @@ def schema_readiness(using: str) -> Readiness:
 
 
 def _not_ready(database: str, migrations: str, pending: int, detail: str) -> Readiness:
-    logger.warning("jobstate is not ready: %s", detail)
+    # Logged by the readiness endpoint; a command that asks says it on stderr itself.
     return Readiness(
         ready=False, database=database, migrations=migrations, pending=pending, detail=detail
     )
