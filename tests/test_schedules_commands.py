@@ -59,7 +59,7 @@ def declared_a_while_ago(settings: Any, **schedules: dict[str, Any]) -> None:
 
 def test_the_command_enqueues_the_due_slot_once_and_is_quiet_after(settings: Any) -> None:
     declared_a_while_ago(settings, yearly=YEARLY)
-    first = manage("enqueue_due_schedules", schedules={"yearly": YEARLY})
+    first = manage("enqueue_due_schedules", "--verbosity", "2", schedules={"yearly": YEARLY})
     assert first.returncode == 0, first.stderr
     (slot,) = slots_of("yearly")
     (job,) = jobs_of("yearly")
@@ -72,6 +72,14 @@ def test_the_command_enqueues_the_due_slot_once_and_is_quiet_after(settings: Any
     second = manage("enqueue_due_schedules", schedules={"yearly": YEARLY})
     assert (second.returncode, second.stdout, second.stderr) == (0, "", "")
     assert slots_of("yearly") == [slot]
+
+
+def test_the_command_prints_nothing_at_verbosity_1_when_all_went_well(settings: Any) -> None:
+    # From cron, output means mail: only trouble should send one.
+    declared_a_while_ago(settings, yearly=YEARLY)
+    done = manage("enqueue_due_schedules", schedules={"yearly": YEARLY})
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert len(slots_of("yearly")) == 1
 
 
 def test_the_command_prints_json(settings: Any) -> None:
@@ -101,10 +109,13 @@ def test_a_schedule_that_cannot_be_enqueued_exits_1_and_the_others_are(settings:
     assert len(slots_of("yearly")) == 1 and slots_of("broken") == []
 
 
-def test_bad_settings_and_options_stop_the_command_before_it_writes(settings: Any) -> None:
+def test_a_broken_declaration_is_named_and_skipped_and_bad_options_stop_the_command(
+    settings: Any,
+) -> None:
     bad = manage("enqueue_due_schedules", schedules={"yearly": {**YEARLY, "cron": "61 * * * *"}})
-    assert bad.returncode != 0
-    assert "jobstate.E030" in bad.stderr and "['yearly']['cron']" in bad.stderr
+    assert bad.returncode == 1
+    assert "schedule 'yearly' is broken" in bad.stderr and "['yearly']['cron']" in bad.stderr
+    assert "Traceback" not in bad.stderr
     assert not Schedule.objects.exists()
     unknown = manage("enqueue_due_schedules", "--database", "nope", schedules={})
     assert unknown.returncode == 2 and "--database 'nope'" in unknown.stderr

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -240,6 +241,15 @@ class NoTasksStore(MemoryStateStore):
 def test_good_options_pass_the_check(settings: Any) -> None:
     use_options(settings, MAX_ATTEMPTS=5, TIMEOUT=60)
     assert not [m for m in checks.run_checks() if m.id and m.id.startswith("jobstate.E02")]
+
+
+def test_an_enqueue_on_bad_options_names_the_backend_alias(settings: Any) -> None:
+    use_options(settings, MAX_ATTEMPTS=0)
+    with pytest.raises(
+        ImproperlyConfigured, match=r"^TASKS\['default'\]: OPTIONS\['MAX_ATTEMPTS'\]"
+    ):
+        add.enqueue(1, 2)
+    assert not Job.objects.exists()
 
 
 # --- waking workers: NOTIFY at commit -------------------------------------------------------

@@ -17,11 +17,13 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from jobstate.exceptions import (
+    InvalidPayload,
     JobStateError,
     OperationsJobInputError,
     StoreError,
     UnknownOperationsJob,
 )
+from jobstate.jsonvalues import ensure_json
 from jobstate.operations import operations_module_problems
 from jobstate.runner import JobExecutionResult, JobRunner, registry
 from jobstate.stores import get_run_store
@@ -33,6 +35,7 @@ from ._common import (
     JobStateCommand,
     checked_name,
     known_database,
+    require_migrated,
 )
 
 
@@ -119,11 +122,17 @@ class Command(JobStateCommand):
         trigger = Trigger("CLI", triggered_by=who)
         using = known_database(options["database"])
         try:
+            # Checked here as the runner will, so a bad job or input exits 2 before the
+            # database is asked whether it is migrated.
+            job = registry.get(key)
+            ensure_json(job_input, field=f"{job.key}: input")
+            job.parse_input(job_input)
+            require_migrated(using)
             runner = JobRunner(store=get_run_store(using=using))
             result = runner.execute(key, job_input, trigger)
         except UnknownOperationsJob as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
-        except OperationsJobInputError as exc:
+        except (OperationsJobInputError, InvalidPayload) as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except StoreError as exc:
             cause = exc.__cause__
