@@ -10,8 +10,9 @@ Declare schedules in settings::
     }}
 
 and let every ``jobstate_worker`` (or ``manage.py enqueue_due_schedules`` from cron, or
-the beat entry) call :func:`enqueue_due`. The declarations are checked at start-up
-(``jobstate.E030``, ``jobstate.E031``); each schedule has a row
+the beat entry) call :func:`enqueue_due`. The declarations are checked by ``manage.py
+check`` (``jobstate.E030``, ``jobstate.E031``); a broken one is skipped by every
+evaluation, which logs why, while the others run. Each schedule has a row
 (:class:`~jobstate.models.Schedule`) kept in step with settings by
 :func:`sync_schedules`, and each enqueue an occurrence row whose unique key makes a slot
 enqueued once. See ``docs/schedules.md``.
