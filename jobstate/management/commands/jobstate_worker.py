@@ -196,7 +196,6 @@ class Command(JobStateCommand):
                 f"TASKS[{backend.alias!r}]['QUEUES'] ({', '.join(sorted(backend.queues))}).",
                 returncode=EXIT_USAGE,
             )
-        require_migrated(DEFAULT_DB_ALIAS)
         worker_id = options["worker_id"]
         worker_id = (
             default_worker_id()
@@ -204,6 +203,7 @@ class Command(JobStateCommand):
             else checked_name(worker_id, option="--worker-id")
         )
         interval = options["interval"]
+        require_migrated(DEFAULT_DB_ALIAS)
         try:
             config = WorkerConfig(
                 backend=backend.alias,
