@@ -14,6 +14,8 @@ from django.db.models.functions import Now
 from jobstate import maintenance
 from jobstate.clock import instant_filter
 from jobstate.models import AuditEntry, Job
+from jobstate.states import JobStatus
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.factories import AuditEntryFactory, JobFactory
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
@@ -55,3 +57,19 @@ def test_an_instant_read_back_finds_its_row_whichever_clock_wrote_it(microsecond
 def test_a_lookup_it_does_not_know_is_refused() -> None:
     with pytest.raises(ValueError, match="lookup must be one of"):
         instant_filter("default", "run_after", "range", datetime.now(UTC))
+
+
+def test_the_bulk_requeue_takes_a_lease_that_ended_on_the_real_clock_only() -> None:
+    # The console's "Requeue all matching" on running jobs: the lease the database's
+    # clock wrote is judged against the same clock, in SQL.
+    store = DatabaseStateStore()
+    store.create_job(request_id="short", target="llm")
+    store.create_job(request_id="long", target="llm")
+    short = store.claim_next_inhub_job(["llm"], "worker-1", lease=timedelta(milliseconds=300))
+    long = store.claim_next_inhub_job(["llm"], "worker-2", lease=timedelta(minutes=5))
+    assert short is not None and long is not None
+    pairs = [(short.id, JobStatus.RUNNING), (long.id, JobStatus.RUNNING)]
+    assert store.requeue_jobs(pairs, by="alice", via="admin-bulk") == []
+    time.sleep(0.5)
+    assert store.requeue_jobs(pairs, by="alice", via="admin-bulk") == [short.id]
+    assert Job.objects.get(id=long.id).status == JobStatus.RUNNING
