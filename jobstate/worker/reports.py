@@ -152,23 +152,25 @@ class Reporter:
             job.attempts,
             refusal,
         )
-        for with_log in (True, False):
-            record, settlement = refused_settlement(
-                attempt_log=job.attempt_log,
-                attempt=outcome.record,
-                refusal=refusal,
-                what="report",
-                with_log=with_log,
-            )
-            replaced = Outcome(
-                outcome.attempt, record, duration=outcome.duration, exception=outcome.exception
-            )
-            try:
-                return [replaced], [settlement], self._report([replaced], [settlement])
-            except _REFUSALS:
-                if not with_log:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self._report_refused(outcome, refusal, with_log=True)
+        except _REFUSALS:
+            return self._report_refused(outcome, refusal, with_log=False)
+
+    def _report_refused(
+        self, outcome: Outcome, refusal: Exception, *, with_log: bool
+    ) -> tuple[list[Outcome], list[Settlement], list[CompletionResult]]:
+        record, settlement = refused_settlement(
+            attempt_log=outcome.attempt.job.attempt_log,
+            attempt=outcome.record,
+            refusal=refusal,
+            what="report",
+            with_log=with_log,
+        )
+        replaced = Outcome(
+            outcome.attempt, record, duration=outcome.duration, exception=outcome.exception
+        )
+        return [replaced], [settlement], self._report([replaced], [settlement])
 
     def hand_back(self, attempts: Sequence[Attempt]) -> int:
         """Give back claimed tasks no thread started, as they were before the claim
