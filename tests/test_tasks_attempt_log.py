@@ -246,6 +246,8 @@ class RefusingStore(DatabaseStateStore):
     ``refused``, as a store with a lower limit of its own would."""
 
     refused: ClassVar[set[Any]] = set()
+    #: Refuse any attempt log of those jobs, the one naming the refusal too.
+    refuse_logs: ClassVar[bool] = False
 
     def complete_claimed_jobs(self, reports: Any) -> Any:
         self._refuse([report.job_id for report in reports], reports)
@@ -258,7 +260,10 @@ class RefusingStore(DatabaseStateStore):
     def _refuse(self, job_ids: list[Any], reports: Any) -> None:
         for job_id, report in zip(job_ids, reports, strict=True):
             patch = getattr(report, "patch", report)
-            if str(job_id) in RefusingStore.refused and "Refused" not in str(patch):
+            named = "Refused" in str(patch) and not (
+                RefusingStore.refuse_logs and "attempt_log" in patch
+            )
+            if str(job_id) in RefusingStore.refused and not named:
                 raise InvalidPatch("attempt_log is too large for this store.", field="attempt_log")
 
 
@@ -269,6 +274,7 @@ def refusing(settings: Any) -> type[RefusingStore]:
         "STATE_STORE": "tests.test_tasks_attempt_log.RefusingStore",
     }
     RefusingStore.refused = set()
+    RefusingStore.refuse_logs = False
     return RefusingStore
 
 
@@ -298,6 +304,21 @@ def test_a_refused_report_fails_that_task_alone_and_the_worker_goes_on(
     assert "attempt_log is too large" in error.traceback
     for n, other in enumerate(others):
         assert add.get_result(other.id).return_value == 2 * n
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_whose_log_is_refused_even_then_fails_with_the_error_alone(
+    settings: Any, refusing: type[RefusingStore]
+) -> None:
+    use_options(settings, MAX_ATTEMPTS=3)
+    refused, other = always_fails.enqueue("boom"), add.enqueue(1, 1)
+    refusing.refused, refusing.refuse_logs = {refused.id}, True
+    summary = run_worker()
+    assert summary.failed == 1 and summary.succeeded == 1
+    job = Job.objects.get(id=refused.id)
+    assert job.status == JobStatus.ERROR and job.attempts == 1 and job.attempt_log == []
+    assert (job.error or "").startswith("jobstate.exceptions.TaskReportRefused: the store")
+    assert add.get_result(other.id).return_value == 2
 
 
 @pytest.mark.django_db(transaction=True)
