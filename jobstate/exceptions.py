@@ -201,7 +201,7 @@ class DeliveryFailed(JobStateError):
 
 
 # --- django.tasks ------------------------------------------------------------------------
-# The three errors below are recorded in a task's ``TaskResult.errors`` by their class
+# The errors below are recorded in a task's ``TaskResult.errors`` by their class
 # path, so ``TaskError.exception_class`` resolves to them.
 
 
@@ -220,6 +220,19 @@ class WorkerLost(JobStateError):
 class TaskReturnValueNotJSON(JobStateError, TypeError):
     """A task returned a value that cannot be stored as strict JSON, so ``get_result``
     could not give it back unchanged. The attempt failed with this error."""
+
+
+class TaskReportRefused(JobStateError):
+    """The store refused to record how a task attempt ended (the worker's report, or
+    the recovery of a lost attempt), for a reason trying again cannot cure. The task was
+    settled as failed with this error, whatever attempts it had left, and the worker
+    (or the sweep) went on with its other tasks; the refusal is in the traceback."""
+
+
+class AttemptsLeftOut(JobStateError):
+    """Not raised: stands in ``TaskResult.errors`` for the attempts a long attempt log
+    left out (it keeps the first and the latest attempts of a task). Its traceback says
+    which attempts, and how many."""
 
 
 class ScheduleError(JobStateError):

@@ -4,10 +4,13 @@ The job's status gives the result's: ``queued`` is ``READY``, ``running`` ``RUNN
 ``done`` ``SUCCESSFUL``, and ``error`` and ``rejected`` (a task cancelled from the admin)
 ``FAILED``. ``worker_ids`` holds the worker of every ended attempt (the attempt log)
 and, while one runs, the worker running it, so ``attempts`` counts attempts; ``errors``
-holds one ``TaskError`` per failed attempt. ``enqueued_at`` is when the job was
-created, ``started_at`` when its first attempt started, ``last_attempted_at`` when the
-latest did, and ``finished_at`` when it reached its final status (all on the database
-clock, except the end of an attempt, which its worker records).
+holds one ``TaskError`` per failed attempt. Of a long log, which keeps the first and the
+latest attempts only, each attempt left out has :data:`LEFT_OUT_WORKER_ID` as its worker
+and one :class:`~jobstate.exceptions.AttemptsLeftOut` error stands for them all.
+``enqueued_at`` is when the job was created, ``started_at`` when its first attempt
+started, ``last_attempted_at`` when the latest did, and ``finished_at`` when it reached
+its final status (all on the database clock, except the end of an attempt, which its
+worker records).
 """
 
 from __future__ import annotations
@@ -17,15 +20,20 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
 
-from jobstate.exceptions import InvalidJobState
+from jobstate.exceptions import AttemptsLeftOut, InvalidJobState
 from jobstate.states import TERMINAL_JOB_STATUSES, JobStatus
-from jobstate.task_log import read_attempt_log
+from jobstate.task_log import LeftOut, attempt_history
 from jobstate.tasks_compat import Task, TaskError, TaskResult, TaskResultStatus
 
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["RESULT_STATUSES", "load_task", "task_of", "task_result"]
+__all__ = ["LEFT_OUT_WORKER_ID", "RESULT_STATUSES", "load_task", "task_of", "task_result"]
+
+#: What ``TaskResult.worker_ids`` holds for each attempt a long attempt log left out.
+LEFT_OUT_WORKER_ID = "(left out of the attempt log)"
+
+_LEFT_OUT_PATH = f"{AttemptsLeftOut.__module__}.{AttemptsLeftOut.__qualname__}"
 
 #: The ``TaskResult`` status of each job status.
 RESULT_STATUSES: dict[str, TaskResultStatus] = {
@@ -68,12 +76,25 @@ def task_of(job: Job, alias: str) -> Task[Any, Any]:
 def task_result(job: Job, alias: str, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:
     """The job as a ``TaskResult`` of backend ``alias`` (``task``: the job's task, when
     the caller has it already)."""
-    attempts = read_attempt_log(job.attempt_log)
     running = job.status in (JobStatus.RUNNING, JobStatus.DISPATCHED)
-    worker_ids = [attempt.worker_id for attempt in attempts]
+    worker_ids: list[str] = []
+    starts: list[Any] = []
+    errors: list[TaskError] = []
+    for item in attempt_history(job.attempt_log):
+        if isinstance(item, LeftOut):
+            # The attempts a long log left out still count: the result's attempts
+            # stay exact, and its errors say which ones are missing.
+            worker_ids += [LEFT_OUT_WORKER_ID] * item.count
+            errors.append(TaskError(exception_class_path=_LEFT_OUT_PATH, traceback=item.describe()))
+            continue
+        worker_ids.append(item.worker_id)
+        starts.append(item.started_at)
+        if item.failed:
+            errors.append(
+                TaskError(exception_class_path=item.exception_class_path, traceback=item.traceback)
+            )
     if running and job.executor_id:
         worker_ids.append(job.executor_id)
-    starts = [attempt.started_at for attempt in attempts]
     if running:
         starts.append(job.claimed_at)
     payload = job.input if isinstance(job.input, dict) else {}
@@ -88,11 +109,7 @@ def task_result(job: Job, alias: str, task: Task[Any, Any] | None = None) -> Tas
         args=list(payload.get("args") or []),
         kwargs=dict(payload.get("kwargs") or {}),
         backend=alias,
-        errors=[
-            TaskError(exception_class_path=a.exception_class_path, traceback=a.traceback)
-            for a in attempts
-            if a.failed
-        ],
+        errors=errors,
         worker_ids=worker_ids,
     )
     if job.status == JobStatus.DONE:

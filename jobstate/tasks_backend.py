@@ -27,7 +27,7 @@ from django.apps import apps
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 
-from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState
+from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, InvalidPayload
 from jobstate.states import NewTask, task_target
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
@@ -85,11 +85,19 @@ class JobStateBackend(BaseTaskBackend):
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Queue ``task`` with ``args`` and ``kwargs`` (JSON: tuples become lists) and
         return its ``READY`` result. Part of the caller's transaction, when there is
-        one."""
+        one. Arguments that are not JSON raise ``TypeError`` or ``ValueError``
+        (:class:`~jobstate.exceptions.InvalidPayload` among them, for a cycle or nesting
+        too deep to store too) and queue nothing."""
         self.validate_task(task)
-        # normalize_json returns JSON of the shape it is given: a list, a dict.
-        job_args = cast("list[Any]", normalize_json(list(args)))
-        job_kwargs = cast("dict[str, Any]", normalize_json(dict(kwargs)))
+        try:
+            # normalize_json returns JSON of the shape it is given: a list, a dict.
+            job_args = cast("list[Any]", normalize_json(list(args)))
+            job_kwargs = cast("dict[str, Any]", normalize_json(dict(kwargs)))
+        except RecursionError as exc:
+            raise InvalidPayload(
+                "the task's arguments are not strict JSON: they hold a cycle or are nested "
+                "too deeply."
+            ) from exc
         job = self.store.enqueue_task(
             NewTask(
                 target=self.target,

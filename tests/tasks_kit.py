@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -79,6 +80,12 @@ def stop(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         process.kill()
         process.communicate()
+
+
+def worker_tracebacks(err: str) -> list[str]:
+    """The tracebacks in a worker's stderr other than those of Django's log of a failed
+    task (tagged by ``tests.worker_settings``), which carries the task's exception."""
+    return re.findall(r"(?m)^Traceback.*$", err)
 
 
 def wait_for(condition: Callable[[], Any], *, timeout: float = 30, what: str = "") -> Any:

@@ -28,7 +28,7 @@ from tests.task_functions import (
     returns_a_set,
     started_then_sleeps,
 )
-from tests.tasks_kit import finish, start_worker, stop, use_options
+from tests.tasks_kit import finish, start_worker, stop, use_options, worker_tracebacks
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def run_batch(options: dict[str, Any], *args: str, timeout: float = 60) -> str:
     finally:
         stop(worker)
     assert code == 0, err
-    assert "Traceback" not in err, err
+    assert not worker_tracebacks(err), err
     return err
 
 

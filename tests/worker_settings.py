@@ -1,12 +1,17 @@
 """Settings of the task workers the tests start as processes: the project's settings
 with the ``TASKS`` options a test gives in ``JOBSTATE_TEST_TASK_OPTIONS`` (JSON; durations
-in seconds), so a worker and its test agree on them."""
+in seconds), so a worker and its test agree on them, ``JOBSTATE['MAX_PAYLOAD_BYTES']``
+from ``JOBSTATE_TEST_MAX_PAYLOAD_BYTES`` when a test lowers it, and Django's log of the
+tasks tagged (see :class:`TaggedFormatter`)."""
 
 import json
+import logging
 import os
 from datetime import timedelta
 
 from project.settings import *  # noqa: F403
+from project.settings import JOBSTATE as PROJECT_JOBSTATE
+from project.settings import LOGGING as PROJECT_LOGGING
 from project.settings import TASKS as PROJECT_TASKS
 
 _DURATIONS = ("RETRY_BACKOFF", "LEASE", "TIMEOUT")
@@ -25,4 +30,33 @@ TASKS = {
         **PROJECT_TASKS["default"],
         "OPTIONS": _options(os.environ.get("JOBSTATE_TEST_TASK_OPTIONS", "{}")),
     }
+}
+
+if "JOBSTATE_TEST_MAX_PAYLOAD_BYTES" in os.environ:
+    JOBSTATE = {
+        **PROJECT_JOBSTATE,
+        "MAX_PAYLOAD_BYTES": int(os.environ["JOBSTATE_TEST_MAX_PAYLOAD_BYTES"]),
+    }
+
+
+class TaggedFormatter(logging.Formatter):
+    """Prefixes every line of a record, its traceback too, with the logger's name, so a
+    test tells Django's log of a failed task (which carries the task's traceback) from
+    a traceback of the worker itself."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(f"{record.name}| {line}" for line in super().format(record).splitlines())
+
+
+# Django's log of each task that ended (django.tasks on Django 6, the backport's
+# django_tasks on 5.2), tagged; WARNING and up, as Python prints it with no handler.
+_TASK_LOG = {"handlers": ["tasks"], "level": "WARNING", "propagate": False}
+LOGGING = {
+    **PROJECT_LOGGING,
+    "formatters": {"tagged": {"()": TaggedFormatter}},
+    "handlers": {
+        **PROJECT_LOGGING["handlers"],
+        "tasks": {"class": "logging.StreamHandler", "formatter": "tagged"},
+    },
+    "loggers": {**PROJECT_LOGGING["loggers"], "django.tasks": _TASK_LOG, "django_tasks": _TASK_LOG},
 }

@@ -22,7 +22,7 @@ from django.utils.translation import gettext_lazy
 from jobstate.admin.common import ReadOnlyAdmin, json_block, text_block
 from jobstate.admin.redaction import Redactor
 from jobstate.models import Job
-from jobstate.task_log import read_attempt_log
+from jobstate.task_log import numbered_attempts
 
 __all__ = ["TASK_FIELDS", "AttemptRow", "Fieldset", "TaskFieldsAdmin", "attempt_rows"]
 
@@ -57,7 +57,7 @@ class AttemptRow:
 def attempt_rows(job: Job, redactor: Redactor) -> list[AttemptRow]:
     """The ended attempts of ``job``, first first (none for a job that is no task)."""
     rows = []
-    for number, attempt in enumerate(read_attempt_log(job.attempt_log), start=1):
+    for number, attempt in numbered_attempts(job.attempt_log):
         error = attempt.exception_class_path
         if attempt.message:
             error = f"{error}: {attempt.message}"

@@ -22,7 +22,7 @@ from jobstate.admin.common import relative_time, short_duration, text_block
 from jobstate.admin.redaction import Redactor
 from jobstate.models import AuditEntry, Job
 from jobstate.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
-from jobstate.task_log import read_attempt_log
+from jobstate.task_log import numbered_attempts
 
 __all__ = ["TimelineEvent", "job_timeline"]
 
@@ -69,7 +69,7 @@ def _audit_event(entry: AuditEntry, page: Redactor) -> TimelineEvent:
 def _attempt_events(job: Job, page: Redactor) -> list[TimelineEvent]:
     events = []
     previous_end: datetime | None = None
-    for number, attempt in enumerate(read_attempt_log(job.attempt_log), start=1):
+    for number, attempt in numbered_attempts(job.attempt_log):
         claimed = _("Attempt %(n)d claimed by %(worker)s") % {
             "n": number,
             "worker": attempt.worker_id,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from jobstate.audit import AuditSeverity
 from jobstate.conf import jobstate_settings
-from jobstate.exceptions import InvalidJobState, WorkerLost
+from jobstate.exceptions import InvalidJobState, InvalidPatch, InvalidPayload, WorkerLost
 from jobstate.states import TASK_TARGET_PREFIX, NewTask, TaskRecovery
 from jobstate.stores.state_fleet import FleetStateStore
 from jobstate.stores.state_validation import (
@@ -30,7 +30,7 @@ from jobstate.stores.validation import (
     require_text,
     resolve_lease,
 )
-from jobstate.task_log import AttemptOutcome, TaskAttempt, settle_attempt
+from jobstate.task_log import AttemptOutcome, TaskAttempt, refused_settlement, settle_attempt
 
 if TYPE_CHECKING:
     from jobstate.models import Job
@@ -163,12 +163,26 @@ class TaskStateStore(FleetStateStore):
                 max_attempts=job.max_attempts,
                 attempt=attempt,
             )
-            cleaned = clean_job_fields(
-                settlement.patch, allowed=JOB_REPORT_FIELDS, action="recover_expired_tasks"
-            )
-            applied, stored = self._complete_claimed(
-                job.pk, job.claim_token, settlement.status, cleaned
-            )
+            try:
+                cleaned = clean_job_fields(
+                    settlement.patch, allowed=JOB_REPORT_FIELDS, action="recover_expired_tasks"
+                )
+                applied, stored = self._complete_claimed(
+                    job.pk, job.claim_token, settlement.status, cleaned
+                )
+            # The log is bounded and its text storable, so only a store that checks more
+            # (before it writes) gets here: the task fails, naming the refusal, and the
+            # sweep goes on with the others.
+            except (InvalidPatch, InvalidPayload) as exc:
+                _record, settlement = refused_settlement(
+                    attempt_log=job.attempt_log, attempt=attempt, refusal=exc, what="recovery"
+                )
+                cleaned = clean_job_fields(
+                    settlement.patch, allowed=JOB_REPORT_FIELDS, action="recover_expired_tasks"
+                )
+                applied, stored = self._complete_claimed(
+                    job.pk, job.claim_token, settlement.status, cleaned
+                )
             if not applied:
                 return None
             self.append_audit(

@@ -14,10 +14,10 @@ under the attempt's lock, so an attempt is settled exactly once.
 from __future__ import annotations
 
 import enum
+import logging
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,13 @@ from django.utils import timezone
 
 from jobstate.exceptions import InvalidPayload, TaskReturnValueNotJSON
 from jobstate.jsonvalues import ensure_json
-from jobstate.task_log import AttemptOutcome, TaskAttempt
+from jobstate.task_log import (
+    AttemptOutcome,
+    TaskAttempt,
+    exception_message,
+    exception_traceback,
+    storable_class_path,
+)
 from jobstate.task_results import task_of, task_result
 from jobstate.tasks_compat import TaskContext, normalize_json, task_started
 
@@ -35,6 +41,8 @@ if TYPE_CHECKING:
     from jobstate.models import Job
 
 __all__ = ["Attempt", "ExecutionPool", "Outcome", "class_path"]
+
+logger = logging.getLogger("jobstate.worker")
 
 
 class _State(enum.Enum):
@@ -45,15 +53,17 @@ class _State(enum.Enum):
     HANDED_BACK = "handed back"
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Outcome:
     """How one attempt ended: the attempt as its log will keep it, the (JSON) return
-    value of a success, and how long it ran."""
+    value of a success, how long it ran and, for a task that raised, the exception (for
+    ``task_finished``; the report drops it once sent, with the frames it holds)."""
 
     attempt: Attempt
     record: TaskAttempt
     return_value: Any = None
     duration: float = 0.0
+    exception: BaseException | None = field(default=None, repr=False)
 
 
 @dataclass(eq=False)
@@ -113,11 +123,33 @@ class Attempt:
         if not self._move((_State.CLAIMED,), _State.RUNNING):
             return None
         started = time.monotonic()
-        record, value = self._call()
-        outcome = Outcome(self, record, value, time.monotonic() - started)
+        try:
+            record, value, error = self._call()
+        # Whatever escapes running the task (giving back its connections, say) fails
+        # the attempt: a thread never ends with its attempt unsettled.
+        except BaseException as exc:
+            record, value, error = failure(self.worker_id, self.job.claimed_at, exc), None, exc
+        outcome = Outcome(self, record, value, time.monotonic() - started, error)
         return outcome if self._move((_State.RUNNING,), _State.ENDED) else None
 
-    def _call(self) -> tuple[TaskAttempt, Any]:
+    def fail_unsettled(self, exc: BaseException) -> Outcome | None:
+        """The outcome of an attempt whose thread failed outside the task (which
+        :meth:`execute` already guards): failed, naming ``exc``'s class only, as
+        nothing of it is trusted; ``None`` when it was settled elsewhere."""
+        if not self._move((_State.CLAIMED, _State.RUNNING), _State.ENDED):
+            return None
+        path = storable_class_path(type(exc))
+        record = TaskAttempt(
+            worker_id=self.worker_id,
+            started_at=self.job.claimed_at,
+            finished_at=timezone.now(),
+            outcome=AttemptOutcome.FAILED,
+            exception_class_path=path,
+            traceback=f"{path} (raised while the worker ran the attempt)\n",
+        )
+        return Outcome(self, record)
+
+    def _call(self) -> tuple[TaskAttempt, Any, BaseException | None]:
         job = self.job
         started_at = job.claimed_at
         try:
@@ -134,7 +166,7 @@ class Attempt:
         # a thread would end it silently) is that attempt's failure, as in Django's own
         # ImmediateBackend.
         except BaseException as exc:
-            return failure(self.worker_id, started_at, exc), None
+            return failure(self.worker_id, started_at, exc), None, exc
         finally:
             # What a request's end does: give back the connections the task used, or
             # drop them when CONN_MAX_AGE says so or they broke.
@@ -145,19 +177,21 @@ class Attempt:
             finished_at=timezone.now(),
             outcome=AttemptOutcome.SUCCESSFUL,
         )
-        return record, stored
+        return record, stored, None
 
 
 def failure(worker_id: str, started_at: Any, exc: BaseException) -> TaskAttempt:
-    """The log entry of an attempt that raised ``exc``."""
+    """The log entry of an attempt that raised ``exc``. Its text is made storable here,
+    and an exception whose ``__str__`` raises still gets one (see
+    :func:`~jobstate.task_log.exception_message`)."""
     return TaskAttempt(
         worker_id=worker_id,
         started_at=started_at,
         finished_at=timezone.now(),
         outcome=AttemptOutcome.FAILED,
-        exception_class_path=class_path(type(exc)),
-        traceback="".join(traceback.format_exception(exc)),
-        message=str(exc),
+        exception_class_path=storable_class_path(type(exc)),
+        traceback=exception_traceback(exc),
+        message=exception_message(exc),
     )
 
 
@@ -226,7 +260,13 @@ class ExecutionPool:
                 attempt = self._work.get()
                 if attempt is None:
                     return
-                outcome = attempt.execute()
+                try:
+                    outcome = attempt.execute()
+                # execute() settles whatever the task raises; this is the last guard, so
+                # the slot is never lost and the attempt's lease not renewed forever.
+                except BaseException as exc:
+                    logger.exception("Running task %s failed outside the task", attempt.job.id)
+                    outcome = attempt.fail_unsettled(exc)
                 if outcome is not None:
                     self._on_done(outcome)
                 elif attempt.settled_elsewhere and attempt.started_at is not None:

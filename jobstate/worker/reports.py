@@ -23,10 +23,16 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
-from jobstate.exceptions import WorkerLost
+from jobstate.exceptions import InvalidPatch, InvalidPayload, WorkerLost
 from jobstate.states import ClaimReport, JobStatus
 from jobstate.stores.base import CompletionResult, StateStore
-from jobstate.task_log import AttemptOutcome, Settlement, TaskAttempt, settle_attempt
+from jobstate.task_log import (
+    AttemptOutcome,
+    Settlement,
+    TaskAttempt,
+    refused_settlement,
+    settle_attempt,
+)
 from jobstate.task_options import TaskOptions
 from jobstate.task_results import task_result
 from jobstate.tasks_compat import task_finished
@@ -38,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["Reporter", "Settled", "interrupted"]
 
 logger = logging.getLogger("jobstate.worker")
+
+#: What a store raises when it refuses a report's values (before writing anything).
+_REFUSALS = (InvalidPatch, InvalidPayload)
 
 
 @dataclass(frozen=True)
@@ -77,10 +86,38 @@ class Reporter:
         self.sender = sender
 
     def settle(self, outcomes: Sequence[Outcome]) -> list[Settled]:
-        """Report every outcome; return what each report did, in order."""
+        """Report every outcome; return what each report did, in order. A report the
+        store refuses (a value it cannot keep) settles its task as failed with
+        :class:`~jobstate.exceptions.TaskReportRefused` instead, and the others are
+        written as they are."""
         if not outcomes:
             return []
+        outcomes = list(outcomes)
         settlements = [self._settlement(outcome) for outcome in outcomes]
+        try:
+            results = self._report(outcomes, settlements)
+        except _REFUSALS as exc:
+            if len(outcomes) > 1:
+                # Every report of a batch is checked before any is written: find the
+                # refused one by settling each alone.
+                return [item for outcome in outcomes for item in self.settle([outcome])]
+            outcomes, settlements, results = self._settle_refused(outcomes[0], exc)
+        settled = [
+            Settled(outcome, settlement, result.completed)
+            for outcome, settlement, result in zip(outcomes, settlements, results, strict=True)
+        ]
+        for item, result in zip(settled, results, strict=True):
+            self._log(item)
+            if item.written and not item.settlement.retrying and result.job is not None:
+                self._finished(item.outcome, result.job)
+        for outcome in outcomes:
+            # The exception holds the task's frames (and their locals): let them go.
+            outcome.exception = None
+        return settled
+
+    def _report(
+        self, outcomes: Sequence[Outcome], settlements: Sequence[Settlement]
+    ) -> list[CompletionResult]:
         reports = [
             ClaimReport(
                 job_id=outcome.attempt.job.id,
@@ -99,15 +136,41 @@ class Reporter:
                 for outcome, settlement, result in zip(outcomes, settlements, results, strict=True):
                     if result.completed and outcome.record.failed:
                         self._audit(outcome, settlement, result)
-        settled = [
-            Settled(outcome, settlement, result.completed)
-            for outcome, settlement, result in zip(outcomes, settlements, results, strict=True)
-        ]
-        for item, result in zip(settled, results, strict=True):
-            self._log(item)
-            if item.written and not item.settlement.retrying and result.job is not None:
-                self._finished(item.outcome.attempt, result.job)
-        return settled
+        return results
+
+    def _settle_refused(
+        self, outcome: Outcome, refusal: Exception
+    ) -> tuple[list[Outcome], list[Settlement], list[CompletionResult]]:
+        """Settle a task whose report was refused as failed, naming the refusal; should
+        its log be refused too, with the ``error`` alone."""
+        job = outcome.attempt.job
+        logger.error(
+            "The store refused the report of task %s %s attempt %d (%s); the task is "
+            "settled as failed",
+            job.task_path,
+            job.id,
+            job.attempts,
+            refusal,
+        )
+        try:
+            return self._report_refused(outcome, refusal, with_log=True)
+        except _REFUSALS:
+            return self._report_refused(outcome, refusal, with_log=False)
+
+    def _report_refused(
+        self, outcome: Outcome, refusal: Exception, *, with_log: bool
+    ) -> tuple[list[Outcome], list[Settlement], list[CompletionResult]]:
+        record, settlement = refused_settlement(
+            attempt_log=outcome.attempt.job.attempt_log,
+            attempt=outcome.record,
+            refusal=refusal,
+            what="report",
+            with_log=with_log,
+        )
+        replaced = Outcome(
+            outcome.attempt, record, duration=outcome.duration, exception=outcome.exception
+        )
+        return [replaced], [settlement], self._report([replaced], [settlement])
 
     def hand_back(self, attempts: Sequence[Attempt]) -> int:
         """Give back claimed tasks no thread started, as they were before the claim
@@ -126,13 +189,32 @@ class Reporter:
         results = self.store.complete_claimed_jobs(reports)
         return sum(1 for result in results if result.completed)
 
-    def _finished(self, attempt: Attempt, job: Job) -> None:
-        """Send ``task_finished`` for a task that reached its final status. A task that
-        did not import has no ``Task`` to build a result of, so it sends nothing; a
-        receiver that raises is logged and does not stop the worker."""
+    def _finished(self, outcome: Outcome, job: Job) -> None:
+        """Send ``task_finished`` for a task that reached its final status, while the
+        exception the task raised (if it raised) is being handled, as Django's own
+        backends do: its receivers (Django's log of the task among them) read it from
+        ``sys.exc_info()``. A task that did not import has no ``Task`` to build a result
+        of, so it sends nothing; a receiver that raises is logged and does not stop the
+        worker."""
+        attempt = outcome.attempt
         if attempt.task is None:
             return
         result = task_result(job, attempt.alias, attempt.task)
+        error = outcome.exception
+        if error is None:
+            self._send_finished(result, job)
+            return
+        frames = error.__traceback__
+        try:
+            raise error
+        except BaseException:  # the task's own exception, raised just above
+            # Raising added this frame to its traceback: give receivers the task's own.
+            error.__traceback__ = frames
+            self._send_finished(result, job)
+        finally:
+            del error, frames
+
+    def _send_finished(self, result: Any, job: Job) -> None:
         for receiver, response in task_finished.send_robust(self.sender, task_result=result):
             if isinstance(response, Exception):
                 logger.error(

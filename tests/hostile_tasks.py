@@ -1,0 +1,107 @@
+"""Tasks that try to stop, wedge or fool the worker (the hostile-task suite enqueues
+them and its workers import them by their dotted paths).
+
+Each takes the context and ``fail_until``: it misbehaves on every attempt before that
+one and returns the attempt it succeeded on after, so a test knows the exact number of
+attempts each must end with. ``fail_until=0`` misbehaves on every attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from jobstate.tasks_compat import TaskContext, task
+
+
+class HostileBase(BaseException):
+    """A BaseException that is neither SystemExit nor KeyboardInterrupt."""
+
+
+class StrRaises(Exception):
+    """An exception whose ``__str__`` raises (and ``__repr__`` too)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of the task's exception raised")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ of the task's exception raised")
+
+
+class StrNotText(Exception):
+    """An exception whose ``__str__`` returns something that is not text."""
+
+    def __str__(self) -> Any:
+        return 42
+
+
+class ReprRaises:
+    """An argument whose ``repr()`` (so also ``str()``) raises."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ of the exception's argument raised")
+
+
+class DelRaises(Exception):
+    """An exception whose ``__del__`` raises, when the worker lets it go."""
+
+    def __del__(self) -> None:
+        raise RuntimeError("__del__ of the task's exception raised")
+
+
+class _RaisesOnDel:
+    def __del__(self) -> None:
+        raise RuntimeError("__del__ of an object the task dropped raised")
+
+
+def _raises_on_close() -> Iterator[int]:
+    try:
+        yield 1
+        yield 2
+    finally:
+        raise RuntimeError("the generator raised while it was closed")
+
+
+#: The misbehaviours, by name; each is called on a failing attempt.
+MISBEHAVIOURS = {
+    "nul": lambda: ValueError("bad\x00value"),
+    "surrogate": lambda: ValueError("bad \ud800 value \udfff"),
+    "str-raises": StrRaises,
+    "str-not-text": StrNotText,
+    "repr-raises": lambda: ValueError(ReprRaises()),
+    "del-raises": lambda: DelRaises("its __del__ raises"),
+    "system-exit": lambda: SystemExit(3),
+    "keyboard-interrupt": KeyboardInterrupt,
+    "generator-exit": GeneratorExit,
+    "base-exception": lambda: HostileBase("a BaseException of the task's own"),
+    "long": lambda: ValueError("x" * 30_000 + "\x00 the end"),
+}
+
+
+@task(takes_context=True)
+def hostile(context: TaskContext[Any, Any], how: str, fail_until: int) -> int:
+    """Raises the misbehaviour ``how`` on each attempt before ``fail_until``."""
+    if fail_until == 0 or context.attempt < fail_until:
+        raise MISBEHAVIOURS[how]()
+    return context.attempt
+
+
+@task(takes_context=True)
+def drops_hostile_objects(context: TaskContext[Any, Any], fail_until: int) -> int:
+    """Leaves an object whose ``__del__`` raises and a generator that raises when it is
+    closed to the garbage collector, and fails (with an ordinary error) before
+    ``fail_until``."""
+    _RaisesOnDel()
+    generator = _raises_on_close()
+    next(generator)
+    del generator
+    if context.attempt < fail_until:
+        raise ValueError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task
+def returns_a_generator() -> Any:
+    """Returns a value that cannot be stored, and raises when it is closed."""
+    generator = _raises_on_close()
+    next(generator)
+    return generator
