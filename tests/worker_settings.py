@@ -9,7 +9,7 @@ from datetime import timedelta
 from project.settings import *  # noqa: F403
 from project.settings import TASKS as PROJECT_TASKS
 
-_DURATIONS = ("RETRY_BACKOFF", "LEASE", "TIMEOUT")
+_DURATIONS = ("RETRY_BACKOFF", "LEASE", "TIMEOUT", "UNKNOWN_TASK_TIMEOUT")
 
 
 def _options(text: str) -> dict[str, object]:

@@ -20,7 +20,9 @@ paused in the console (the Queues page) until the queue is resumed.
 
 Exit status: 0 the worker stopped as asked (``--batch``, ``--max-tasks``, a signal);
 1 the database or the store failed in a way retrying cannot cure; 2 invalid options or
-settings.
+settings; 4 a task ran past ``TIMEOUT`` and its thread did not stop within ``--grace``
+of the interrupt, so the worker stopped for its supervisor to restart it (a thread
+cannot be killed, only its process).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, JobS
 
 from ._common import EXIT_FAILED, EXIT_USAGE, checked_name, command_error, interval_seconds
 
+#: The worker stopped because a timed-out task's thread did not stop (3 is the
+#: reloader's "restart me").
+EXIT_STUCK = 4
 #: Most threads one worker process runs tasks in.
 CONCURRENCY_LIMIT = 1000
 #: Longest ``--grace``: a day.
@@ -205,13 +210,19 @@ class Command(BaseCommand):
                 schedules=not options["no_schedules"],
             )
             worker = Worker(config, backend)
-            worker.run()
+            summary = worker.run()
         except (InvalidJobState, ImproperlyConfigured, ImproperlyConfiguredStore) as exc:
             raise command_error(exc) from exc
         except (JobStateError, DatabaseError) as exc:
             raise CommandError(
                 f"the worker stopped: {command_error(exc)}", returncode=EXIT_FAILED
             ) from exc
+        if summary.stuck:
+            raise CommandError(
+                f"the worker stopped: {summary.stuck} task(s) ran past TIMEOUT and their "
+                "thread did not stop within --grace of the interrupt; restart the worker",
+                returncode=EXIT_STUCK,
+            )
 
     def _configure_logging(self, verbosity: int) -> None:
         """Show the worker's log at the level ``verbosity`` asks for, unless the project
