@@ -209,6 +209,7 @@ def test_a_return_value_that_is_not_json_fails_the_attempt(settings: Any) -> Non
         (["--backend", "nowhere"], "nowhere"),
         (["--queue-name", "emails,nope"], "'nope', not in TASKS['default']['QUEUES']"),
         (["--worker-id", " "], "--worker-id"),
+        (["--reload"], "--reload and --batch cannot be used together"),
     ],
 )
 def test_bad_options_exit_2_and_claim_nothing(settings: Any, args: list[str], message: str) -> None:

@@ -20,6 +20,10 @@ def _options(text: str) -> dict[str, object]:
     }
 
 
+# Workers run as in production: without --reload (on by default when DEBUG), unless a
+# test asks for it.
+DEBUG = False
+
 TASKS = {
     "default": {
         **PROJECT_TASKS["default"],

@@ -11,6 +11,11 @@ within ``--grace`` seconds, hands back the rest and exits 0. A second signal exi
 once with status 128 + the signal number; the tasks it ran are recovered when their
 leases run out.
 
+``--reload`` (on by default when ``settings.DEBUG``, except with ``--batch``;
+``--no-reload`` turns it off) runs the worker in a child process and starts a fresh one
+when the code changes, after the running tasks have finished (within ``--grace``); see
+:mod:`jobstate.worker.reloading`.
+
 Every worker also evaluates the periodic schedules (``JOBSTATE["SCHEDULES"]``) at each
 slot, unless ``--no-schedules``: however many workers do, each slot is enqueued once.
 
@@ -32,6 +37,7 @@ import logging
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
@@ -163,14 +169,42 @@ class Command(BaseCommand):
             help="Do not evaluate the periodic schedules of JOBSTATE['SCHEDULES'] (by "
             "default every worker does; each slot is enqueued once however many do).",
         )
+        parser.add_argument(
+            "--reload",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="Start a fresh worker when the code changes, once the running tasks have "
+            "finished (default: on when settings.DEBUG, except with --batch). For "
+            "development; --no-reload turns it off.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here, so the other commands work on Django 5.2 without the backport.
         from jobstate.tasks_backend import JobStateBackend
         from jobstate.tasks_compat import task_backends
         from jobstate.worker import Worker, WorkerConfig, default_worker_id
+        from jobstate.worker.reloading import (
+            RELOAD_EXIT,
+            CodeWatcher,
+            is_reloaded_child,
+            supervise,
+        )
 
         self._configure_logging(options["verbosity"])
+        reload = options["reload"]
+        if reload is None:
+            reload = bool(settings.DEBUG) and not options["batch"]
+        elif reload and options["batch"]:
+            raise CommandError(
+                "--reload and --batch cannot be used together: a --batch worker exits once "
+                "its queues are empty.",
+                returncode=EXIT_USAGE,
+            )
+        if reload and not is_reloaded_child():
+            status = supervise()
+            if status:
+                raise SystemExit(status)
+            return
         try:
             backend = task_backends[options["backend"]]
         except ImproperlyConfigured as exc:
@@ -210,7 +244,10 @@ class Command(BaseCommand):
                 schedules=not options["no_schedules"],
             )
             worker = Worker(config, backend)
+            watcher = CodeWatcher(worker.request_stop) if reload else None
             summary = worker.run()
+            if watcher is not None:
+                watcher.stop()
         except (InvalidJobState, ImproperlyConfigured, ImproperlyConfiguredStore) as exc:
             raise command_error(exc) from exc
         except (JobStateError, DatabaseError) as exc:
@@ -223,6 +260,8 @@ class Command(BaseCommand):
                 "thread did not stop within --grace of the interrupt; restart the worker",
                 returncode=EXIT_STUCK,
             )
+        if watcher is not None and watcher.changed:
+            raise SystemExit(RELOAD_EXIT)
 
     def _configure_logging(self, verbosity: int) -> None:
         """Show the worker's log at the level ``verbosity`` asks for, unless the project
