@@ -8,6 +8,7 @@ the task."""
 
 from __future__ import annotations
 
+import math
 import signal
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,8 @@ def test_a_timed_out_attempt_is_interrupted_and_its_retry_never_overlaps_it(
         runs.setdefault(attempt, {})[what] = when
     assert sorted(runs) == [1, 2, 3]
     for earlier, later in ((1, 2), (2, 3)):
-        assert runs[earlier]["end"] <= runs[later]["start"], runs
+        # An attempt with no end was still running when its worker's process exited.
+        assert runs[earlier].get("end", math.inf) <= runs[later]["start"], runs
     for attempt in (1, 2, 3):
         run = runs[attempt]
         # Interrupted near its timeout, long before its 4 s of work; its finally ran.
