@@ -94,3 +94,10 @@ def ignores_the_interrupt_once(context: TaskContext[Any, Any], path: str, second
         except BaseException:  # the point: a task that swallows everything
             _note(path, "1 caught")
     return 1
+
+
+@task
+async def async_sleeps(seconds: float) -> float:
+    started = time.time()
+    await asyncio.sleep(seconds)
+    return started

@@ -20,7 +20,7 @@ from jobstate.models import Job
 from jobstate.states import JobStatus, NewTask
 from jobstate.stores import get_state_store
 from jobstate.tasks_compat import TaskResultStatus, task_backends
-from tests.task_functions import add, ignores_the_interrupt_once, notes_its_run
+from tests.task_functions import add, async_sleeps, ignores_the_interrupt_once, notes_its_run
 from tests.tasks_kit import finish, start_worker, stop, use_options, wait_for
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -204,3 +204,19 @@ def test_a_task_no_worker_can_import_fails_past_the_unknown_task_timeout(setting
     )
     assert "UNKNOWN_TASK_TIMEOUT (0:00:00)" in error.traceback
     assert add.get_result(fine.id).status == SUCCESSFUL
+
+
+def test_an_async_task_past_its_timeout_is_waited_for_and_fails_as_timed_out(
+    settings: Any,
+) -> None:
+    options = use_options(settings, TIMEOUT=0.5)
+    queued = async_sleeps.enqueue(2)
+
+    log = run_batch(options, "--grace", "10")
+
+    result = async_sleeps.get_result(queued.id)
+    assert result.status == FAILED and result.attempts == 1
+    (error,) = result.errors
+    assert error.exception_class_path == TIMED_OUT
+    assert "an async task cannot be interrupted" in log
+    assert "did not stop" not in log

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import iscoroutinefunction
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
@@ -137,16 +138,25 @@ class Attempt:
         """Take back an attempt no thread has started; ``False`` once one has."""
         return self._move((_State.CLAIMED,), _State.HANDED_BACK)
 
+    @property
+    def interruptible(self) -> bool:
+        """Whether the interrupt reaches the task's code: not for an ``async def`` task,
+        whose coroutine runs in an event loop of another thread (``async_to_sync``)
+        and would go on there."""
+        return self.task is None or not iscoroutinefunction(self.task.func)
+
     def interrupt(self) -> bool:
-        """Raise :class:`~jobstate.exceptions.TaskTimeLimitExceeded` in the thread running
-        the attempt; ``False`` (and nothing done) when it is not running any more or was
-        interrupted already."""
+        """Mark the running attempt past its timeout and raise
+        :class:`~jobstate.exceptions.TaskTimeLimitExceeded` in its thread (when
+        :attr:`interruptible`); ``False`` (and nothing done) when it is not running any
+        more or was interrupted already."""
         with self._lock:
             if self._state is not _State.RUNNING or self._thread_id is None:
                 return False
             self._state = _State.INTERRUPTED
             self.interrupted_at = time.monotonic()
-            _raise_in_thread(self._thread_id, TaskTimeLimitExceeded)
+            if self.interruptible:
+                _raise_in_thread(self._thread_id, TaskTimeLimitExceeded)
             return True
 
     def abandon(self) -> bool:

@@ -41,23 +41,21 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Any
 
-from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from jobstate.conf import jobstate_settings
-from jobstate.exceptions import ImproperlyConfiguredStore, StoreError, UnknownTask
+from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.schedules import evaluate_schedules, sync_schedules
 from jobstate.states import WorkerKind, WorkerRegistration, task_notify_payload
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
-from jobstate.task_log import AttemptOutcome, TaskAttempt
 from jobstate.tasks_backend import JobStateBackend
-from jobstate.worker.execution import Attempt, ExecutionPool, Outcome, class_path, timed_out
+from jobstate.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
 from jobstate.worker.reports import Reporter, interrupted
 from jobstate.worker.signals import stop_signals
+from jobstate.worker.unknown_tasks import UnknownTasks
 from jobstate.worker.waiter import NotificationListener, listen_notify_available
 
 __all__ = ["Worker", "WorkerConfig", "WorkerSummary", "default_worker_id"]
@@ -74,10 +72,6 @@ _SCHEDULES_RECHECK = 60.0
 #: Shortest wait: the database's clock and this process's may differ by a little, so
 #: an evaluation just before a slot comes again at once.
 _SCHEDULES_MIN_WAIT = 0.01
-#: How long a task this worker cannot import waits, handed back, before any worker may
-#: claim it again: long enough that the worker does not spin on it, short enough that
-#: a worker with newer code gets it soon.
-UNKNOWN_TASK_DELAY = timedelta(seconds=5)
 
 
 def default_worker_id() -> str:
@@ -158,8 +152,7 @@ class Worker:
         self._next_schedules = time.monotonic()
         #: Timed-out attempts whose thread did not stop (see _enforce_timeouts).
         self._stuck: list[Attempt] = []
-        #: Task paths this worker could not import, warned about once each.
-        self._unknown_paths: set[str] = set()
+        self._unknown = UnknownTasks(self.reporter, self.options)
         #: The queues claimed from: ``None`` when the backend allows any queue and the
         #: worker was asked for every queue.
         self.queues: tuple[str, ...] | None = config.queues
@@ -296,7 +289,12 @@ class Worker:
                 self._pending.append(self._ended.get_nowait())
             except queue.Empty:
                 break
-        self._pending = self._hand_back_unknown(self._pending)
+        left, back = self._unknown.hand_back(self._pending)
+        for attempt in back:
+            self._active.pop(attempt.job.id, None)
+            self.summary.started -= 1
+            self.summary.unknown += 1
+        self._pending = left
         if not self._pending:
             return
         settled = self.reporter.settle(self._pending)
@@ -312,54 +310,6 @@ class Worker:
             else:
                 self.summary.succeeded += 1
 
-    def _hand_back_unknown(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """Hand back, uncounted and due again after :data:`UNKNOWN_TASK_DELAY`, the
-        tasks whose dotted path did not import here: a worker with newer code runs them.
-        One enqueued longer ago than ``UNKNOWN_TASK_TIMEOUT`` fails instead, for good,
-        with :class:`~jobstate.exceptions.UnknownTask`. The outcomes left to settle."""
-        unknown = [
-            outcome
-            for outcome in outcomes
-            if outcome.attempt.unloadable is not None
-            and outcome.record.outcome is AttemptOutcome.FAILED
-        ]
-        if not unknown:
-            return outcomes
-        limit = self.options.unknown_task_timeout
-        now = timezone.now()
-        expired = [
-            outcome
-            for outcome in unknown
-            if limit is not None and now - outcome.attempt.job.created_at >= limit
-        ]
-        back = [outcome.attempt for outcome in unknown if outcome not in expired]
-        if back:
-            self.reporter.hand_back(back, run_after=now + UNKNOWN_TASK_DELAY)
-        for attempt in back:
-            self._active.pop(attempt.job.id, None)
-            self.summary.started -= 1
-            self.summary.unknown += 1
-            self._warn_unknown(attempt)
-        left = [outcome for outcome in outcomes if outcome not in unknown]
-        return left + [_unknown_task(outcome, limit) for outcome in expired]
-
-    def _warn_unknown(self, attempt: Attempt) -> None:
-        path = attempt.job.task_path or ""
-        level = logging.DEBUG if path in self._unknown_paths else logging.WARNING
-        self._unknown_paths.add(path)
-        logger.log(
-            level,
-            "Task %s %s: this worker cannot import it (%s); handed back, its attempt not "
-            "counted, for a worker with newer code (due again in %g s). It fails once "
-            "enqueued longer ago than UNKNOWN_TASK_TIMEOUT (%s). Restart this worker to "
-            "load the new code (--reload does it by itself)",
-            path,
-            attempt.job.id,
-            attempt.unloadable,
-            UNKNOWN_TASK_DELAY.total_seconds(),
-            self.options.unknown_task_timeout or "never",
-        )
-
     def _enforce_timeouts(self) -> None:
         """Interrupt the attempts past their timeout; they end, as timed out, once their
         thread has stopped, so no other attempt of the task starts anywhere meanwhile
@@ -374,13 +324,18 @@ class Worker:
         for attempt in list(self._active.values()):
             deadline = attempt.deadline
             if deadline is not None and now >= deadline and attempt.interrupt():
+                how = (
+                    "interrupted it (TaskTimeLimitExceeded raised in its thread)"
+                    if attempt.interruptible
+                    else "an async task cannot be interrupted"
+                )
                 logger.warning(
-                    "Task %s %s ran past its timeout of %s: interrupted it "
-                    "(TaskTimeLimitExceeded raised in its thread); it ends once its thread "
+                    "Task %s %s ran past its timeout of %s: %s; it ends once its thread "
                     "has stopped",
                     attempt.job.task_path,
                     attempt.job.id,
                     self.options.timeout,
+                    how,
                 )
             elif (
                 attempt.interrupted
@@ -625,26 +580,6 @@ class Worker:
     def _waiting(self) -> bool:
         """Attempts are running that may still end by themselves (not stuck ones)."""
         return any(attempt not in self._stuck for attempt in self._active.values())
-
-
-def _unknown_task(outcome: Outcome, limit: timedelta | None) -> Outcome:
-    """The final failure of a task no worker could import within ``limit``."""
-    attempt = outcome.attempt
-    message = (
-        f"no worker could import the task {attempt.job.task_path!r} within "
-        f"UNKNOWN_TASK_TIMEOUT ({limit}) of its enqueueing; the last one said: "
-        f"{attempt.unloadable}"
-    )
-    record = TaskAttempt(
-        worker_id=attempt.worker_id,
-        started_at=attempt.job.claimed_at,
-        finished_at=timezone.now(),
-        outcome=AttemptOutcome.FAILED,
-        exception_class_path=class_path(UnknownTask),
-        traceback=f"{outcome.record.traceback}\n{class_path(UnknownTask)}: {message}\n",
-        message=message,
-    )
-    return Outcome(attempt, record, final=True)
 
 
 def _signal_name(signum: int) -> str:
