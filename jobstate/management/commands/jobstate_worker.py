@@ -104,7 +104,7 @@ class Command(BaseCommand):
         "run in threads, retry, time out, recover crashed workers' tasks. The first "
         "SIGTERM/SIGINT finishes the running tasks (up to --grace) and exits 0; a second "
         "exits at once. Exit status: 0 stopped as asked, 1 database or store failure, "
-        "2 invalid options or settings."
+        "2 invalid options or settings, 4 a timed-out task's thread did not stop."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -161,7 +161,8 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="On SIGTERM/SIGINT, how long the running tasks may take to finish before "
             "they are handed back (default: 30). Keep it below your supervisor's stop "
-            "timeout.",
+            "timeout. Also how long a task interrupted past TIMEOUT has to stop before the "
+            "worker exits with status 4.",
         )
         parser.add_argument(
             "--no-schedules",
