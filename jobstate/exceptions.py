@@ -206,9 +206,25 @@ class DeliveryFailed(JobStateError):
 
 
 class TaskTimedOut(JobStateError, TimeoutError):
-    """A task attempt ran past its backend's ``TIMEOUT``. The worker failed the attempt
-    (and retries it while attempts remain); the thread it ran in cannot be stopped, so
-    whatever it reports later is refused by its stale claim token."""
+    """A task attempt ran past its backend's ``TIMEOUT``. The worker interrupted it
+    (:class:`TaskTimeLimitExceeded`), failed the attempt once its thread had stopped,
+    and retries it while attempts remain."""
+
+
+class TaskTimeLimitExceeded(BaseException):
+    """Raised *inside* a task's thread when the attempt runs past ``TIMEOUT``, to stop
+    the task's code. It derives from ``BaseException`` (like ``KeyboardInterrupt``), so
+    an ``except Exception`` in the task does not swallow it while ``finally`` blocks and
+    context managers still run; catch it only to clean up, and raise it again. The
+    attempt is recorded as :class:`TaskTimedOut`. A task that keeps running past the
+    interrupt makes its worker exit (see the worker's documentation)."""
+
+
+class UnknownTask(JobStateError, ImportError):
+    """No worker that claimed the task could import its dotted path within the
+    backend's ``UNKNOWN_TASK_TIMEOUT`` of its enqueueing: the task failed without
+    running. Until then each worker that cannot import it hands it back, uncounted,
+    for a worker with newer code."""
 
 
 class WorkerLost(JobStateError):

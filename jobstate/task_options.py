@@ -12,8 +12,12 @@ they give.
 - ``LEASE`` (timedelta, default 5 minutes): how long a claimed task stays its worker's
   without a renewal; a worker renews its tasks' leases several times per ``LEASE``,
   and a task whose lease ran out is recovered as a lost attempt.
-- ``TIMEOUT`` (timedelta or None, default None): an attempt running longer fails with
-  :class:`~jobstate.exceptions.TaskTimedOut`.
+- ``TIMEOUT`` (timedelta or None, default None): an attempt running longer is
+  interrupted and fails with :class:`~jobstate.exceptions.TaskTimedOut`.
+- ``UNKNOWN_TASK_TIMEOUT`` (timedelta or None, default one hour): a worker that cannot
+  import a task's dotted path hands the task back, uncounted, for a worker with newer
+  code; once the task was enqueued longer ago than this, it fails instead with
+  :class:`~jobstate.exceptions.UnknownTask`. ``None``: it is handed back for ever.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "RETRY_BACKOFF": timedelta(seconds=10),
     "LEASE": timedelta(minutes=5),
     "TIMEOUT": None,
+    "UNKNOWN_TASK_TIMEOUT": timedelta(hours=1),
 }
 
 #: Longest retry delay, unless ``RETRY_BACKOFF`` itself is longer.
@@ -78,6 +83,7 @@ class TaskOptions:
     retry_backoff: timedelta = OPTION_DEFAULTS["RETRY_BACKOFF"]
     lease: timedelta = OPTION_DEFAULTS["LEASE"]
     timeout: timedelta | None = OPTION_DEFAULTS["TIMEOUT"]
+    unknown_task_timeout: timedelta | None = OPTION_DEFAULTS["UNKNOWN_TASK_TIMEOUT"]
     _random: random.Random = field(default_factory=random.Random, repr=False, compare=False)
 
     @property
@@ -133,6 +139,12 @@ def option_problems(options: Any) -> list[str]:
         problems.append(
             f"OPTIONS['TIMEOUT'] must be None or a positive datetime.timedelta, got {timeout!r}."
         )
+    unknown_task = options.get("UNKNOWN_TASK_TIMEOUT", OPTION_DEFAULTS["UNKNOWN_TASK_TIMEOUT"])
+    if unknown_task is not None and not _duration(unknown_task, minimum=timedelta(0)):
+        problems.append(
+            "OPTIONS['UNKNOWN_TASK_TIMEOUT'] must be None or a datetime.timedelta of zero or "
+            f"more (at most {DURATION_LIMIT.days} days), got {unknown_task!r}."
+        )
     return problems
 
 
@@ -168,6 +180,7 @@ def parse_task_options(options: Mapping[str, Any]) -> TaskOptions:
         retry_backoff=values["RETRY_BACKOFF"],
         lease=values["LEASE"],
         timeout=values["TIMEOUT"],
+        unknown_task_timeout=values["UNKNOWN_TASK_TIMEOUT"],
     )
 
 

@@ -11,6 +11,11 @@ and one :class:`~jobstate.exceptions.AttemptsLeftOut` error stands for them all.
 started, ``last_attempted_at`` when the latest did, and ``finished_at`` when it reached
 its final status (all on the database clock, except the end of an attempt, which its
 worker records).
+
+A process that cannot import the task's module (a web process reading the results of
+another service's tasks, or older code) still gets the result: its ``task`` is then a
+stand-in of the same dotted path, queue and priority, whose function raises
+``ImportError`` if it is called.
 """
 
 from __future__ import annotations
@@ -73,6 +78,33 @@ def task_of(job: Job, alias: str) -> Task[Any, Any]:
     )
 
 
+def _task_or_stand_in(job: Job, alias: str) -> Task[Any, Any]:
+    """The job's task, or a stand-in for it when its dotted path does not import here."""
+    try:
+        return task_of(job, alias)
+    except ImportError as exc:
+        return _stand_in(job, alias, exc)
+
+
+def _stand_in(job: Job, alias: str, error: ImportError) -> Task[Any, Any]:
+    path = job.task_path or ""
+    module, _, name = path.rpartition(".")
+    reason = f"task {path!r} cannot be imported in this process ({error})"
+
+    def absent(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError(reason)
+
+    absent.__module__ = module
+    absent.__name__ = absent.__qualname__ = name
+    return Task(
+        func=absent,
+        priority=job.priority,
+        backend=alias,
+        queue_name=job.queue_name or "default",
+        run_after=job.run_after,
+    )
+
+
 def task_result(job: Job, alias: str, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:
     """The job as a ``TaskResult`` of backend ``alias`` (``task``: the job's task, when
     the caller has it already)."""
@@ -99,7 +131,7 @@ def task_result(job: Job, alias: str, task: Task[Any, Any] | None = None) -> Tas
         starts.append(job.claimed_at)
     payload = job.input if isinstance(job.input, dict) else {}
     result: TaskResult[Any, Any] = TaskResult(
-        task=task if task is not None else task_of(job, alias),
+        task=task if task is not None else _task_or_stand_in(job, alias),
         id=str(job.id),
         status=RESULT_STATUSES[job.status],
         enqueued_at=job.created_at,

@@ -58,3 +58,46 @@ def returns_a_set() -> Any:
 async def async_add(a: int, b: int) -> int:
     await asyncio.sleep(0)
     return a + b
+
+
+def _note(path: str, line: str) -> None:
+    with open(path, "a") as file:
+        file.write(f"{line} {time.time()}\n")
+
+
+@task(takes_context=True)
+def notes_its_run(context: TaskContext[Any, Any], path: str, seconds: float) -> None:
+    """Works for ``seconds`` in small steps, noting in the file ``path`` when each
+    attempt starts and when it ends (its ``finally``, which an interrupt runs too)."""
+    _note(path, f"{context.attempt} start")
+    try:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            time.sleep(0.02)
+    finally:
+        _note(path, f"{context.attempt} end")
+
+
+@task(takes_context=True)
+def ignores_the_interrupt_once(context: TaskContext[Any, Any], path: str, seconds: float) -> int:
+    """On its first attempt, loops for ``seconds`` catching everything, the timeout's
+    interrupt too, and noting each step in the file ``path``; later attempts note their
+    start and return at once."""
+    _note(path, f"{context.attempt} start")
+    if context.attempt > 1:
+        return context.attempt
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        try:
+            time.sleep(0.02)
+            _note(path, "1 step")
+        except BaseException:  # the point: a task that swallows everything
+            _note(path, "1 caught")
+    return 1
+
+
+@task
+async def async_sleeps(seconds: float) -> float:
+    started = time.time()
+    await asyncio.sleep(seconds)
+    return started

@@ -22,7 +22,7 @@ from tests.test_commands_ops import database_url
 #: once, and leases short enough for a killed worker's tasks to come back quickly.
 FAST = {"MAX_ATTEMPTS": 1, "RETRY_BACKOFF": 0.0, "LEASE": 2.0, "TIMEOUT": None}
 
-_DURATIONS = ("RETRY_BACKOFF", "LEASE", "TIMEOUT")
+_DURATIONS = ("RETRY_BACKOFF", "LEASE", "TIMEOUT", "UNKNOWN_TASK_TIMEOUT")
 
 
 def use_options(settings: Any, **options: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobstate.models import Job
+from jobstate.states import NewTask
 from jobstate.stores import get_state_store
 from jobstate.tasks_compat import TaskResultStatus
 from tests.task_functions import add, echo
@@ -77,6 +78,43 @@ def test_a_tasks_page_shows_its_task_arguments_and_attempts_redacted(
     assert 'id="jobstate-task-attempts"' in html
     for shown in ("w-0", "w-1", "worker lost", "failed", "builtins.ValueError"):
         assert shown in html
+
+
+def test_a_tasks_page_shows_a_task_this_process_cannot_import(admin_client: Client) -> None:
+    store = get_state_store()
+    enqueued = store.enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="elsewhere.billing.tasks.close_day",
+            queue_name="default",
+            priority=0,
+            args=[7],
+            kwargs={},
+            max_attempts=1,
+        )
+    )
+    (claimed,) = store.claim_tasks(
+        target="tasks:default", queues=["default"], worker_id="w-9", lease=timedelta(1), limit=1
+    )
+    assert claimed.claim_token is not None
+    log = [
+        {
+            "worker_id": "w-9",
+            "started_at": claimed.claimed_at.isoformat() if claimed.claimed_at else None,
+            "finished_at": timezone.now().isoformat(),
+            "outcome": "successful",
+        }
+    ]
+    store.complete_claimed_job(
+        claimed.id, claimed.claim_token, "done", result={"closed": "day-seven"}, attempt_log=log
+    )
+    response = admin_client.get(f"{JOBS}{enqueued.id}/change/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    for shown in ("elsewhere.billing.tasks.close_day", "day-seven", "w-9", "successful"):
+        assert shown in html
+    listing = admin_client.get(JOBS).content.decode()
+    assert "close_day" in listing
 
 
 def test_a_job_that_is_no_task_has_no_task_section(admin_client: Client) -> None:

@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from jobstate.exceptions import InvalidPayload
 from jobstate.models import Job
-from jobstate.states import JobStatus
+from jobstate.states import JobStatus, NewTask
 from jobstate.stores import get_state_store
+from jobstate.task_options import parse_task_options
 from jobstate.tasks_backend import JobStateBackend
 from jobstate.tasks_compat import (
     InvalidTask,
@@ -186,6 +187,46 @@ def test_the_result_follows_the_job_through_a_claim_and_a_report() -> None:
     assert done.finished_at is not None and done.worker_ids == ["w-1"]
 
 
+def test_the_result_of_a_task_this_process_cannot_import_reads_all_the_same() -> None:
+    """A web process reading the results of another service's tasks."""
+    store = get_state_store()
+    enqueued = store.enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="elsewhere.billing.tasks.close_day",
+            queue_name="default",
+            priority=3,
+            args=[7],
+            kwargs={"day": "2026-01-02"},
+            max_attempts=1,
+        )
+    )
+    queued = backend().get_result(str(enqueued.id))
+    assert queued.status == TaskResultStatus.READY and queued.args == [7]
+    assert queued.task.module_path == "elsewhere.billing.tasks.close_day"
+    assert queued.task.priority == 3 and queued.task.queue_name == "default"
+    (claimed,) = store.claim_tasks(
+        target="tasks:default", queues=["default"], worker_id="w-1", lease=timedelta(1), limit=1
+    )
+    assert claimed.claim_token is not None
+    log = [
+        {
+            "worker_id": "w-1",
+            "started_at": claimed.claimed_at.isoformat() if claimed.claimed_at else None,
+            "finished_at": timezone.now().isoformat(),
+            "outcome": "successful",
+        }
+    ]
+    store.complete_claimed_job(
+        claimed.id, claimed.claim_token, "done", result={"closed": 7}, attempt_log=log
+    )
+    done = backend().get_result(str(enqueued.id))
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == {"closed": 7}
+    assert done.worker_ids == ["w-1"] and done.kwargs == {"day": "2026-01-02"}
+    with pytest.raises(ImportError, match="cannot be imported in this process"):
+        done.task.call(7)
+
+
 def test_a_cancelled_task_reads_as_failed() -> None:
     queued = add.enqueue(1, 2)
     assert get_state_store().reject_queued_job(queued.id, by="ops", reason="not needed")
@@ -205,19 +246,21 @@ def test_the_system_check_names_every_bad_option_and_queue(settings: Any) -> Non
                 "RETRY_BACKOFF": -timedelta(seconds=1),
                 "LEASE": timedelta(milliseconds=10),
                 "TIMEOUT": 30,
+                "UNKNOWN_TASK_TIMEOUT": 3600,
                 "RETRIES": 3,
             },
         }
     }
     messages = [m for m in checks.run_checks() if m.id and m.id.startswith("jobstate.E02")]
     text = "\n".join(message.msg for message in messages)
-    assert sorted(m.id for m in messages) == ["jobstate.E020"] * 5 + ["jobstate.E021"] * 2
+    assert sorted(m.id for m in messages) == ["jobstate.E020"] * 6 + ["jobstate.E021"] * 2
     for fragment in (
         "unknown key(s) RETRIES",
         "'MAX_ATTEMPTS'] must be an int from 1",
         "'RETRY_BACKOFF'] must be a datetime.timedelta of zero or more",
         "'LEASE'] must be a datetime.timedelta of at least 1 second",
         "'TIMEOUT'] must be None or a positive datetime.timedelta, got 30",
+        "'UNKNOWN_TASK_TIMEOUT'] must be None or a datetime.timedelta of zero or more",
         "QUEUES holds 'a,b'",
         "QUEUES holds '*'",
     ):
@@ -239,8 +282,13 @@ class NoTasksStore(MemoryStateStore):
 
 
 def test_good_options_pass_the_check(settings: Any) -> None:
-    use_options(settings, MAX_ATTEMPTS=5, TIMEOUT=60)
+    use_options(settings, MAX_ATTEMPTS=5, TIMEOUT=60, UNKNOWN_TASK_TIMEOUT=None)
     assert not [m for m in checks.run_checks() if m.id and m.id.startswith("jobstate.E02")]
+    assert backend().task_options.unknown_task_timeout is None
+
+
+def test_a_task_no_worker_can_import_fails_after_an_hour_by_default() -> None:
+    assert parse_task_options({}).unknown_task_timeout == timedelta(hours=1)
 
 
 def test_an_enqueue_on_bad_options_names_the_backend_alias(settings: Any) -> None:

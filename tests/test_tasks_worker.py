@@ -1,7 +1,8 @@
 """``manage.py jobstate_worker`` as a real process, seen through Django's task API:
 faithful results, retries with one error per attempt, backoff, priority order, queue
-isolation, ``run_after``, ``--max-tasks``, timeouts, concurrency, values that cannot be
-stored, tasks that cannot be found, and bad options."""
+isolation, ``run_after``, ``--max-tasks``, concurrency, values that cannot be stored,
+and bad options (timeouts and tasks that cannot be found:
+``test_tasks_worker_timeouts``)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from jobstate.models import AuditEntry, Job
-from jobstate.states import JobStatus, NewTask
-from jobstate.stores import get_state_store
+from jobstate.states import JobStatus
 from jobstate.tasks_compat import TaskResultStatus
 from tests.task_functions import (
     add,
@@ -182,22 +182,6 @@ def test_max_tasks_starts_that_many_and_leaves_the_rest_ready(settings: Any) -> 
     assert Job.objects.filter(status=JobStatus.QUEUED, attempts=0, executor_id=None).count() == 3
 
 
-def test_an_attempt_past_its_timeout_fails_and_batch_does_not_wait_for_its_thread(
-    settings: Any,
-) -> None:
-    options = use_options(settings, TIMEOUT=1.0)
-    slow = started_then_sleeps.enqueue(8)
-    started = time.monotonic()
-    log = run_batch(options)
-    assert time.monotonic() - started < 7  # exited before the task's thread returned
-    result = started_then_sleeps.get_result(slow.id)
-    assert result.status == FAILED and result.attempts == 1
-    (error,) = result.errors
-    assert error.exception_class_path == "jobstate.exceptions.TaskTimedOut"
-    assert "ran longer than its timeout of 0:00:01" in error.traceback
-    assert "ran past its timeout" in log
-
-
 def test_one_worker_runs_eight_tasks_at_once(settings: Any) -> None:
     options = use_options(settings)
     ids = [started_then_sleeps.enqueue(1).id for _ in range(8)]
@@ -219,33 +203,13 @@ def test_a_return_value_that_is_not_json_fails_the_attempt(settings: Any) -> Non
     assert "returned a set that cannot be stored" in error.traceback
 
 
-def test_a_task_that_no_longer_imports_fails_instead_of_stopping_the_worker(settings: Any) -> None:
-    options = use_options(settings)
-    gone = get_state_store().enqueue_task(
-        NewTask(
-            target="tasks:default",
-            task_path="tests.task_functions.removed_long_ago",
-            queue_name="default",
-            priority=0,
-            args=[],
-            kwargs={},
-            max_attempts=1,
-        )
-    )
-    fine = add.enqueue(1, 1)
-    run_batch(options)
-    job = Job.objects.get(id=gone.id)
-    assert job.status == JobStatus.ERROR
-    assert job.attempt_log[0]["exception_class_path"] == "builtins.ImportError"
-    assert add.get_result(fine.id).status == SUCCESSFUL
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--backend", "nowhere"], "nowhere"),
         (["--queue-name", "emails,nope"], "'nope', not in TASKS['default']['QUEUES']"),
         (["--worker-id", " "], "--worker-id"),
+        (["--reload"], "--reload and --batch cannot be used together"),
     ],
 )
 def test_bad_options_exit_2_and_claim_nothing(settings: Any, args: list[str], message: str) -> None:

@@ -14,7 +14,7 @@ from project.settings import JOBSTATE as PROJECT_JOBSTATE
 from project.settings import LOGGING as PROJECT_LOGGING
 from project.settings import TASKS as PROJECT_TASKS
 
-_DURATIONS = ("RETRY_BACKOFF", "LEASE", "TIMEOUT")
+_DURATIONS = ("RETRY_BACKOFF", "LEASE", "TIMEOUT", "UNKNOWN_TASK_TIMEOUT")
 
 
 def _options(text: str) -> dict[str, object]:
@@ -24,6 +24,10 @@ def _options(text: str) -> dict[str, object]:
         for name, value in given.items()
     }
 
+
+# Workers run as in production: without --reload (on by default when DEBUG), unless a
+# test asks for it.
+DEBUG = False
 
 TASKS = {
     "default": {

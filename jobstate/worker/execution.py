@@ -2,17 +2,25 @@
 
 An :class:`ExecutionPool` keeps ``size`` threads; each takes the next :class:`Attempt`
 handed to it, runs the task, and hands the :class:`Outcome` back through a callback.
-A thread cannot be stopped from outside, so an attempt that runs past its timeout is
-*abandoned*: the worker settles it as timed out, a fresh thread takes the abandoned
-one's place, and the old thread drops whatever the task returns once it ends (its
-claim was released, so a report would be refused anyway).
 
-Which of "the task ended" and "the worker gave up on it" happened first is decided once,
-under the attempt's lock, so an attempt is settled exactly once.
+An attempt that runs past its timeout is *interrupted*: the worker raises
+:class:`~jobstate.exceptions.TaskTimeLimitExceeded` inside the task's thread
+(``PyThreadState_SetAsyncExc``, as dramatiq's time limits do). The exception lands the
+next time the thread runs Python code, so a task blocked in a C call (a socket read, a
+sleep) gets it when that call returns. The attempt ends, as timed out, only once its
+thread has left the task's code: until then it keeps its slot and its lease, so its
+next attempt cannot start anywhere while this one still runs. A worker whose
+interrupted task does not stop at all gives up on it (:meth:`Attempt.abandon`) and
+exits (see :mod:`.loop`).
+
+Which of "the task ended", "the worker interrupted it" and "the worker gave up on it"
+happened first is decided under the attempt's lock, so an attempt is settled exactly
+once and is interrupted at most once.
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import logging
 import queue
@@ -20,12 +28,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import iscoroutinefunction
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from jobstate.exceptions import InvalidPayload, TaskReturnValueNotJSON
+from jobstate.exceptions import (
+    InvalidPayload,
+    TaskReturnValueNotJSON,
+    TaskTimedOut,
+    TaskTimeLimitExceeded,
+)
 from jobstate.jsonvalues import ensure_json
 from jobstate.task_log import (
     AttemptOutcome,
@@ -40,7 +55,7 @@ from jobstate.tasks_compat import TaskContext, normalize_json, task_started
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["Attempt", "ExecutionPool", "Outcome", "class_path"]
+__all__ = ["Attempt", "ExecutionPool", "Outcome", "class_path", "timed_out"]
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -48,6 +63,9 @@ logger = logging.getLogger("jobstate.worker")
 class _State(enum.Enum):
     CLAIMED = "claimed"
     RUNNING = "running"
+    #: Past its timeout: the interrupt was raised in its thread, which has not left the
+    #: task's code yet.
+    INTERRUPTED = "interrupted"
     ENDED = "ended"
     ABANDONED = "abandoned"
     HANDED_BACK = "handed back"
@@ -64,6 +82,12 @@ class Outcome:
     return_value: Any = None
     duration: float = 0.0
     exception: BaseException | None = field(default=None, repr=False)
+    """What the task raised, for ``task_finished`` (dropped once the signal is sent)."""
+    #: A retry of this attempt is not due before this long from its report: its thread
+    #: may still run until the worker's process has exited.
+    retry_hold: timedelta | None = None
+    #: The task fails for good, whatever attempts remain.
+    final: bool = False
 
 
 @dataclass(eq=False)
@@ -81,6 +105,12 @@ class Attempt:
     task: Any = None
     #: Set when a lease renewal found the claim gone (the task was recovered elsewhere).
     claim_lost: bool = False
+    #: The ``ImportError`` of loading the task's dotted path: not the task's failure,
+    #: this worker's code lacks the task (the loop hands it back).
+    unloadable: ImportError | None = None
+    #: When the worker interrupted the attempt (monotonic), past its timeout.
+    interrupted_at: float | None = None
+    _thread_id: int | None = None
     _state: _State = _State.CLAIMED
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -96,6 +126,11 @@ class Attempt:
         return self._state is _State.RUNNING
 
     @property
+    def interrupted(self) -> bool:
+        """Interrupted past its timeout, and its thread has not stopped yet."""
+        return self._state is _State.INTERRUPTED
+
+    @property
     def settled_elsewhere(self) -> bool:
         """Abandoned or handed back: the worker settled it, not its thread."""
         return self._state in (_State.ABANDONED, _State.HANDED_BACK)
@@ -107,36 +142,98 @@ class Attempt:
             self._state = to
             if to is _State.RUNNING:
                 self.started_at = time.monotonic()
+                self._thread_id = threading.get_ident()
             return True
 
     def hand_back(self) -> bool:
         """Take back an attempt no thread has started; ``False`` once one has."""
         return self._move((_State.CLAIMED,), _State.HANDED_BACK)
 
-    def abandon(self) -> bool:
-        """Give up on a running attempt; ``False`` when it has already ended."""
-        return self._move((_State.RUNNING,), _State.ABANDONED)
+    @property
+    def interruptible(self) -> bool:
+        """Whether the interrupt reaches the task's code: not for an ``async def`` task,
+        whose coroutine runs in an event loop of another thread (``async_to_sync``)
+        and would go on there."""
+        return self.task is None or not iscoroutinefunction(self.task.func)
 
-    def execute(self) -> Outcome | None:
+    def interrupt(self) -> bool:
+        """Mark the running attempt past its timeout and raise
+        :class:`~jobstate.exceptions.TaskTimeLimitExceeded` in its thread (when
+        :attr:`interruptible`); ``False`` (and nothing done) when it is not running any
+        more or was interrupted already."""
+        with self._lock:
+            if self._state is not _State.RUNNING or self._thread_id is None:
+                return False
+            self._state = _State.INTERRUPTED
+            self.interrupted_at = time.monotonic()
+            if self.interruptible:
+                _raise_in_thread(self._thread_id, TaskTimeLimitExceeded)
+            return True
+
+    def abandon(self) -> bool:
+        """Give up on a running (or interrupted) attempt whose thread goes on: the
+        worker settles it; ``False`` when it has already ended."""
+        return self._move((_State.RUNNING, _State.INTERRUPTED), _State.ABANDONED)
+
+    def execute(self, timeout: timedelta | None = None) -> Outcome | None:
         """Run the task in the calling thread; ``None`` when the attempt was handed
-        back before it started or abandoned while it ran."""
+        back before it started or abandoned while it ran. An attempt interrupted past
+        ``timeout`` ends as timed out."""
         if not self._move((_State.CLAIMED,), _State.RUNNING):
             return None
         started = time.monotonic()
+        ended: tuple[TaskAttempt, Any, BaseException | None] | None = None
+        called = False
+        # The interrupt is raised once at most, wherever the thread is: in the task (the
+        # task's failure, caught in _call) or, when the task had just returned, here.
+        # Every step until _end has cleared it is retried past it.
+        while True:
+            try:
+                if not called:
+                    called = True
+                    ended = self._run_guarded()
+                state = self._end()
+                break
+            except TaskTimeLimitExceeded:
+                continue
+        duration = time.monotonic() - started
+        if state is _State.ABANDONED:
+            return None
+        if state is _State.INTERRUPTED:
+            record = timed_out(self, timeout, None if ended is None else ended[:2])
+            return Outcome(self, record, duration=duration)
+        assert ended is not None
+        record, value, error = ended
+        return Outcome(self, record, value, duration, error)
+
+    def _run_guarded(self) -> tuple[TaskAttempt, Any, BaseException | None]:
         try:
-            record, value, error = self._call()
-        # Whatever escapes running the task (giving back its connections, say) fails
-        # the attempt: a thread never ends with its attempt unsettled.
+            return self._call()
+        except TaskTimeLimitExceeded:
+            # The interrupt landed past the task's own code: execute() settles it as
+            # timed out.
+            raise
+        # Whatever else escapes running the task (giving back its connections, say)
+        # fails the attempt: a thread never ends with its attempt unsettled.
         except BaseException as exc:
-            record, value, error = failure(self.worker_id, self.job.claimed_at, exc), None, exc
-        outcome = Outcome(self, record, value, time.monotonic() - started, error)
-        return outcome if self._move((_State.RUNNING,), _State.ENDED) else None
+            return failure(self.worker_id, self.job.claimed_at, exc), None, exc
+
+    def _end(self) -> _State:
+        """Mark the attempt ended (when the worker has not given up on it) and drop an
+        interrupt still pending for this thread; the state it ended from."""
+        with self._lock:
+            if self.interrupted_at is not None:
+                _raise_in_thread(threading.get_ident(), None)
+            state = self._state
+            if state in (_State.RUNNING, _State.INTERRUPTED):
+                self._state = _State.ENDED
+            return state
 
     def fail_unsettled(self, exc: BaseException) -> Outcome | None:
         """The outcome of an attempt whose thread failed outside the task (which
         :meth:`execute` already guards): failed, naming ``exc``'s class only, as
         nothing of it is trusted; ``None`` when it was settled elsewhere."""
-        if not self._move((_State.CLAIMED, _State.RUNNING), _State.ENDED):
+        if not self._move((_State.CLAIMED, _State.RUNNING, _State.INTERRUPTED), _State.ENDED):
             return None
         path = storable_class_path(type(exc))
         record = TaskAttempt(
@@ -153,7 +250,13 @@ class Attempt:
         job = self.job
         started_at = job.claimed_at
         try:
-            task = self.task = task_of(job, self.alias)
+            try:
+                task = self.task = task_of(job, self.alias)
+            except ImportError as exc:
+                # Its module or function is missing here (older code than the
+                # enqueuer's): not the task's failure; the loop hands it back.
+                self.unloadable = exc
+                return failure(self.worker_id, started_at, exc), None, exc
             result = task_result(job, self.alias, task)
             task_started.send(self.sender, task_result=result)
             args, kwargs = result.args, result.kwargs
@@ -178,6 +281,40 @@ class Attempt:
             outcome=AttemptOutcome.SUCCESSFUL,
         )
         return record, stored, None
+
+
+def timed_out(
+    attempt: Attempt,
+    timeout: timedelta | None,
+    ended: tuple[TaskAttempt, Any] | None = None,
+    *,
+    note: str = "",
+) -> TaskAttempt:
+    """The log entry of an attempt that ran past ``timeout``: a
+    :class:`~jobstate.exceptions.TaskTimedOut`, with the traceback of the interrupt
+    (where the task was) when the task raised it (``ended``), and ``note``."""
+    message = f"the task ran longer than its timeout of {timeout}"
+    if note:
+        message = f"{message}; {note}"
+    trace = f"{class_path(TaskTimedOut)}: {message}\n"
+    if ended is not None and ended[0].exception_class_path == class_path(TaskTimeLimitExceeded):
+        trace = f"{ended[0].traceback}\n{trace}"
+    return TaskAttempt(
+        worker_id=attempt.worker_id,
+        started_at=attempt.job.claimed_at,
+        finished_at=timezone.now(),
+        outcome=AttemptOutcome.TIMED_OUT,
+        exception_class_path=class_path(TaskTimedOut),
+        traceback=trace,
+        message=message,
+    )
+
+
+def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
+    """Raise ``exc_type`` in the thread ``thread_id`` the next time it runs Python code;
+    ``None`` drops one still pending."""
+    exc = None if exc_type is None else ctypes.py_object(exc_type)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), exc)
 
 
 def failure(worker_id: str, started_at: Any, exc: BaseException) -> TaskAttempt:
@@ -215,10 +352,18 @@ def _storable(value: Any) -> Any:
 class ExecutionPool:
     """``size`` threads running attempts; see the module docstring."""
 
-    def __init__(self, size: int, on_done: Callable[[Outcome], None], *, name: str) -> None:
+    def __init__(
+        self,
+        size: int,
+        on_done: Callable[[Outcome], None],
+        *,
+        name: str,
+        timeout: timedelta | None = None,
+    ) -> None:
         self.size = size
         self._on_done = on_done
         self._name = name
+        self._timeout = timeout
         self._work: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
@@ -228,14 +373,6 @@ class ExecutionPool:
 
     def submit(self, attempt: Attempt) -> None:
         self._work.put(attempt)
-
-    def abandon(self, attempt: Attempt) -> bool:
-        """Give up on a running attempt and start a thread in its place; ``False`` (and
-        nothing done) when the attempt has already ended."""
-        if not attempt.abandon():
-            return False
-        self._spawn()
-        return True
 
     def stop(self) -> None:
         """Let every thread end once it has no attempt left; abandoned threads end when
@@ -261,7 +398,7 @@ class ExecutionPool:
                 if attempt is None:
                     return
                 try:
-                    outcome = attempt.execute()
+                    outcome = attempt.execute(self._timeout)
                 # execute() settles whatever the task raises; this is the last guard, so
                 # the slot is never lost and the attempt's lease not renewed forever.
                 except BaseException as exc:
@@ -270,7 +407,7 @@ class ExecutionPool:
                 if outcome is not None:
                     self._on_done(outcome)
                 elif attempt.settled_elsewhere and attempt.started_at is not None:
-                    # Abandoned: a fresh thread has taken this one's place.
+                    # Abandoned: the worker is stopping.
                     return
         finally:
             with self._lock:

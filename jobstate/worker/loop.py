@@ -11,8 +11,12 @@ of the worker itself:
   leases of every task it holds, in one statement, and moves its own last beat; now and
   then it recovers tasks whose worker died (their lease ran out). When it stops
   gracefully it says so, so the console shows it stopped rather than lost;
-- it fails an attempt that runs past the backend's ``TIMEOUT`` and lets a fresh thread
-  take its slot;
+- it interrupts an attempt that runs past the backend's ``TIMEOUT`` and fails it once
+  its thread has stopped; when the thread does not stop within ``grace`` of the
+  interrupt, the worker stops (see :meth:`Worker._enforce_timeouts`);
+- it hands back, uncounted, a task whose dotted path it cannot import (its code is
+  older than the enqueuer's), for a worker with newer code, or fails it once it was
+  enqueued longer ago than ``UNKNOWN_TASK_TIMEOUT``;
 - it evaluates the periodic schedules (:mod:`jobstate.schedules`) when it starts and
   again at each schedule's next slot (at least once a minute), so a deployment with
   workers needs no other scheduler: however many workers evaluate a slot, it is
@@ -36,25 +40,23 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from jobstate.conf import jobstate_settings
-from jobstate.exceptions import ImproperlyConfiguredStore, StoreError, TaskTimedOut
+from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.schedules import evaluate_schedules, sync_schedules
 from jobstate.states import WorkerKind, WorkerRegistration, task_notify_payload
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
-from jobstate.task_log import AttemptOutcome, TaskAttempt
 from jobstate.tasks_backend import JobStateBackend
 from jobstate.worker.coverage import unserved_queues_warning
-from jobstate.worker.execution import Attempt, ExecutionPool, Outcome, class_path
+from jobstate.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
 from jobstate.worker.reports import Reporter, interrupted
 from jobstate.worker.signals import stop_signals
+from jobstate.worker.unknown_tasks import UnknownTasks
 from jobstate.worker.waiter import NotificationListener, listen_notify_available
 
 __all__ = ["Worker", "WorkerConfig", "WorkerSummary", "default_worker_id"]
@@ -114,6 +116,11 @@ class WorkerSummary:
     stopped_by: str = ""
     scheduled: int = 0
     """Occurrences of periodic schedules this worker enqueued."""
+    stuck: int = 0
+    """Timed-out attempts whose thread did not stop within ``grace`` of the interrupt:
+    the worker stopped because of them (``jobstate_worker`` then exits with status 4)."""
+    unknown: int = 0
+    """Tasks handed back, uncounted, because this worker could not import them."""
 
 
 class Worker:
@@ -144,6 +151,9 @@ class Worker:
         self._listener: NotificationListener | None = None
         self._schedules_synced = False
         self._next_schedules = time.monotonic()
+        #: Timed-out attempts whose thread did not stop (see _enforce_timeouts).
+        self._stuck: list[Attempt] = []
+        self._unknown = UnknownTasks(self.reporter, self.options)
         #: The queues claimed from: ``None`` when the backend allows any queue and the
         #: worker was asked for every queue.
         self.queues: tuple[str, ...] | None = config.queues
@@ -166,7 +176,10 @@ class Worker:
         rest and return what was done."""
         with stop_signals(lambda signum: self.request_stop(_signal_name(signum))):
             self._pool = ExecutionPool(
-                self.config.concurrency, self._attempt_ended, name="jobstate-task"
+                self.config.concurrency,
+                self._attempt_ended,
+                name="jobstate-task",
+                timeout=self.options.timeout,
             )
             self._start_listener()
             try:
@@ -277,6 +290,12 @@ class Worker:
                 self._pending.append(self._ended.get_nowait())
             except queue.Empty:
                 break
+        left, back = self._unknown.hand_back(self._pending)
+        for attempt in back:
+            self._active.pop(attempt.job.id, None)
+            self.summary.started -= 1
+            self.summary.unknown += 1
+        self._pending = left
         if not self._pending:
             return
         settled = self.reporter.settle(self._pending)
@@ -293,21 +312,53 @@ class Worker:
                 self.summary.succeeded += 1
 
     def _enforce_timeouts(self) -> None:
+        """Interrupt the attempts past their timeout; they end, as timed out, once their
+        thread has stopped, so no other attempt of the task starts anywhere meanwhile
+        (the worker keeps their leases). An interrupted attempt whose thread has not
+        stopped ``grace`` later (it catches the interrupt, or is blocked in C code) makes
+        the worker stop: a thread cannot be killed, only the process. The attempt keeps
+        its lease while the worker winds down and is settled last, its retry due no
+        sooner than a lease later, by when the process and its thread are gone."""
         if self.options.timeout is None:
             return
-        assert self._pool is not None
         now = time.monotonic()
         for attempt in list(self._active.values()):
             deadline = attempt.deadline
-            if deadline is not None and now >= deadline and self._pool.abandon(attempt):
-                self._ended.put(_timed_out(attempt, self.options.timeout))
+            if deadline is not None and now >= deadline and attempt.interrupt():
+                how = (
+                    "interrupted it (TaskTimeLimitExceeded raised in its thread)"
+                    if attempt.interruptible
+                    else "an async task cannot be interrupted"
+                )
                 logger.warning(
-                    "Task %s %s ran past its timeout of %s; its thread keeps running until "
-                    "the task returns, and whatever it returns is dropped",
+                    "Task %s %s ran past its timeout of %s: %s; it ends once its thread "
+                    "has stopped",
                     attempt.job.task_path,
                     attempt.job.id,
                     self.options.timeout,
+                    how,
                 )
+            elif (
+                attempt.interrupted
+                and attempt.interrupted_at is not None
+                and now >= attempt.interrupted_at + self.config.grace
+                and attempt not in self._stuck
+            ):
+                self._stuck.append(attempt)
+                self.summary.stuck += 1
+                logger.error(
+                    "Task %s %s ran past its timeout of %s and its thread did not stop "
+                    "within %g s of the interrupt: worker %s stops claiming, hands back "
+                    "what it has not started and exits with status 4 so that its "
+                    "supervisor restarts it; the task is retried only after this process "
+                    "has ended",
+                    attempt.job.task_path,
+                    attempt.job.id,
+                    self.options.timeout,
+                    self.config.grace,
+                    self.config.worker_id,
+                )
+                self.request_stop("a timed-out task did not stop")
 
     def _register(self) -> None:
         if not self.store.supports_worker_registry:
@@ -403,7 +454,9 @@ class Worker:
         if self.config.schedules and self._stop_requested is None:
             wake_at = min(wake_at, self._next_schedules)
         for attempt in self._active.values():
-            if attempt.deadline is not None:
+            if attempt.interrupted_at is not None:
+                wake_at = min(wake_at, attempt.interrupted_at + self.config.grace)
+            elif attempt.deadline is not None:
                 wake_at = min(wake_at, attempt.deadline)
         return max(wake_at - now, 0.0)
 
@@ -502,42 +555,41 @@ class Worker:
         self.summary.stopped_by = self._stop_requested or "error"
         deadline = time.monotonic() + self.config.grace
         next_beat = time.monotonic() + self.options.beat.total_seconds()
-        if self._active:
+        if self._waiting():
             logger.info(
                 "Waiting up to %g s for %d running task(s) to finish",
                 self.config.grace,
-                len(self._active),
+                sum(1 for attempt in self._active.values() if attempt not in self._stuck),
             )
-        while self._active and time.monotonic() < deadline:
+        while self._waiting() and time.monotonic() < deadline:
             self._wake.clear()
             self._enforce_timeouts()
             self._settle_ended()
             if time.monotonic() >= next_beat:
                 self._beat()
                 next_beat = time.monotonic() + self.options.beat.total_seconds()
-            if self._active:
+            if self._waiting():
                 self._wake.wait(min(self._sleep_seconds(next_beat), deadline - time.monotonic()))
-        assert self._pool is not None
-        late = [attempt for attempt in self._active.values() if self._pool.abandon(attempt)]
+        # The threads still running end with this process, which exits right after these
+        # reports: a retry of theirs is not due before a lease has passed, as after a
+        # crash, so it cannot start while one of them still runs.
+        hold = self.options.lease
+        late = [attempt for attempt in self._active.values() if attempt.abandon()]
         why = f"the worker stopped and its grace of {self.config.grace:g} s ran out"
         for attempt in late:
-            self._ended.put(interrupted(attempt, why))
-        self.summary.interrupted += len(late)
+            if attempt.interrupted_at is None:
+                self.summary.interrupted += 1
+                self._ended.put(replace(interrupted(attempt, why), retry_hold=hold))
+                continue
+            note = "its thread did not stop after the interrupt; the worker exited"
+            record = timed_out(attempt, self.options.timeout, note=note)
+            ran = time.monotonic() - (attempt.started_at or time.monotonic())
+            self._ended.put(Outcome(attempt, record, duration=ran, retry_hold=hold))
         self._settle_ended()
 
-
-def _timed_out(attempt: Attempt, timeout: timedelta) -> Outcome:
-    message = f"the task ran longer than its timeout of {timeout}"
-    record = TaskAttempt(
-        worker_id=attempt.worker_id,
-        started_at=attempt.job.claimed_at,
-        finished_at=timezone.now(),
-        outcome=AttemptOutcome.TIMED_OUT,
-        exception_class_path=class_path(TaskTimedOut),
-        traceback=f"{class_path(TaskTimedOut)}: {message}\n",
-        message=message,
-    )
-    return Outcome(attempt, record, duration=timeout.total_seconds())
+    def _waiting(self) -> bool:
+        """Attempts are running that may still end by themselves (not stuck ones)."""
+        return any(attempt not in self._stuck for attempt in self._active.values())
 
 
 def _signal_name(signum: int) -> str:

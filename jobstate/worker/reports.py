@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -172,17 +172,19 @@ class Reporter:
         )
         return [replaced], [settlement], self._report([replaced], [settlement])
 
-    def hand_back(self, attempts: Sequence[Attempt]) -> int:
+    def hand_back(self, attempts: Sequence[Attempt], *, run_after: datetime | None = None) -> int:
         """Give back claimed tasks no thread started, as they were before the claim
-        (their attempt count too). Returns how many were given back."""
+        (their attempt count too), due at once or at ``run_after``. Returns how many were
+        given back."""
         if not attempts:
             return 0
+        patch: dict[str, Any] = {} if run_after is None else {"run_after": run_after}
         reports = [
             ClaimReport(
                 job_id=attempt.job.id,
                 claim_token=attempt.job.claim_token or "",
                 status=JobStatus.QUEUED,
-                patch={"attempts": max(attempt.job.attempts - 1, 0)},
+                patch={**patch, "attempts": max(attempt.job.attempts - 1, 0)},
             )
             for attempt in attempts
         ]
@@ -229,11 +231,13 @@ class Reporter:
         job = outcome.attempt.job
         retry_at = None
         if outcome.record.failed:
-            retry_at = timezone.now() + self.options.retry_delay(job.attempts)
+            retry_at = timezone.now() + max(
+                self.options.retry_delay(job.attempts), outcome.retry_hold or timedelta(0)
+            )
         return settle_attempt(
             attempt_log=job.attempt_log,
             attempts=job.attempts,
-            max_attempts=job.max_attempts,
+            max_attempts=job.attempts if outcome.final else job.max_attempts,
             attempt=outcome.record,
             return_value=outcome.return_value,
             retry_at=retry_at,

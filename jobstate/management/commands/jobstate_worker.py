@@ -11,6 +11,11 @@ within ``--grace`` seconds, hands back the rest and exits 0. A second signal exi
 once with status 128 + the signal number; the tasks it ran are recovered when their
 leases run out.
 
+``--reload`` (on by default when ``settings.DEBUG``, except with ``--batch``;
+``--no-reload`` turns it off) runs the worker in a child process and starts a fresh one
+when the code changes, after the running tasks have finished (within ``--grace``); see
+:mod:`jobstate.worker.reloading`.
+
 Every worker also evaluates the periodic schedules (``JOBSTATE["SCHEDULES"]``) at each
 slot, unless ``--no-schedules``: however many workers do, each slot is enqueued once.
 
@@ -20,7 +25,9 @@ paused in the console (the Queues page) until the queue is resumed.
 
 Exit status: 0 the worker stopped as asked (``--batch``, ``--max-tasks``, a signal);
 1 the database or the store failed in a way retrying cannot cure; 2 invalid options or
-settings.
+settings; 4 a task ran past ``TIMEOUT`` and its thread did not stop within ``--grace``
+of the interrupt, so the worker stopped for its supervisor to restart it (a thread
+cannot be killed, only its process).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import logging
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
@@ -47,6 +55,9 @@ from ._common import (
     require_migrated,
 )
 
+#: The worker stopped because a timed-out task's thread did not stop (3 is the
+#: reloader's "restart me").
+EXIT_STUCK = 4
 #: Most threads one worker process runs tasks in.
 CONCURRENCY_LIMIT = 1000
 #: Longest ``--grace``: a day.
@@ -102,7 +113,7 @@ class Command(JobStateCommand):
         "run in threads, retry, time out, recover crashed workers' tasks. The first "
         "SIGTERM/SIGINT finishes the running tasks (up to --grace) and exits 0; a second "
         "exits at once. Exit status: 0 stopped as asked, 1 database or store failure, "
-        "2 invalid options or settings."
+        "2 invalid options or settings, 4 a timed-out task's thread did not stop."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -159,7 +170,8 @@ class Command(JobStateCommand):
             metavar="SECONDS",
             help="On SIGTERM/SIGINT, how long the running tasks may take to finish before "
             "they are handed back (default: 30). Keep it below your supervisor's stop "
-            "timeout.",
+            "timeout. Also how long a task interrupted past TIMEOUT has to stop before the "
+            "worker exits with status 4.",
         )
         parser.add_argument(
             "--no-schedules",
@@ -167,13 +179,41 @@ class Command(JobStateCommand):
             help="Do not evaluate the periodic schedules of JOBSTATE['SCHEDULES'] (by "
             "default every worker does; each slot is enqueued once however many do).",
         )
+        parser.add_argument(
+            "--reload",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="Start a fresh worker when the code changes, once the running tasks have "
+            "finished (default: on when settings.DEBUG, except with --batch). For "
+            "development; --no-reload turns it off.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here, so the other commands work on Django 5.2 without the backport.
         from jobstate.tasks_backend import JobStateBackend
         from jobstate.worker import Worker, WorkerConfig, default_worker_id
+        from jobstate.worker.reloading import (
+            RELOAD_EXIT,
+            CodeWatcher,
+            is_reloaded_child,
+            supervise,
+        )
 
         self._configure_logging(options["verbosity"])
+        reload = options["reload"]
+        if reload is None:
+            reload = bool(settings.DEBUG) and not options["batch"]
+        elif reload and options["batch"]:
+            raise CommandError(
+                "--reload and --batch cannot be used together: a --batch worker exits once "
+                "its queues are empty.",
+                returncode=EXIT_USAGE,
+            )
+        if reload and not is_reloaded_child():
+            status = supervise()
+            if status:
+                raise SystemExit(status)
+            return
         backend = backend_named(options["backend"])
         if not isinstance(backend, JobStateBackend):
             raise CommandError(
@@ -217,13 +257,24 @@ class Command(JobStateCommand):
                 schedules=not options["no_schedules"],
             )
             worker = Worker(config, backend)
-            worker.run()
+            watcher = CodeWatcher(worker.request_stop) if reload else None
+            summary = worker.run()
+            if watcher is not None:
+                watcher.stop()
         except (InvalidJobState, ImproperlyConfigured, ImproperlyConfiguredStore) as exc:
             raise command_error(exc) from exc
         except (JobStateError, DatabaseError) as exc:
             raise CommandError(
                 f"the worker stopped: {command_error(exc)}", returncode=EXIT_FAILED
             ) from exc
+        if summary.stuck:
+            raise CommandError(
+                f"the worker stopped: {summary.stuck} task(s) ran past TIMEOUT and their "
+                "thread did not stop within --grace of the interrupt; restart the worker",
+                returncode=EXIT_STUCK,
+            )
+        if watcher is not None and watcher.changed:
+            raise SystemExit(RELOAD_EXIT)
 
     def _configure_logging(self, verbosity: int) -> None:
         """Show the worker's log at the level ``verbosity`` asks for, unless the project
