@@ -32,6 +32,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from jobstate.clock import instant_filter
 from jobstate.conf import jobstate_settings
 from jobstate.exceptions import InvalidJobState, ScheduleError
 from jobstate.models.schedules import (
@@ -357,10 +358,16 @@ def _evaluate(
     if not due and row.next_slot != upcoming:
         # Only the display of the next run changes; a stale row (another revision,
         # paused meanwhile) is left to whoever changed it.
-        Schedule.objects.using(using).filter(
-            pk=row.pk, revision=row.revision, effective_from=row.effective_from
+        Schedule.objects.using(using).filter(pk=row.pk, revision=row.revision).filter(
+            _unchanged_start(row, using)
         ).exclude(next_slot=upcoming).update(next_slot=upcoming)
     return upcoming
+
+
+def _unchanged_start(row: Schedule, using: str) -> Q:
+    """The row still starts where ``row`` read it: ``effective_from`` is often written
+    by the database's clock, so it is compared in the database's own terms."""
+    return instant_filter(using, "effective_from", "exact", row.effective_from)
 
 
 def _enqueue_slot(
@@ -378,7 +385,8 @@ def _enqueue_slot(
             moved = (
                 Schedule.objects.using(using)
                 .active()
-                .filter(pk=row.pk, revision=row.revision, effective_from=row.effective_from)
+                .filter(pk=row.pk, revision=row.revision)
+                .filter(_unchanged_start(row, using))
                 .filter(Q(last_slot__isnull=True) | Q(last_slot__lt=slot))
                 .update(last_slot=slot, next_slot=upcoming)
             )
