@@ -110,7 +110,7 @@ def test_completion_writes_transition_audit_and_outbox_rows_together(
     )
     rows = {row.channel: row for row in Notification.objects.filter(job=job)}
     assert set(rows) == {"webhook", "email"}
-    assert rows["webhook"].idempotency_key == f"{job.id}:webhook:{HOOK}"
+    assert rows["webhook"].idempotency_key == f"{job.id}:{original.claim_token}:webhook:{HOOK}"
     assert rows["webhook"].payload == {"job": "r1"}
     assert rows["email"].idempotency_key == "r1-mail"
     for row in rows.values():
@@ -247,7 +247,7 @@ def test_a_long_destination_keeps_the_default_key_within_bounds(store: DatabaseS
     job = claimed_job(store)
     destination = "https://hooks.example.com/" + "a" * 300
     key = default_idempotency_key(job, "webhook", destination)
-    assert len(key) <= 200 and key.startswith(f"{job.id}:webhook:sha256:")
+    assert len(key) <= 200 and key.startswith(f"{job.id}:{job.claim_token}:sha256:")
     assert key == default_idempotency_key(job, "webhook", destination)
     done = store.complete_job_with_notifications(
         job, {"status": "done"}, [NotificationRequest("webhook", destination, {})]

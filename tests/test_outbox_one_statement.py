@@ -93,7 +93,10 @@ def test_in_autocommit_it_is_one_statement_that_writes_what_the_orm_path_writes(
 
     rows = list(Notification.objects.filter(job_id=fast.id).order_by("destination"))
     references = list(Notification.objects.filter(job_id=slow.id).order_by("destination"))
-    assert [row.idempotency_key for row in rows] == [f"{fast.id}:webhook:{HOOK}/0", "fast-key"]
+    assert [row.idempotency_key for row in rows] == [
+        f"{fast.id}:{fast.claim_token}:webhook:{HOOK}/0",
+        "fast-key",
+    ]
     for row, other in zip(rows, references, strict=True):
         for name in ("channel", "destination", "payload", "state", "attempts", "lease_until"):
             assert getattr(row, name) == getattr(other, name), name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from jobstate.conf import jobstate_settings
@@ -257,14 +258,34 @@ def _optional_text(value: Any, *, field: str, limit: int) -> None:
 
 
 def default_idempotency_key(job: Job, channel: str, destination: str) -> str:
-    """``<job id>:<channel>:<destination>``, with the destination replaced by its SHA-256
-    when the key would exceed 200 characters. Stable across retries and reruns, so one
-    job notifies one destination once per channel unless the caller picks its own keys."""
-    key = f"{job.id}:{channel}:{destination}"
+    """``<job id>:<completion>:<channel>:<destination>``: one key per completion of
+    ``job`` (the job as the completion read it) and destination.
+
+    ``<completion>`` is the claim the completion ends (its token): a retried completion
+    of the same claim gets the same key, so it never notifies twice, while a job an
+    operator requeued is claimed anew and its next outcome notifies again. A job
+    completed without a claim (a queued job rejected) is told apart by the instant of
+    its last change (``updated_at``, as read), which every requeue moves. When the key
+    would exceed 200 characters, ``<channel>:<destination>`` is replaced by
+    ``sha256:`` and the SHA-256 of both."""
+    completion = _completion_marker(job)
+    key = f"{job.id}:{completion}:{channel}:{destination}"
     if len(key) <= _KEY_LIMIT:
         return key
-    digest = hashlib.sha256(destination.encode("utf-8")).hexdigest()
-    return f"{job.id}:{channel}:sha256:{digest}"
+    digest = hashlib.sha256(f"{channel}\0{destination}".encode()).hexdigest()
+    return f"{job.id}:{completion}:sha256:{digest}"
+
+
+def _completion_marker(job: Job) -> str:
+    if job.claim_token is not None:
+        return str(job.claim_token)
+    changed = job.updated_at
+    if not isinstance(changed, datetime):
+        raise InvalidJobState(
+            "an unclaimed job's default idempotency key needs its updated_at as read "
+            "from the store; pass an idempotency_key or the job as loaded."
+        )
+    return changed.astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def validate_notification_requests(
