@@ -175,3 +175,9 @@ def test_demo_traffic_runs_a_setup_sample_requeued_from_the_console():
     sample.refresh_from_db()
     assert sample.status in TERMINAL_JOB_STATUSES, sample.status
     assert AuditEntry.objects.filter(job_id=sample.id, event="finished").exists()
+
+
+def test_demo_setup_names_the_address_the_demo_serves(capsys, monkeypatch):
+    monkeypatch.setenv("DEMO_ADDR", "127.0.0.1:8123")
+    call_command("demo_setup")
+    assert "Demo ready. Admin: http://127.0.0.1:8123/admin/" in capsys.readouterr().out

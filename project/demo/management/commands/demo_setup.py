@@ -48,9 +48,11 @@ class Command(BaseCommand):
         user.save()
         self._record_sample_runs()
         self._record_sample_jobs()
+        # scripts/demo serves the admin on DEMO_ADDR.
+        address = os.environ.get("DEMO_ADDR") or "127.0.0.1:8000"
         self.stdout.write(
             self.style.SUCCESS(
-                f"Demo ready. Admin: http://127.0.0.1:8000/admin/  "
+                f"Demo ready. Admin: http://{address}/admin/  "
                 f"user {DEMO_USER!r}, password {password!r}"
             )
         )
