@@ -179,7 +179,7 @@ def test_the_demo_outlives_an_operator_at_the_console(demo: Demo) -> None:
     console.log_in("admin", "jobstate-demo")
 
     # The sample job that waits ten minutes: the operator cancels it.
-    (delayed,) = console.job_ids("status__exact=queued&delayed=yes")
+    (delayed,) = console.job_ids("status__exact=queued&delayed=yes&target=demo.remote")
     expect(console.reject_jobs([delayed], "not needed any more"), "success", "Rejected 1 job.")
 
     # The samples demo_setup finished (done, error, rejected): "Requeue all matching" on
