@@ -181,3 +181,20 @@ def test_demo_setup_names_the_address_the_demo_serves(capsys, monkeypatch):
     monkeypatch.setenv("DEMO_ADDR", "127.0.0.1:8123")
     call_command("demo_setup")
     assert "Demo ready. Admin: http://127.0.0.1:8123/admin/" in capsys.readouterr().out
+
+
+def test_demo_traffic_works_off_a_backlog_an_operator_requeued():
+    # "Requeue all matching" on a few dozen finished jobs: the simulated owners take
+    # them up several at a time instead of one job a tick.
+    store = get_state_store()
+    for target in (demo_traffic.INHUB_TARGET, REMOTE_TARGET):
+        for n in range(30):
+            store.enqueue(
+                request_id=f"backlog-{target}-{n}", target=target, source="demo", input={}
+            )
+
+    traffic("--iterations", "20", "--tick", "0.01", "--lease", "60")
+
+    # With leases of a minute, a job still queued was never claimed.
+    waiting = Job.objects.filter(request_id__startswith="backlog-", status=JobStatus.QUEUED)
+    assert waiting.count() <= 10, waiting.count()

@@ -65,6 +65,9 @@ SETUP_TARGET = "demo.setup"
 WORKER_ID = "demo-worker-1"
 EXECUTOR_ID = "demo-executor-1"
 
+#: How many jobs each simulated owner (the worker, the executor) holds at most.
+HOLD_LIMIT = 5
+
 #: The liveness budget the demo reaps runs with: the shortest the runner accepts with
 #: its default 30 s heartbeat, so a crashed run is reaped within a minute or two.
 DEMO_STALE_RUN_AFTER = timedelta(minutes=1)
@@ -264,19 +267,20 @@ class Command(BaseCommand):
             (self.executor_jobs, [REMOTE_TARGET, SETUP_TARGET], False),
         )
         for held, targets, in_process in owners:
-            if len(held) >= 3:
-                continue
-            if in_process:
-                job = self.store.claim_next_inhub_job(targets, WORKER_ID, self.lease)
-            else:
-                job = self.store.claim_next_job(targets, EXECUTOR_ID, self.lease)
-            if job is None or job.claim_token is None:
-                continue
-            outcome = self.rng.choices(
-                ("done", "error", "rejected", "crash", "stall"), weights=(56, 12, 10, 14, 8)
-            )[0]
-            ticks = self.stall_ticks if outcome == "stall" else self.rng.randint(1, 4)
-            held.append(Held(job, job.claim_token, ticks, outcome))
+            # Each owner fills its free slots, so a backlog (a few dozen jobs requeued
+            # from the console at once) is worked off within a minute or two.
+            while len(held) < HOLD_LIMIT:
+                if in_process:
+                    job = self.store.claim_next_inhub_job(targets, WORKER_ID, self.lease)
+                else:
+                    job = self.store.claim_next_job(targets, EXECUTOR_ID, self.lease)
+                if job is None or job.claim_token is None:
+                    break
+                outcome = self.rng.choices(
+                    ("done", "error", "rejected", "crash", "stall"), weights=(56, 12, 10, 14, 8)
+                )[0]
+                ticks = self.stall_ticks if outcome == "stall" else self.rng.randint(1, 4)
+                held.append(Held(job, job.claim_token, ticks, outcome))
 
     def work(self, held: list[Held], *, in_process: bool) -> None:
         renewing = False
