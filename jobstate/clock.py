@@ -14,17 +14,26 @@ fraction at all on a whole second), and SQLite compares the text. A value read b
 a column the database's clock wrote, handed back as a parameter, is then not equal to
 the row it came from, and sorts after it. Every filter on such a value goes through
 :func:`instant_filter`, which compares in the database's own terms.
+
+MariaDB and MySQL answer the clock (``CURRENT_TIMESTAMP``) in the session's time zone,
+the server's own (``SYSTEM``) unless set, while Django writes and reads UTC there: a
+server whose machine is not on UTC would stamp schedules' starts, jobs and audit
+entries hours off, and run delayed jobs and retries hours early or late.
+:func:`clock_in_utc` puts each new connection's session on UTC (connected to
+``connection_created`` by :mod:`jobstate.signals`).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from django.conf import settings
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, Value
 
-__all__ = ["Clock", "SystemClock", "instant_filter"]
+__all__ = ["Clock", "SystemClock", "clock_in_utc", "instant_filter"]
 
 
 @runtime_checkable
@@ -85,3 +94,14 @@ def _sqlite_spellings(text: str) -> list[str]:
     if text.endswith("000"):
         return [text[:-3], text]
     return [text]
+
+
+def clock_in_utc(*, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """On a new MariaDB or MySQL connection that Django reads and writes in UTC
+    (``USE_TZ`` and no ``TIME_ZONE`` of the database's own), set the session's time zone
+    to UTC, so the database's clock speaks the same time as every instant Django
+    writes. Other databases, and hosts that keep local times, are left as they are."""
+    if connection.vendor != "mysql" or not settings.USE_TZ or connection.timezone_name != "UTC":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET time_zone = '+00:00'")

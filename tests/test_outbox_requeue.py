@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jobstate.exceptions import DuplicateNotification
+from jobstate.exceptions import DuplicateNotification, InvalidJobState
 from jobstate.models import Job, Notification
 from jobstate.stores.base import JobStatus, NotificationRequest
 from jobstate.stores.database import DatabaseStateStore
@@ -122,3 +122,19 @@ def test_a_job_completed_unclaimed_notifies_again_after_a_requeue(
     )
     assert rejected is not None and rejected.status == JobStatus.REJECTED
     assert notified(queued.id) == [{"round": 1}, {"round": 2}]
+
+
+def test_an_unclaimed_job_not_read_from_the_store_needs_its_own_key(
+    store: DatabaseStateStore,
+) -> None:
+    queued = store.create_job(request_id="q1", target="llm")
+    built = Job(id=queued.id, status=JobStatus.QUEUED)  # no updated_at: not as read
+    with pytest.raises(InvalidJobState, match="pass an idempotency_key"):
+        store.complete_job_with_notifications(built, {"status": "rejected"}, [webhook()])
+    assert Job.objects.get(id=queued.id).status == JobStatus.QUEUED
+    assert not Notification.objects.exists()
+    done = store.complete_job_with_notifications(
+        built, {"status": "rejected"}, [NotificationRequest("webhook", HOOK, {}, "q1-rejected")]
+    )
+    assert done is not None and done.status == JobStatus.REJECTED
+    assert Notification.objects.get().idempotency_key == "q1-rejected"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.utils import timezone
@@ -16,6 +17,7 @@ from jobstate.clock import instant_filter
 from jobstate.models import Schedule
 from jobstate.schedules import enqueue_due
 from tests.schedule_kit import declare, jobs_of, row, slots_of
+from tests.test_commands_ops import database_url
 from tests.test_schedules_commands import manage
 
 pytestmark = [pytest.mark.mysql, pytest.mark.slow]
@@ -71,3 +73,22 @@ def test_two_command_runs_across_a_minute_boundary_enqueue_the_slot(settings: An
     (job,) = jobs_of("minutely")
     assert second.stdout == f"Enqueued minutely for {slot.isoformat()} as {job.id}\n"
     assert slots_of("minutely") == [slot]
+
+
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_a_server_whose_time_zone_is_not_utc_writes_the_real_instant(settings: Any) -> None:
+    # A MariaDB or MySQL server whose time zone is the machine's (SYSTEM) answers NOW()
+    # in local wall time, where Django writes and reads UTC: the schedule would start
+    # hours off and its slots fire hours late (or a delayed job run hours early).
+    declare(settings, minutely=EVERY_MINUTE)
+    local = "?init_command=" + quote("SET time_zone = '+05:00'")
+    before = timezone.now()
+    done = manage(
+        "enqueue_due_schedules",
+        schedules={"minutely": EVERY_MINUTE},
+        env={"DATABASE_URL": database_url() + local},
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    started = row("minutely").effective_from
+    assert before - timedelta(seconds=1) <= started <= timezone.now() + timedelta(seconds=1)

@@ -34,13 +34,16 @@ YEARLY = {"task": ADD, "cron": "0 0 1 1 *", "args": [2, 3]}
 REPORT = {"operations_job": "demo.report-build", "cron": "0 0 1 1 *", "kwargs": {"rows": 4}}
 
 
-def manage(*args: str, schedules: dict[str, Any], timeout: float = 120) -> Any:
-    """``manage.py *args`` as a process on the test database with ``schedules``."""
+def manage(
+    *args: str, schedules: dict[str, Any], timeout: float = 120, env: dict[str, str] | None = None
+) -> Any:
+    """``manage.py *args`` as a process on the test database with ``schedules`` (and
+    ``env`` over the environment)."""
     base = Path(django_settings.BASE_DIR)
     return subprocess.run(
         [sys.executable, str(base / "manage.py"), *args],
         cwd=base,
-        env=schedules_env(**schedules),
+        env={**schedules_env(**schedules), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

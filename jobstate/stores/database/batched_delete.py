@@ -22,6 +22,8 @@ from django.db import OperationalError, connections, models, transaction
 from django.db.models import Q
 from django.db.models.deletion import Collector
 
+from jobstate.clock import instant_filter
+
 _M = TypeVar("_M", bound=models.Model)
 
 #: MariaDB's and MySQL's ER_LOCK_DEADLOCK, and how often a batch runs before it gives up.
@@ -41,6 +43,21 @@ def pick_oldest(candidates: models.QuerySet[_M], order: str, limit: int) -> mode
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}.")
     return candidates.select_for_update(skip_locked=True).order_by(order, "pk")[:limit]
+
+
+def after_key(
+    candidates: models.QuerySet[_M], order: str, key: tuple[Any, Any]
+) -> models.QuerySet[_M]:
+    """The ``candidates`` after ``key`` ``(order value, pk)`` in ``(order, pk)`` order.
+    The ``>=`` bound lets the index scan start at the key; the ``OR`` only settles ties
+    on the order value. The order values are instants the database's clock wrote, read
+    back: they are compared in the database's own terms (:func:`jobstate.clock.
+    instant_filter`), or on SQLite the rest of an instant's ties would be passed over."""
+    value, pk = key
+    using = candidates.db
+    return candidates.filter(instant_filter(using, order, "gte", value)).filter(
+        instant_filter(using, order, "gt", value) | Q(pk__gt=pk)
+    )
 
 
 def _lock_oldest_by_key(
@@ -75,10 +92,7 @@ def _lock_oldest_by_key(
                 skipped = key
         if len(window) < limit:
             break
-        value, pk = window[-1]
-        rest = ordered.filter(**{f"{order}__gte": value}).filter(
-            Q(**{f"{order}__gt": value}) | Q(pk__gt=pk)
-        )
+        rest = after_key(ordered, order, window[-1])
     batch = locked[:limit]
     # The next batch starts before the first row passed over here: the locking read
     # may have held it only for a moment, and then no other sweeper deletes it.
@@ -105,12 +119,7 @@ class BatchedDeleter:
         kind = (model._meta.label, order)
         last = self._last_key.get(kind)
         if last is not None:
-            value, pk = last
-            # The ``>=`` bound lets the index scan start at the last key; the ``OR`` only
-            # settles ties on the order value.
-            candidates = candidates.filter(**{f"{order}__gte": value}).filter(
-                Q(**{f"{order}__gt": value}) | Q(pk__gt=pk)
-            )
+            candidates = after_key(candidates, order, last)
         picked = pick_oldest(candidates, order, limit).values_list(order, "pk")
         connection = connections[self.using]
         # InnoDB's DELETE waits for every row it reads, matching or not, so two
