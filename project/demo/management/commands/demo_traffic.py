@@ -246,7 +246,8 @@ class Command(BaseCommand):
                     input={"document": self.rng.randrange(1, 10_000)},
                 )
             except ThreadQuotaExceeded as exc:
-                # A host's THREAD_INFLIGHT_QUOTA, with the thread's queue paused.
+                # With THREAD_INFLIGHT_QUOTA set, a thread whose jobs wait (its queue
+                # paused from the console) takes no more until they drain.
                 self.stdout.write(f"enqueue refused: {exc}")
 
     def enqueue_task(self) -> None:
