@@ -2,6 +2,8 @@
 listed by the admin; the live traffic then delivers, retries and dead-letters their
 notifications."""
 
+import random
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -10,7 +12,22 @@ from django.test import Client
 from django.utils import timezone
 
 from jobstate.models import AuditEntry, DeliveryAttempt, Job, JobRun, JobRunStatus, Notification
-from jobstate.stores.base import JobStatus, NotificationState
+from jobstate.relay import deliver_notifications
+from jobstate.stores import get_state_store
+from jobstate.stores.base import (
+    TERMINAL_JOB_STATUSES,
+    JobStatus,
+    NotificationRequest,
+    NotificationState,
+)
+from project.demo.management.commands import demo_traffic
+from project.demo.management.commands.demo_traffic import (
+    EXECUTOR_ID,
+    REMOTE_TARGET,
+    SETUP_TARGET,
+    Held,
+)
+from project.demo.management.commands.demo_traffic import Command as DemoTraffic
 from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -99,3 +116,85 @@ def test_demo_setup_can_run_twice(capsys):
     call_command("demo_setup")
     assert "Demo ready" in capsys.readouterr().out
     assert Notification.objects.filter(destination=ALWAYS_FAILS).count() == 2
+
+
+# --- the traffic and the operator's actions ---------------------------------------------
+
+
+def traffic(*args: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("demo_traffic", "--seed", "5", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_demo_traffic_finishes_a_job_an_operator_requeued_after_it_notified():
+    store = get_state_store()
+    store.enqueue(request_id="demo-requeued", target=REMOTE_TARGET, source="demo", input={})
+    first = store.claim_next_job([REMOTE_TARGET], EXECUTOR_ID, timedelta(minutes=1))
+    notes = [NotificationRequest("callable", ALWAYS_FAILS, {"job": str(first.id)})]
+    assert store.complete_job_with_notifications(first, {"status": JobStatus.ERROR}, notes)
+    assert store.requeue_job(first.id, from_statuses=[JobStatus.ERROR], by="admin", via="admin")
+    again = store.claim_next_job([REMOTE_TARGET], EXECUTOR_ID, timedelta(minutes=1))
+    assert again.id == first.id
+
+    command = DemoTraffic(stdout=StringIO(), stderr=StringIO())
+    command.store, command.rng = store, random.Random(1)
+    # Failing again notifies the same receiver as the first time.
+    command.finish(Held(again, again.claim_token, 0, "error"))
+
+    job = Job.objects.get(id=first.id)
+    assert (job.status, job.claim_token) == (JobStatus.ERROR, None)
+
+
+def test_demo_traffic_logs_a_failing_step_and_goes_on(monkeypatch):
+    calls = []
+
+    def relay_down(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise RuntimeError("the relay tripped over something")
+        return deliver_notifications(**kwargs)
+
+    monkeypatch.setattr(demo_traffic, "deliver_notifications", relay_down)
+    out, err = traffic("--iterations", "3", "--tick", "0.01")
+
+    assert len(calls) == 3
+    assert "Demo traffic stopped after 3 ticks." in out
+    assert "tick 1, relay failed; the traffic goes on:" in err
+    assert "RuntimeError: the relay tripped over something" in err and "Traceback" in err
+
+
+def test_demo_traffic_runs_a_setup_sample_requeued_from_the_console():
+    call_command("demo_setup", stdout=StringIO())
+    store = get_state_store()
+    sample = Job.objects.get(request_id__endswith="-error", target=SETUP_TARGET)
+    assert store.requeue_job(sample.id, from_statuses=[JobStatus.ERROR], by="admin", via="admin")
+
+    traffic("--iterations", "60", "--tick", "0.02", "--lease", "0.3", "--sweep-every", "0.1")
+
+    sample.refresh_from_db()
+    assert sample.status in TERMINAL_JOB_STATUSES, sample.status
+    assert AuditEntry.objects.filter(job_id=sample.id, event="finished").exists()
+
+
+def test_demo_setup_names_the_address_the_demo_serves(capsys, monkeypatch):
+    monkeypatch.setenv("DEMO_ADDR", "127.0.0.1:8123")
+    call_command("demo_setup")
+    assert "Demo ready. Admin: http://127.0.0.1:8123/admin/" in capsys.readouterr().out
+
+
+def test_demo_traffic_works_off_a_backlog_an_operator_requeued():
+    # "Requeue all matching" on a few dozen finished jobs: the simulated owners take
+    # them up several at a time instead of one job a tick.
+    store = get_state_store()
+    for target in (demo_traffic.INHUB_TARGET, REMOTE_TARGET):
+        for n in range(30):
+            store.enqueue(
+                request_id=f"backlog-{target}-{n}", target=target, source="demo", input={}
+            )
+
+    traffic("--iterations", "20", "--tick", "0.01", "--lease", "60")
+
+    # With leases of a minute, a job still queued was never claimed.
+    waiting = Job.objects.filter(request_id__startswith="backlog-", status=JobStatus.QUEUED)
+    assert waiting.count() <= 10, waiting.count()

@@ -22,14 +22,13 @@ from jobstate.stores import get_run_store, get_state_store
 from jobstate.stores.base import JobStatus, NotificationRequest, StateStore, Trigger
 from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
 
-from .demo_traffic import REMOTE_TARGET
+from .demo_traffic import REMOTE_TARGET, SETUP_TARGET
 
 DEMO_USER = "admin"
 
-#: The target of the sample jobs demo_setup claims itself; no demo worker serves it.
-SETUP_TARGET = "demo.setup"
 #: The lease of the sample running and dispatched jobs. Nobody renews it, so once it
-#: ends the reaping sweep (demo_traffic, reap_stale or Celery beat) hands them back.
+#: ends the reaping sweep (demo_traffic, reap_stale or Celery beat) hands them back,
+#: and demo_traffic's remote executor runs them like any other queued job.
 SAMPLE_LEASE = timedelta(minutes=2)
 
 
@@ -49,9 +48,11 @@ class Command(BaseCommand):
         user.save()
         self._record_sample_runs()
         self._record_sample_jobs()
+        # scripts/demo serves the admin on DEMO_ADDR.
+        address = os.environ.get("DEMO_ADDR") or "127.0.0.1:8000"
         self.stdout.write(
             self.style.SUCCESS(
-                f"Demo ready. Admin: http://127.0.0.1:8000/admin/  "
+                f"Demo ready. Admin: http://{address}/admin/  "
                 f"user {DEMO_USER!r}, password {password!r}"
             )
         )

@@ -11,6 +11,13 @@ notify the demo's receivers (:mod:`project.demo.notifications`) through
 ``complete_job_with_notifications``: most notifications are delivered, some after a
 retry, and those to the receiver that always fails end as dead letters. Stops cleanly on
 SIGTERM or Ctrl-C.
+
+Operators act on the same jobs from the console while it runs: they requeue, reject and
+approve jobs, pause queues, delete finished jobs. What that does to the traffic's own
+work (a claim it held is gone, a completion's notification is already in the outbox, the
+database is busy with a bulk operation) is an expected outcome: it is logged in a line
+and the traffic goes on. Anything else that fails in one step of a tick is logged with
+its traceback, and the next step and tick run all the same.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ import random
 import signal
 import threading
 import time
+import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import FrameType
@@ -32,6 +41,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count
 from django.test.utils import override_settings
 
+from jobstate.exceptions import DuplicateNotification, StoreError, ThreadQuotaExceeded
 from jobstate.maintenance import SweepReport, run_reaping_sweeps
 from jobstate.models import Job, JobRun, Notification
 from jobstate.relay import deliver_notifications
@@ -49,8 +59,14 @@ from project.demo.tasks import build_report, flaky_sync, send_welcome_email
 
 INHUB_TARGET = "demo.inhub"
 REMOTE_TARGET = "demo.remote"
+#: The target of the sample jobs ``demo_setup`` claims itself. The remote executor also
+#: serves it, so a sample that is handed back or requeued from the console runs again.
+SETUP_TARGET = "demo.setup"
 WORKER_ID = "demo-worker-1"
 EXECUTOR_ID = "demo-executor-1"
+
+#: How many jobs each simulated owner (the worker, the executor) holds at most.
+HOLD_LIMIT = 5
 
 #: The liveness budget the demo reaps runs with: the shortest the runner accepts with
 #: its default 30 s heartbeat, so a crashed run is reaped within a minute or two.
@@ -184,27 +200,55 @@ class Command(BaseCommand):
         self.tick_number += 1
         # The relay runs first, so what this tick's completions write stays pending (and
         # visible in the admin) until the next tick.
-        self.relay()
-        self.enqueue()
-        self.work(self.worker_jobs, in_process=True)
-        self.work(self.executor_jobs, in_process=False)
-        self.claim()
+        self.step("relay", self.relay)
+        self.step("enqueue", self.enqueue)
+        self.step("worker", lambda: self.work(self.worker_jobs, in_process=True))
+        self.step("executor", lambda: self.work(self.executor_jobs, in_process=False))
+        self.step("claim", self.claim)
         if self.tick_number % 7 == 1:
-            self.operations_job()
+            self.step("operations job", self.operations_job)
         if self.tick_number % 4 == 1:
-            self.enqueue_task()
+            self.step("task", self.enqueue_task)
+
+    def step(self, name: str, action: Callable[[], None]) -> None:
+        """Run one step of a tick; a failure is logged and the traffic goes on."""
+        try:
+            action()
+        except StoreError as exc:
+            if not exc.retryable:
+                self.log_failure(name)
+                return
+            # The database was busy (an operator's bulk operation holding SQLite's write
+            # lock past the timeout) or the connection dropped: the next tick tries again.
+            self.stdout.write(f"{name}: the database answered {exc!r}; trying again next tick")
+        except Exception:
+            # The demo runs in front of an operator who is trying things out; one broken
+            # step must not stop the traffic they are watching, so everything else is
+            # logged with its traceback (to stderr) and the next step runs.
+            self.log_failure(name)
+
+    def log_failure(self, name: str) -> None:
+        self.stderr.write(
+            f"tick {self.tick_number}, {name} failed; the traffic goes on:\n"
+            f"{traceback.format_exc().rstrip()}"
+        )
 
     def enqueue(self) -> None:
         for _ in range(self.rng.choice((0, 1, 1, 2))):
             target = self.rng.choice((INHUB_TARGET, REMOTE_TARGET))
             thread = self.rng.choice((None, None, 1, 2, 3))
-            self.store.enqueue(
-                request_id=f"demo-{uuid.uuid4()}",
-                target=target,
-                source="demo",
-                thread_id=thread,
-                input={"document": self.rng.randrange(1, 10_000)},
-            )
+            try:
+                self.store.enqueue(
+                    request_id=f"demo-{uuid.uuid4()}",
+                    target=target,
+                    source="demo",
+                    thread_id=thread,
+                    input={"document": self.rng.randrange(1, 10_000)},
+                )
+            except ThreadQuotaExceeded as exc:
+                # With THREAD_INFLIGHT_QUOTA set, a thread whose jobs wait (its queue
+                # paused from the console) takes no more until they drain.
+                self.stdout.write(f"enqueue refused: {exc}")
 
     def enqueue_task(self) -> None:
         """One of the demo's django.tasks tasks, for the jobstate_worker that
@@ -220,23 +264,24 @@ class Command(BaseCommand):
 
     def claim(self) -> None:
         owners = (
-            (self.worker_jobs, INHUB_TARGET, True),
-            (self.executor_jobs, REMOTE_TARGET, False),
+            (self.worker_jobs, [INHUB_TARGET], True),
+            (self.executor_jobs, [REMOTE_TARGET, SETUP_TARGET], False),
         )
-        for held, target, in_process in owners:
-            if len(held) >= 3:
-                continue
-            if in_process:
-                job = self.store.claim_next_inhub_job([target], WORKER_ID, self.lease)
-            else:
-                job = self.store.claim_next_job([target], EXECUTOR_ID, self.lease)
-            if job is None or job.claim_token is None:
-                continue
-            outcome = self.rng.choices(
-                ("done", "error", "rejected", "crash", "stall"), weights=(56, 12, 10, 14, 8)
-            )[0]
-            ticks = self.stall_ticks if outcome == "stall" else self.rng.randint(1, 4)
-            held.append(Held(job, job.claim_token, ticks, outcome))
+        for held, targets, in_process in owners:
+            # Each owner fills its free slots, so a backlog (a few dozen jobs requeued
+            # from the console at once) is worked off within a minute or two.
+            while len(held) < HOLD_LIMIT:
+                if in_process:
+                    job = self.store.claim_next_inhub_job(targets, WORKER_ID, self.lease)
+                else:
+                    job = self.store.claim_next_job(targets, EXECUTOR_ID, self.lease)
+                if job is None or job.claim_token is None:
+                    break
+                outcome = self.rng.choices(
+                    ("done", "error", "rejected", "crash", "stall"), weights=(56, 12, 10, 14, 8)
+                )[0]
+                ticks = self.stall_ticks if outcome == "stall" else self.rng.randint(1, 4)
+                held.append(Held(job, job.claim_token, ticks, outcome))
 
     def work(self, held: list[Held], *, in_process: bool) -> None:
         renewing = False
@@ -253,7 +298,13 @@ class Command(BaseCommand):
                     # job was recovered; the fenced report is refused.
                     continue
                 if in_process:
-                    self.store.extend_claim_lease(item.job.id, item.token, self.lease)
+                    if not self.store.extend_claim_lease(item.job.id, item.token, self.lease):
+                        # An operator requeued (or a sweep recovered) the job meanwhile.
+                        held.remove(item)
+                        self.stdout.write(
+                            f"claim lost on job {item.job.id}: it was requeued or recovered "
+                            "while held; letting it go"
+                        )
                 else:
                     renewing = True
                 continue
@@ -279,10 +330,22 @@ class Command(BaseCommand):
                 patch = {"error": "demo failure: the document could not be parsed"}
                 receiver = ALWAYS_FAILS
             notes = [NotificationRequest("callable", receiver, payload)]
-            finished = self.store.complete_job_with_notifications(
-                item.job, {"status": status, **patch}, notes
-            )
-            accepted = finished is not None
+            try:
+                finished = self.store.complete_job_with_notifications(
+                    item.job, {"status": status, **patch}, notes
+                )
+            except DuplicateNotification as exc:
+                # Nothing was written: the outbox already holds this notification (the
+                # job notified once, before an operator requeued it). The job still
+                # finishes, without a second notification.
+                self.stdout.write(
+                    f"job {item.job.id} finishes without notifying: {exc.idempotency_key} "
+                    "is already in the outbox"
+                )
+                result = self.store.complete_claimed_job(item.job.id, item.token, status, **patch)
+                accepted = result.completed
+            else:
+                accepted = finished is not None
         if not accepted:
             self.stdout.write(
                 f"late report ignored for job {item.job.id}: stale claim "
@@ -309,8 +372,11 @@ class Command(BaseCommand):
     # --- maintenance ------------------------------------------------------------------
 
     def sweep(self) -> None:
-        report = run_reaping_sweeps(stale_after=DEMO_STALE_RUN_AFTER)
-        self.stdout.write(f"{self.status_line()}{self.reaped_line(report)}")
+        def reap() -> None:
+            report = run_reaping_sweeps(stale_after=DEMO_STALE_RUN_AFTER)
+            self.stdout.write(f"{self.status_line()}{self.reaped_line(report)}")
+
+        self.step("sweep", reap)
 
     def status_line(self) -> str:
         jobs = dict(Job.objects.values_list("status").annotate(n=Count("id")))
