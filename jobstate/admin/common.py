@@ -22,7 +22,9 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ERROR_FLAG, SEARCH_VAR, ChangeList
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Model, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -42,6 +44,7 @@ from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.redaction import REDACTED, Redactor
 from jobstate.admin.redaction import redactor as make_redactor
 from jobstate.audit import AuditSeverity
+from jobstate.job_queries import unreadable_text
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.state_validation import REJECT_REASON_LIMIT
 
@@ -324,15 +327,40 @@ class ScaledAdmin(admin.ModelAdmin):
         """The name audit entries give the signed-in user."""
         return str(request.user.get_username())
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        # An id no row can have (a NUL, which PostgreSQL refuses in a query) is a row
+        # that does not exist: Django's "doesn't exist" message, not a server error.
+        if unreadable_text(object_id) is not None:
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """The list; when a filter, the ordering or the page cannot be applied, Django
+        shows the whole list (``?e=1``), and this says which parameters and why."""
+        try:
+            return super().get_changelist_instance(request)
+        except IncorrectLookupParameters as exc:
+            if ERROR_FLAG not in request.GET:
+                self.message_user(request, _unapplied(request, exc), messages.ERROR)
+            raise
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """Refuse a POST naming an action the user may not run: an error message, the
+        """Refuse a search or filter value no row can hold (a NUL character, a lone
+        surrogate): an error message naming it and the whole list, as Django shows it
+        for a filter it cannot apply (``?e=1``), never a server error.
+
+        Refuse a POST naming an action the user may not run: an error message, the
         list again, nothing changed, and a warning in the ``jobstate.admin`` log.
 
         Django alone would answer "No action selected" (or just the list, when the
         user may run no action at all), which reads like an operator's slip rather
         than a refusal. Each action also checks its permission again when it runs."""
+        unreadable = _unreadable_parameter(request)
+        if unreadable is not None:
+            self.message_user(request, unreadable, messages.ERROR)
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
         if request.method == "POST":
             allowed = self.get_actions(request)
             # Cut: the value is whatever the request sent, and it goes to a log line.
@@ -356,6 +384,47 @@ class ScaledAdmin(admin.ModelAdmin):
                 )
                 return HttpResponseRedirect(request.get_full_path())
         return super().changelist_view(request, extra_context)
+
+
+def _unreadable_parameter(request: HttpRequest) -> str | None:
+    """Why a parameter of the list's URL (or a row the list's form selects) cannot be
+    used, or ``None``."""
+    given = [(name, value) for name, values in request.GET.lists() for value in values]
+    if request.method == "POST":
+        given += [
+            (helpers.ACTION_CHECKBOX_NAME, value)
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ]
+    for name, value in given:
+        why = unreadable_text(name) or unreadable_text(value)
+        if why is None:
+            continue
+        if name == SEARCH_VAR:
+            return _("The search cannot be used: %(why)s. The whole list is shown.") % {"why": why}
+        if name == helpers.ACTION_CHECKBOX_NAME:
+            return _("The selection cannot be used: %(why)s. Nothing was changed.") % {"why": why}
+        return _("The filter “%(name)s” cannot be used: %(why)s. The whole list is shown.") % {
+            "name": name[:50],
+            "why": why,
+        }
+    return None
+
+
+def _unapplied(request: HttpRequest, exc: IncorrectLookupParameters) -> str:
+    """What Django's "incorrect lookup" means for the operator: the parameters given
+    and, when the exception says it, why."""
+    cause = exc.args[0] if exc.args else None
+    if isinstance(cause, ValidationError):
+        why = " ".join(cause.messages)
+    else:
+        why = str(cause) if cause is not None else ""
+    shown = [f"{name}={value[:50]}" for name, value in request.GET.items() if name != ERROR_FLAG]
+    message = _("The list cannot be shown with %(parameters)s.") % {
+        "parameters": ", ".join(shown) or _("these parameters")
+    }
+    if why:
+        message += " " + why
+    return message + " " + _("The whole list is shown.")
 
 
 class ReadOnlyAdmin(ScaledAdmin):
