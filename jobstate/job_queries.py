@@ -97,7 +97,7 @@ SEARCH_FIELDS = {
     "task": "the task's dotted path (exact, or a prefix ending in *)",
     "queue": "the task's queue",
     "error": "text in the job's error",
-    "input": "a key=value inside the input (JSON value)",
+    "input": "a key=value inside the input (one JSON value; a.b for a nested key)",
     "worker": "the executor or worker id, now or in an attempt",
 }
 

@@ -230,3 +230,27 @@ def test_input_takes_one_value_and_keys_without_quotes_or_backslashes() -> None:
     ]:
         with pytest.raises(SearchError, match=message.replace("[", r"\[")):
             parse_search(term)
+
+
+#: The table of docs/admin.md ("What input: means"): each input and the terms that find it.
+DOCUMENTED = [
+    ({"customer": 42}, {"input:customer=42"}),
+    ({"customer": 42.0, "contains": True}, {"input:customer=42", "input:contains=true"}),
+    ({"customer": "42"}, {'input:customer="42"'}),
+    ({"customer": [42, 1]}, set()),
+    ({"order": {"id": 7, "lines": 3}}, {"input:order.id=7"}),
+    ({"order": [{"id": 7}]}, set()),
+]
+
+
+def test_the_documented_examples_of_input_hold() -> None:
+    for n, (value, _terms) in enumerate(DOCUMENTED):
+        Job.objects.create(request_id=f"row-{n}", input=value)
+    for term in (
+        "input:customer=42",
+        'input:customer="42"',
+        "input:order.id=7",
+        "input:contains=true",
+    ):
+        expected = {f"row-{n}" for n, (_v, terms) in enumerate(DOCUMENTED) if term in terms}
+        assert found(term) == expected, term
