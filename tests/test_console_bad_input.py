@@ -254,3 +254,14 @@ def test_the_documented_examples_of_input_hold() -> None:
     ):
         expected = {f"row-{n}" for n, (_v, terms) in enumerate(DOCUMENTED) if term in terms}
         assert found(term) == expected, term
+
+
+@pytest.mark.parametrize("model", ["runtimelock", "approvaldecision", "job"])
+def test_a_selection_no_row_can_match_changes_nothing_and_says_so(
+    admin_client: Client, model: str
+) -> None:
+    data = {"action": "force_release_locks", "_selected_action": ["a\x00b"], "index": "0"}
+    response = admin_client.post(f"/admin/jobstate/{model}/", data, follow=True)
+    assert response.status_code == 200
+    [message] = shown_messages(response)
+    assert "selection cannot be used" in message and "Nothing was changed" in message

@@ -23,8 +23,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.views.main import ERROR_FLAG, SEARCH_VAR, ChangeList
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -40,6 +40,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from jobstate.admin.list_input import unapplied, unreadable_parameter
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.redaction import REDACTED, Redactor
 from jobstate.admin.redaction import redactor as make_redactor
@@ -341,7 +342,7 @@ class ScaledAdmin(admin.ModelAdmin):
             return super().get_changelist_instance(request)
         except IncorrectLookupParameters as exc:
             if ERROR_FLAG not in request.GET:
-                self.message_user(request, _unapplied(request, exc), messages.ERROR)
+                self.message_user(request, unapplied(request, exc), messages.ERROR)
             raise
 
     def changelist_view(
@@ -357,7 +358,7 @@ class ScaledAdmin(admin.ModelAdmin):
         Django alone would answer "No action selected" (or just the list, when the
         user may run no action at all), which reads like an operator's slip rather
         than a refusal. Each action also checks its permission again when it runs."""
-        unreadable = _unreadable_parameter(request)
+        unreadable = unreadable_parameter(request)
         if unreadable is not None:
             self.message_user(request, unreadable, messages.ERROR)
             return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
@@ -384,47 +385,6 @@ class ScaledAdmin(admin.ModelAdmin):
                 )
                 return HttpResponseRedirect(request.get_full_path())
         return super().changelist_view(request, extra_context)
-
-
-def _unreadable_parameter(request: HttpRequest) -> str | None:
-    """Why a parameter of the list's URL (or a row the list's form selects) cannot be
-    used, or ``None``."""
-    given = [(name, value) for name, values in request.GET.lists() for value in values]
-    if request.method == "POST":
-        given += [
-            (helpers.ACTION_CHECKBOX_NAME, value)
-            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
-        ]
-    for name, value in given:
-        why = unreadable_text(name) or unreadable_text(value)
-        if why is None:
-            continue
-        if name == SEARCH_VAR:
-            return _("The search cannot be used: %(why)s. The whole list is shown.") % {"why": why}
-        if name == helpers.ACTION_CHECKBOX_NAME:
-            return _("The selection cannot be used: %(why)s. Nothing was changed.") % {"why": why}
-        return _("The filter “%(name)s” cannot be used: %(why)s. The whole list is shown.") % {
-            "name": name[:50],
-            "why": why,
-        }
-    return None
-
-
-def _unapplied(request: HttpRequest, exc: IncorrectLookupParameters) -> str:
-    """What Django's "incorrect lookup" means for the operator: the parameters given
-    and, when the exception says it, why."""
-    cause = exc.args[0] if exc.args else None
-    if isinstance(cause, ValidationError):
-        why = " ".join(cause.messages)
-    else:
-        why = str(cause) if cause is not None else ""
-    shown = [f"{name}={value[:50]}" for name, value in request.GET.items() if name != ERROR_FLAG]
-    message = _("The list cannot be shown with %(parameters)s.") % {
-        "parameters": ", ".join(shown) or _("these parameters")
-    }
-    if why:
-        message += " " + why
-    return message + " " + _("The whole list is shown.")
 
 
 class ReadOnlyAdmin(ScaledAdmin):
