@@ -12,10 +12,22 @@ refused"``). A term without a field is an exact job id, request id or thread num
 ``task:app.tasks.send`` the task's dotted path, exactly; ``task:app.tasks.*`` a prefix
 ``queue:emails``        the task's queue, exactly
 ``error:TimeoutError``  the job's error text contains it (a class path or any words)
-``input:customer=42``   ``input`` holds that key with that JSON value (``42``,
-                        ``"42"``, ``true``, ``null``); ``a.b=1`` is a nested key
+``input:customer=42``   ``input`` holds that key with that value (``42``, ``"42"``,
+                        ``true``, ``null``); ``a.b=1`` is a nested key
 ``worker:w-1``          the executor or worker holding it, or a worker of an attempt
 =====================  ================================================================
+
+``input:`` means the same on every backend: containment of ``{key: value}`` (nested
+along a dotted path) in the input, with one value per term: a number (compared as a
+number, ``1`` = ``1.0``), a string (exactly, case and all), ``true``, ``false`` or
+``null`` (a key present with null). The path goes through objects only, and a value
+inside a list is not the key's value. PostgreSQL runs it as ``input @> ...``; SQLite
+and MariaDB/MySQL compare the value at the path with its JSON type (their own
+containment differs: none on SQLite, a value inside a list matches on MariaDB).
+
+A search or filter value the list cannot read (a NUL character, a lone surrogate, a
+bad escape, NaN or a number out of range) raises :class:`SearchError` with a message
+for the operator; it never reaches the database.
 
 Speed at millions of rows: a bare id / request id / thread term uses the primary key,
 the unique request id and the thread index; ``input:`` on PostgreSQL is a JSONB
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import uuid
 from collections.abc import Callable, Mapping
@@ -36,7 +49,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Q, QuerySet, TextField, Value
+from django.db.models import (
+    BooleanField,
+    CharField,
+    F,
+    Field,
+    FloatField,
+    Func,
+    IntegerField,
+    Q,
+    QuerySet,
+    TextField,
+    Value,
+)
 from django.db.models.functions import Cast, Now
 
 from jobstate.exceptions import JobStateError
@@ -55,6 +80,7 @@ __all__ = [
     "filter_jobs",
     "parse_search",
     "recent_window_start",
+    "unreadable_text",
 ]
 
 #: How many of the newest jobs a search term that no index serves looks at.
@@ -71,7 +97,7 @@ SEARCH_FIELDS = {
     "task": "the task's dotted path (exact, or a prefix ending in *)",
     "queue": "the task's queue",
     "error": "text in the job's error",
-    "input": "a key=value inside the input (JSON value)",
+    "input": "a key=value inside the input (one JSON value; a.b for a nested key)",
     "worker": "the executor or worker id, now or in an attempt",
 }
 
@@ -80,6 +106,23 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 class SearchError(JobStateError, ValueError):
     """A search or filter the jobs list cannot read; the message says why."""
+
+
+def unreadable_text(text: str) -> str | None:
+    """Why no database column can hold ``text`` (a NUL character, which PostgreSQL
+    refuses in text and JSON; a lone surrogate, which is not UTF-8), or ``None``."""
+    if "\x00" in text:
+        return "it holds a NUL character"
+    if any("\ud800" <= char <= "\udfff" for char in text):
+        return "it holds a lone surrogate, which is not text"
+    return None
+
+
+def _readable(text: str, what: str) -> str:
+    why = unreadable_text(text)
+    if why is not None:
+        raise SearchError(f"Cannot search for {what}: {why}.")
+    return text
 
 
 # --- filter parameters -------------------------------------------------------------------
@@ -131,6 +174,9 @@ FILTER_PARAMETERS: dict[str, Callable[[QuerySet[Job], str], QuerySet[Job]]] = {
 
 def apply_job_filter(rows: QuerySet[Job], parameter: str, value: str) -> QuerySet[Job]:
     """``rows`` narrowed by one filter parameter of the jobs list."""
+    why = unreadable_text(value)
+    if why is not None:
+        raise SearchError(f"Cannot filter by {parameter}: {why}.")
     return FILTER_PARAMETERS[parameter](rows, value)
 
 
@@ -140,17 +186,51 @@ _TERM = re.compile(r'\s*(?:(?P<field>[a-z]+):)?(?P<value>(?:"(?:[^"\\]|\\.)*"|[^
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
+#: The largest integer ``input:`` compares (64 bits, what every backend's JSON holds).
+_INT_LIMIT = 2**63
+
+
 def _unquote(text: str) -> str:
-    """``text`` with each double-quoted segment replaced by its content."""
-    return _QUOTED.sub(lambda match: str(json.loads(match.group(0))), text)
+    """``text`` with each double-quoted segment replaced by its content (JSON string
+    escapes: ``\\"``, ``\\\\``, ``\\n``, ``\\u00e9`` ...)."""
+
+    def content(match: re.Match[str]) -> str:
+        try:
+            return str(json.loads(match.group(0)))
+        except ValueError as exc:
+            raise SearchError(
+                f"Cannot read {match.group(0)[:40]}: a backslash in quotes starts an escape "
+                '(\\" \\\\ \\n \\uXXXX); write \\\\ for a backslash.'
+            ) from exc
+
+    return _QUOTED.sub(content, text)
+
+
+def _no_constant(name: str) -> Any:
+    raise SearchError(f'input: {name} is not a JSON value; quote it ("{name}") to find the text.')
 
 
 def _json_value(text: str) -> Any:
-    """A value of ``input:key=value``: JSON when it reads as JSON, else the text."""
+    """A value of ``input:key=value``: JSON when it reads as JSON, else the text. One
+    value: a number, a string, true, false or null."""
     try:
-        return json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant)
+    except SearchError:
+        raise
     except ValueError:
-        return _unquote(text)
+        value = _unquote(text)
+    if isinstance(value, (list, dict)):
+        raise SearchError(
+            f"input: takes a single value (a number, a string, true, false or null), not "
+            f"{text[:40]}; name a nested key with a dotted path: input:order.id=7."
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SearchError(f"input: the number {text[:40]} is out of range.")
+    if type(value) is int and not -_INT_LIMIT <= value < _INT_LIMIT:
+        raise SearchError(f"input: the number {text[:40]} is out of range (64 bits).")
+    if isinstance(value, str):
+        _readable(value, "that input value")
+    return value
 
 
 @dataclass(frozen=True)
@@ -184,7 +264,7 @@ class JobSearch:
 
 def parse_search(term: str) -> JobSearch:
     """Read a search of the jobs list; :class:`SearchError` when it is malformed."""
-    term = term.strip()
+    term = _readable(term.strip(), "that")
     if len(term) > SEARCH_LIMIT:
         raise SearchError(f"A search is at most {SEARCH_LIMIT} characters.")
     if len(re.findall(r'(?<!\\)"', term)) % 2:
@@ -208,7 +288,7 @@ def parse_search(term: str) -> JobSearch:
                     "Only one bare term (an id, request id or thread) per search; "
                     "give the others a field, such as task: or error:."
                 )
-            exact = _unquote(value)
+            exact = _readable(_unquote(value), "that")
             continue
         if name not in SEARCH_FIELDS:
             known = ", ".join(f"{known}:" for known in SEARCH_FIELDS)
@@ -219,14 +299,16 @@ def parse_search(term: str) -> JobSearch:
 
 def _parse_value(name: str, raw: str) -> Any:
     if name != "input":
-        value = _unquote(raw)
+        value = _readable(_unquote(raw), f"{name}:")
         if not value:
             raise SearchError(f"{name}: needs a value.")
         return value
     key, equals, value_text = raw.partition("=")
-    key = _unquote(key)
+    key = _readable(_unquote(key), "that input key")
     if not equals or not key or not value_text:
         raise SearchError("input: takes key=value, for example input:customer=42.")
+    if '"' in key or "\\" in key:
+        raise SearchError(f"The input key {key!r} holds a double quote or a backslash.")
     path = key.split(".")
     if any(not part for part in path):
         raise SearchError(f"The input key {key!r} has an empty part.")
@@ -269,15 +351,53 @@ def _error(rows: QuerySet[Job], value: str, vendor: str) -> QuerySet[Job]:
 
 
 def _input(rows: QuerySet[Job], value: dict[str, Any], vendor: str) -> QuerySet[Job]:
-    if connections[rows.db].features.supports_json_field_contains:
-        # PostgreSQL: input @> value (the GIN index); MySQL/MariaDB: JSON_CONTAINS.
+    if vendor == "postgresql":
+        # input @> value, served by the GIN index.
         return rows.filter(input__contains=value)
-    # SQLite has no containment: the key path compared with the value.
-    path, leaf = [], value
-    while isinstance(leaf, dict) and len(leaf) == 1:
+    keys, leaf = [], value
+    while isinstance(leaf, dict):
         key, leaf = next(iter(leaf.items()))
-        path.append(key)
-    return rows.filter(**{"input__" + "__".join(path): leaf})
+        keys.append(key)
+    # Each key quoted, so a key of digits is a key, not a list index. _parse_value
+    # refused the keys a quoted path cannot hold (a double quote, a backslash).
+    path = Value("$" + "".join(f'."{key}"' for key in keys))
+    alias = f"_jobstate_input_{len(rows.query.annotations)}"
+    if vendor == "sqlite":
+        # json_type names the value's type: null, true, false, integer, real, text,
+        # array or object; json_extract gives a number or a text as an SQL value.
+        json_type = Func(F("input"), path, function="JSON_TYPE", output_field=CharField())
+        if leaf is None or isinstance(leaf, bool):
+            kind = "null" if leaf is None else ("true" if leaf else "false")
+            return rows.alias(**{alias: json_type}).filter(**{alias: kind})
+        field: Field[Any, Any] = (
+            TextField()
+            if isinstance(leaf, str)
+            else (IntegerField() if isinstance(leaf, int) else FloatField())
+        )
+        kinds = ["text"] if isinstance(leaf, str) else ["integer", "real"]
+        extracted = Func(F("input"), path, function="JSON_EXTRACT", output_field=field)
+        return rows.alias(**{f"{alias}_type": json_type, alias: extracted}).filter(
+            **{f"{alias}_type__in": kinds, alias: leaf}
+        )
+    # MariaDB/MySQL: JSON_CONTAINS at the path, which also takes a value inside a list
+    # there as contained (PostgreSQL does not): the value at the path is not a list.
+    contains = Func(
+        F("input"),
+        Value(json.dumps(leaf)),
+        path,
+        function="JSON_CONTAINS",
+        output_field=BooleanField(),
+    )
+    json_type = Func(
+        Func(F("input"), path, function="JSON_EXTRACT", output_field=TextField()),
+        function="JSON_TYPE",
+        output_field=CharField(),
+    )
+    return (
+        rows.alias(**{alias: contains, f"{alias}_type": json_type})
+        .filter(**{alias: True})
+        .exclude(**{f"{alias}_type": "ARRAY"})
+    )
 
 
 def _worker(rows: QuerySet[Job], value: str, vendor: str) -> QuerySet[Job]:

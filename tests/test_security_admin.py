@@ -616,3 +616,19 @@ def test_a_queue_action_posted_without_a_csrf_token_is_refused(admin_user: Any, 
     assert response.status_code == 302
     assert QueuePause.objects.filter(target="billing").exists() == (url == PAUSE)
     assert QueuePause.objects.filter(target="reports").exists() == (url == PAUSE)
+
+
+def test_the_pause_permission_without_the_view_permission_pauses_nothing(
+    django_user_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    DatabaseStateStore().pause_queue(target="reports", by="olga")
+    user = staff(django_user_model, "mallory", [jobstate_permissions().get(codename="pause_queue")])
+    client = logged_in(user)
+    before = (snapshot(), list(QueuePause.objects.values_list("target", flat=True)))
+    with caplog.at_level("WARNING", logger="jobstate.admin"):
+        for url, target in ((PAUSE, "billing"), (RESUME, "reports")):
+            assert client.get(url, {"target": target}).status_code == 403
+            response = client.post(url, {"target": target, "queue": "", "post": "yes"})
+            assert response.status_code == 403
+    assert (snapshot(), list(QueuePause.objects.values_list("target", flat=True))) == before
+    assert "mallory asked to pause a queue without the view permission" in caplog.text

@@ -127,3 +127,31 @@ def test_outsiders_are_sent_to_log_in_from_the_bulk_views(
         assert response["Location"].startswith("/admin/login/?next=")
     assert _job_status(pk) == JobStatus.ERROR
     assert BulkOperation.objects.get().processed == 0
+
+
+@pytest.mark.parametrize(("action", "codename", "make", "changed"), BULK_CASES)
+def test_the_action_permission_without_the_view_permission_runs_no_bulk_action(
+    django_user_model: Any, action: str, codename: str, make: Any, changed: Any
+) -> None:
+    # The confirmation counts the jobs matching any search (an oracle over the jobs'
+    # inputs) and its operation then acts on them: both need the jobs' view permission too.
+    pk = make()
+    client = logged_in(
+        staff(django_user_model, "mallory", [jobstate_permissions().get(codename=codename)])
+    )
+    before = snapshot()
+    assert client.get(f"{BULK}{action}/", {"q": "input:customer=42"}).status_code == 403
+    assert client.post(f"{BULK}{action}/", {"_filter": ""}).status_code == 403
+    assert not BulkOperation.objects.exists()
+    operation = start_bulk_operation(action=action, filters={}, search="", operator="boss")
+    before = snapshot()
+    assert client.get(_bulk_progress(operation.pk)).status_code == 403
+    for data in ({"step": "1"}, {"stop": "1"}):
+        response = client.post(
+            _bulk_progress(operation.pk), data, headers={"Accept": "application/json"}
+        )
+        assert response.status_code == 403
+    operation.refresh_from_db()
+    assert operation.state == "running" and operation.processed == 0
+    assert not changed(pk)
+    assert snapshot() == before

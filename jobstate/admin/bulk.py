@@ -13,6 +13,7 @@ permission; a read-only user gets 403. The operations are listed (read-only) und
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.contrib import admin, messages
@@ -45,6 +46,8 @@ from jobstate.job_queries import FILTER_PARAMETERS, SEARCH_PARAMETER, SearchErro
 from jobstate.models import BulkAction, BulkOperation, BulkState, Job
 
 __all__ = ["BulkOperationAdmin", "bulk_links", "bulk_urls"]
+
+logger = logging.getLogger("jobstate.admin")
 
 #: Parameters of the jobs list's URL that do not narrow it (ordering, page, "show all",
 #: the "incorrect lookup" note, facets).
@@ -118,7 +121,17 @@ def bulk_links(model_admin: ScaledAdmin, request: HttpRequest) -> list[dict[str,
 
 
 def _require(model_admin: ScaledAdmin, request: HttpRequest, action: str) -> None:
+    """The action's permission and the jobs' view permission: the confirmation counts
+    the jobs matching any search, and the operation then acts on jobs the user would
+    otherwise not see."""
     if action not in PERMISSIONS:
+        raise PermissionDenied
+    if not model_admin.has_view_permission(request):
+        logger.warning(
+            "admin: %s asked for a bulk %s without the view permission on jobs",
+            model_admin.operator(request),
+            action,
+        )
         raise PermissionDenied
     if not getattr(model_admin, f"has_{PERMISSIONS[BulkAction(action)]}_permission")(request):
         raise PermissionDenied
@@ -190,7 +203,17 @@ def progress_view(model_admin: ScaledAdmin, request: HttpRequest, pk: int) -> Ht
             except BulkOperationFinished as exc:
                 model_admin.message_user(request, str(exc), messages.WARNING)
         else:
-            operation = advance_bulk_operation(operation.pk)
+            try:
+                operation = advance_bulk_operation(operation.pk)
+            except SearchError as exc:
+                # A filter recorded under older search rules that no longer reads.
+                message = _("This operation's filter cannot be read: %(why)s Stop it.") % {
+                    "why": exc
+                }
+                model_admin.message_user(request, message, messages.ERROR)
+                if request.headers.get("Accept", "").startswith("application/json"):
+                    return JsonResponse({**_progress(operation), "error": message}, status=400)
+                return HttpResponseRedirect(request.path)
         if request.headers.get("Accept", "").startswith("application/json"):
             return JsonResponse(_progress(operation))
         return HttpResponseRedirect(request.path)

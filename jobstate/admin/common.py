@@ -22,6 +22,8 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, Q, QuerySet
 from django.db.models.functions import Now
@@ -38,10 +40,12 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from jobstate.admin.list_input import unapplied, unreadable_parameter
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.redaction import REDACTED, Redactor
 from jobstate.admin.redaction import redactor as make_redactor
 from jobstate.audit import AuditSeverity
+from jobstate.job_queries import unreadable_text
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.state_validation import REJECT_REASON_LIMIT
 
@@ -324,15 +328,40 @@ class ScaledAdmin(admin.ModelAdmin):
         """The name audit entries give the signed-in user."""
         return str(request.user.get_username())
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        # An id no row can have (a NUL, which PostgreSQL refuses in a query) is a row
+        # that does not exist: Django's "doesn't exist" message, not a server error.
+        if unreadable_text(object_id) is not None:
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """The list; when a filter, the ordering or the page cannot be applied, Django
+        shows the whole list (``?e=1``), and this says which parameters and why."""
+        try:
+            return super().get_changelist_instance(request)
+        except IncorrectLookupParameters as exc:
+            if ERROR_FLAG not in request.GET:
+                self.message_user(request, unapplied(request, exc), messages.ERROR)
+            raise
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """Refuse a POST naming an action the user may not run: an error message, the
+        """Refuse a search or filter value no row can hold (a NUL character, a lone
+        surrogate): an error message naming it and the whole list, as Django shows it
+        for a filter it cannot apply (``?e=1``), never a server error.
+
+        Refuse a POST naming an action the user may not run: an error message, the
         list again, nothing changed, and a warning in the ``jobstate.admin`` log.
 
         Django alone would answer "No action selected" (or just the list, when the
         user may run no action at all), which reads like an operator's slip rather
         than a refusal. Each action also checks its permission again when it runs."""
+        unreadable = unreadable_parameter(request)
+        if unreadable is not None:
+            self.message_user(request, unreadable, messages.ERROR)
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
         if request.method == "POST":
             allowed = self.get_actions(request)
             # Cut: the value is whatever the request sent, and it goes to a log line.

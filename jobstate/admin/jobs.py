@@ -180,8 +180,9 @@ class JobAdmin(TaskFieldsAdmin):
     search_help_text = gettext_lazy(
         "An exact job id, request id or thread number, and/or field:value terms "
         "(all must match): task:app.tasks.send (or a prefix: task:app.tasks.*), "
-        "queue:emails, error:TimeoutError, input:customer=42 (a JSON value; "
-        'a.b=1 for a nested key), worker:w-1. Quote values with spaces: error:"timed out".'
+        "queue:emails, error:TimeoutError, input:customer=42 (one JSON value: a number, "
+        '"text", true, false or null; a.b=1 for a nested key), worker:w-1. Quote values '
+        'with spaces: error:"timed out".'
     )
     # Served by the jobstate_job_recent_idx index (ties broken by the time-ordered id).
     ordering = ["-created_at"]

@@ -97,6 +97,15 @@ class QueuePauseAdmin(ReadOnlyAdmin):
         """The confirmation page of ``action`` (``GET``), or the action itself (the
         page's ``POST`` with ``post=yes``). The permission is checked on both steps, so a
         forged ``POST`` without it is refused and changes nothing."""
+        # The page shows the queue's figures, so it takes the Queues page's view
+        # permission as well as the pause permission.
+        if not self.has_view_permission(request):
+            logger.warning(
+                "admin: %s asked to %s a queue without the view permission",
+                self.operator(request),
+                action,
+            )
+            raise PermissionDenied
         if not self.has_pause_permission(request):
             logger.warning(
                 "admin: %s asked to %s a queue without the pause_queue permission",

@@ -1,0 +1,57 @@
+"""What a console list says about parameters it cannot use: a search or filter value no
+row can hold (a NUL character, a lone surrogate), refused before any query, and the
+parameters behind Django's "incorrect lookup" (``?e=1``), named with the reason."""
+
+from __future__ import annotations
+
+from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ERROR_FLAG, SEARCH_VAR
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest
+from django.utils.translation import gettext as _
+
+from jobstate.job_queries import unreadable_text
+
+__all__ = ["unapplied", "unreadable_parameter"]
+
+
+def unreadable_parameter(request: HttpRequest) -> str | None:
+    """Why a parameter of the list's URL (or a row the list's form selects) cannot be
+    used, or ``None``."""
+    given = [(name, value) for name, values in request.GET.lists() for value in values]
+    if request.method == "POST":
+        given += [
+            (helpers.ACTION_CHECKBOX_NAME, value)
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ]
+    for name, value in given:
+        why = unreadable_text(name) or unreadable_text(value)
+        if why is None:
+            continue
+        if name == SEARCH_VAR:
+            return _("The search cannot be used: %(why)s. The whole list is shown.") % {"why": why}
+        if name == helpers.ACTION_CHECKBOX_NAME:
+            return _("The selection cannot be used: %(why)s. Nothing was changed.") % {"why": why}
+        return _("The filter “%(name)s” cannot be used: %(why)s. The whole list is shown.") % {
+            "name": name[:50],
+            "why": why,
+        }
+    return None
+
+
+def unapplied(request: HttpRequest, exc: IncorrectLookupParameters) -> str:
+    """What Django's "incorrect lookup" means for the operator: the parameters given
+    and, when the exception says it, why."""
+    cause = exc.args[0] if exc.args else None
+    if isinstance(cause, ValidationError):
+        why = " ".join(cause.messages)
+    else:
+        why = str(cause) if cause is not None else ""
+    shown = [f"{name}={value[:50]}" for name, value in request.GET.items() if name != ERROR_FLAG]
+    message = _("The list cannot be shown with %(parameters)s.") % {
+        "parameters": ", ".join(shown) or _("these parameters")
+    }
+    if why:
+        message += " " + why
+    return message + " " + _("The whole list is shown.")
