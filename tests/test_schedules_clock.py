@@ -68,7 +68,7 @@ def test_two_command_runs_across_a_minute_boundary_enqueue_the_slot(settings: An
     assert (first.returncode, first.stdout, first.stderr) == (0, "", "")
     slot = next_minute(row("minutely").effective_from)
     sleep_past(slot)
-    second = manage("enqueue_due_schedules", schedules=schedules)
+    second = manage("enqueue_due_schedules", "-v", "2", schedules=schedules)
     assert second.returncode == 0, second.stderr
     (job,) = jobs_of("minutely")
     assert second.stdout == f"Enqueued minutely for {slot.isoformat()} as {job.id}\n"
