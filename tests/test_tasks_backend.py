@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobstate.exceptions import InvalidPayload
+from jobstate.exceptions import InvalidPayload, StoreError
 from jobstate.models import Job
 from jobstate.states import JobStatus, NewTask
 from jobstate.stores import get_state_store
@@ -146,6 +146,21 @@ def test_a_task_that_cannot_be_queued_raises_and_writes_nothing(make: Any, error
     with pytest.raises(error):
         make()
     assert not Job.objects.exists()
+
+
+def test_an_enqueue_on_a_database_jobstate_is_not_migrated_on_says_to_migrate(
+    settings: Any,
+) -> None:
+    use_options(settings)
+    table = Job._meta.db_table
+    with connection.schema_editor() as editor:
+        editor.alter_db_table(Job, table, f"{table}_away")
+    try:
+        with pytest.raises(StoreError, match=r"missing: .* Run manage\.py migrate"):
+            echo.enqueue(1)
+    finally:
+        with connection.schema_editor() as editor:
+            editor.alter_db_table(Job, f"{table}_away", table)
 
 
 def test_aenqueue_and_aget_result_work() -> None:
