@@ -242,6 +242,25 @@ def test_the_result_of_a_task_this_process_cannot_import_reads_all_the_same() ->
         done.task.call(7)
 
 
+def test_the_result_of_a_task_whose_module_raises_on_import_reads_all_the_same() -> None:
+    enqueued = get_state_store().enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.raises_on_import.close_day",
+            queue_name="default",
+            priority=0,
+            args=[7],
+            kwargs={},
+            max_attempts=1,
+        )
+    )
+    result = backend().get_result(str(enqueued.id))
+    assert result.status == TaskResultStatus.READY and result.args == [7]
+    assert result.task.module_path == "tests.raises_on_import.close_day"
+    with pytest.raises(ImportError, match=r"cannot be imported in this process.*needs a setting"):
+        result.task.call(7)
+
+
 def test_a_cancelled_task_reads_as_failed() -> None:
     queued = add.enqueue(1, 2)
     assert get_state_store().reject_queued_job(queued.id, by="ops", reason="not needed")
