@@ -79,14 +79,18 @@ def task_of(job: Job, alias: str) -> Task[Any, Any]:
 
 
 def _task_or_stand_in(job: Job, alias: str) -> Task[Any, Any]:
-    """The job's task, or a stand-in for it when its dotted path does not import here."""
+    """The job's task, or a stand-in for it when its dotted path does not import here:
+    its module is missing, or raises while it is imported (whatever a host's module
+    raises, as one that needs a setting this process lacks)."""
     try:
         return task_of(job, alias)
-    except ImportError as exc:
+    except InvalidJobState:
+        raise
+    except Exception as exc:  # importing the host's module: whatever it raises
         return _stand_in(job, alias, exc)
 
 
-def _stand_in(job: Job, alias: str, error: ImportError) -> Task[Any, Any]:
+def _stand_in(job: Job, alias: str, error: Exception) -> Task[Any, Any]:
     path = job.task_path or ""
     module, _, name = path.rpartition(".")
     reason = f"task {path!r} cannot be imported in this process ({error})"

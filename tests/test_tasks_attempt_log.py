@@ -21,7 +21,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobstate.exceptions import InvalidPatch, InvalidPayload
+from jobstate.exceptions import InvalidPatch, InvalidPayload, TaskTimedOut
 from jobstate.jsonvalues import json_size
 from jobstate.models import Job
 from jobstate.states import ClaimReport, JobStatus, NewTask
@@ -49,7 +49,7 @@ from jobstate.testing.memory_state import MemoryStateStore
 from jobstate.worker import Worker, WorkerConfig
 from jobstate.worker.execution import failure
 from tests.hostile_tasks import MISBEHAVIOURS, hostile
-from tests.task_functions import add, always_fails, echo
+from tests.task_functions import add, always_fails, echo, started_then_sleeps
 from tests.tasks_kit import use_options
 
 pytestmark = pytest.mark.mysql
@@ -357,6 +357,24 @@ def test_djangos_log_of_a_failed_task_carries_its_exception(
     logged = caplog.text[caplog.text.index("state=FAILED") :]
     assert "in hostile" in logged and "ValueError: bad" in logged
     assert "reports.py" not in logged
+
+
+@pytest.mark.django_db(transaction=True)
+def test_djangos_log_of_a_task_that_timed_out_names_the_timeout(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The worker, not the task, raised what failed this last attempt: the log still says
+    # why (an error tracker gets the exception), never "NoneType: None".
+    use_options(settings, TIMEOUT=0.2)
+    result = started_then_sleeps.enqueue(0.6)
+    with caplog.at_level(logging.INFO):
+        run_worker()
+    assert started_then_sleeps.get_result(result.id).status == TaskResultStatus.FAILED
+    (record,) = [r for r in caplog.records if "state=FAILED" in r.getMessage()]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    assert record.exc_info[0] is TaskTimedOut
+    assert "ran longer than its timeout of 0:00:00.200000" in str(record.exc_info[1])
+    assert "NoneType: None" not in caplog.text
 
 
 @pytest.mark.django_db

@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobstate.exceptions import InvalidPayload
+from jobstate.exceptions import InvalidPayload, StoreError
 from jobstate.models import Job
 from jobstate.states import JobStatus, NewTask
 from jobstate.stores import get_state_store
@@ -148,6 +148,21 @@ def test_a_task_that_cannot_be_queued_raises_and_writes_nothing(make: Any, error
     assert not Job.objects.exists()
 
 
+def test_an_enqueue_on_a_database_jobstate_is_not_migrated_on_says_to_migrate(
+    settings: Any,
+) -> None:
+    use_options(settings)
+    table = Job._meta.db_table
+    with connection.schema_editor() as editor:
+        editor.alter_db_table(Job, table, f"{table}_away")
+    try:
+        with pytest.raises(StoreError, match=r"missing: .* Run manage\.py migrate"):
+            echo.enqueue(1)
+    finally:
+        with connection.schema_editor() as editor:
+            editor.alter_db_table(Job, f"{table}_away", table)
+
+
 def test_aenqueue_and_aget_result_work() -> None:
     async def enqueue_and_read() -> tuple[Any, Any]:
         queued = await async_add.aenqueue(2, 3)
@@ -225,6 +240,25 @@ def test_the_result_of_a_task_this_process_cannot_import_reads_all_the_same() ->
     assert done.worker_ids == ["w-1"] and done.kwargs == {"day": "2026-01-02"}
     with pytest.raises(ImportError, match="cannot be imported in this process"):
         done.task.call(7)
+
+
+def test_the_result_of_a_task_whose_module_raises_on_import_reads_all_the_same() -> None:
+    enqueued = get_state_store().enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.raises_on_import.close_day",
+            queue_name="default",
+            priority=0,
+            args=[7],
+            kwargs={},
+            max_attempts=1,
+        )
+    )
+    result = backend().get_result(str(enqueued.id))
+    assert result.status == TaskResultStatus.READY and result.args == [7]
+    assert result.task.module_path == "tests.raises_on_import.close_day"
+    with pytest.raises(ImportError, match=r"cannot be imported in this process.*needs a setting"):
+        result.task.call(7)
 
 
 def test_a_cancelled_task_reads_as_failed() -> None:

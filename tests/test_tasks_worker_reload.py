@@ -89,3 +89,20 @@ def test_a_reload_worker_runs_the_changed_code_and_sigterm_stops_it(
     assert all(row.pid != worker.pid for row in rows)  # the workers were its children
     assert rows[0].stopped_reason.startswith("code changed")
     assert rows[1].stopped_reason == "SIGTERM"
+
+
+def test_a_reload_supervisor_whose_worker_was_killed_says_so(settings: Any) -> None:
+    options = use_options(settings)
+    worker = start_worker("--reload", "--interval", "0.2", options=options)
+    try:
+        child = wait_for(
+            lambda: Worker.objects.filter(stopped_at__isnull=True).first(),
+            timeout=60,
+            what="the supervised worker",
+        )
+        os.kill(child.pid, signal.SIGKILL)
+        status, _out, err = finish(worker, timeout=30)
+    finally:
+        stop(worker)
+    assert status == 128 + signal.SIGKILL
+    assert f"The worker (pid {child.pid}) was killed by SIGKILL" in err

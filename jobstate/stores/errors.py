@@ -99,6 +99,16 @@ _OTHER_FAILURES: tuple[tuple[type[Error], str], ...] = (
     (Error, "the database failed"),
 )
 
+#: A table or column the statement names does not exist: PostgreSQL's undefined table
+#: and column, MariaDB/MySQL's unknown table and column, SQLite's own words.
+_MISSING_SQLSTATES = frozenset({"42P01", "42703"})
+_MYSQL_MISSING = frozenset({1146, 1054})
+_SQLITE_MISSING = ("no such table", "no such column")
+_MISSING = (
+    "a table or column it needs is missing: are jobstate's migrations applied? "
+    "Run manage.py migrate"
+)
+
 #: Marks a method already wrapped, so a subclass decorated again is not wrapped twice.
 _WRAPPED = "__jobstate_translates_errors__"
 
@@ -182,6 +192,14 @@ def classify(exc: Error, connection: BaseDatabaseWrapper | None) -> type[StoreEr
     return StoreError
 
 
+def _missing_schema(exc: Error, code: str | None, errno: int | None) -> bool:
+    """Whether ``exc`` says a table or column does not exist (a database not migrated,
+    or not up to date); SQLite says so only in its message, which names no value."""
+    if code in _MISSING_SQLSTATES or errno in _MYSQL_MISSING:
+        return True
+    return _sqlite_code(exc) is not None and str(exc).startswith(_SQLITE_MISSING)
+
+
 def store_error(exc: Error, *, operation: str, using: str) -> StoreError:
     """The documented error for ``exc``, raised by ``operation`` on database ``using``.
 
@@ -198,6 +216,8 @@ def store_error(exc: Error, *, operation: str, using: str) -> StoreError:
     what = _DESCRIPTIONS.get(kind) or next(
         text for cls, text in _OTHER_FAILURES if isinstance(exc, cls)
     )
+    if kind is StoreError and _missing_schema(exc, code, errno):
+        what = _MISSING
     error = kind(f"{operation} failed: {what} ({origin}).", sqlstate=code)
     if kind is StoreUnavailable:
         discard_broken_connection(using)

@@ -11,7 +11,8 @@ The supervisor forwards each SIGTERM and SIGINT it gets to the child, which runs
 process group of its own so a terminal's Ctrl-C reaches it once, through the
 supervisor: the first signal stops the worker gracefully, a second at once, as without
 ``--reload``. The supervisor exits with the child's status (128 + the signal's number
-when the child was killed by one). A supervisor (systemd's default ``KillMode``) that
+when the child was killed by one, which it logs when the signal did not come through it:
+SIGKILL, the OOM killer). A supervisor (systemd's default ``KillMode``) that
 signals every process of the service itself reaches the child twice: ``--reload`` is
 for development; run production workers with ``DEBUG`` off or ``--no-reload``. A child
 whose supervisor was killed stops too (gracefully), as nobody would restart it.
@@ -70,6 +71,15 @@ def supervise() -> int:
                 # A signal came while the child was starting, before it could be forwarded.
                 child.send_signal(stopping[0])
             code = child.wait()
+            if code < 0 and -code not in stopping:
+                # Killed by a signal nobody forwarded (SIGKILL, the OOM killer): the
+                # worker could not say so itself.
+                logger.error(
+                    "The worker (pid %d) was killed by %s; exiting with status %d",
+                    child.pid,
+                    _signal_name(-code),
+                    128 - code,
+                )
             if code != RELOAD_EXIT:
                 return code if code >= 0 else 128 - code
             if stopping:
@@ -78,6 +88,13 @@ def supervise() -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a number the signal module has no name for
+        return f"signal {signum}"
 
 
 class CodeWatcher:

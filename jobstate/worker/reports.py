@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
-from jobstate.exceptions import InvalidPatch, InvalidPayload, WorkerLost
+from jobstate.exceptions import (
+    InvalidPatch,
+    InvalidPayload,
+    TaskReportRefused,
+    TaskTimedOut,
+    WorkerLost,
+)
 from jobstate.states import ClaimReport, JobStatus
 from jobstate.stores.base import CompletionResult, StateStore
 from jobstate.task_log import (
@@ -72,6 +78,18 @@ def interrupted(attempt: Attempt, why: str) -> Outcome:
         message=why,
     )
     return Outcome(attempt, record)
+
+
+#: The errors the worker records itself (the task raised none of them), by class path.
+_WORKER_ERRORS = {class_path(cls): cls for cls in (TaskTimedOut, WorkerLost, TaskReportRefused)}
+
+
+def _worker_error(record: TaskAttempt) -> BaseException | None:
+    """The exception an attempt that ended without one of the task's own (it timed out,
+    its worker stopped waiting for it) is recorded as, for ``task_finished``'s
+    receivers; ``None`` for a successful attempt."""
+    cls = _WORKER_ERRORS.get(record.exception_class_path)
+    return None if cls is None else cls(record.message)
 
 
 class Reporter:
@@ -203,6 +221,8 @@ class Reporter:
             return
         result = task_result(job, attempt.alias, attempt.task)
         error = outcome.exception
+        if error is None:
+            error = _worker_error(outcome.record)
         if error is None:
             self._send_finished(result, job)
             return
