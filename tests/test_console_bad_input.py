@@ -265,3 +265,15 @@ def test_a_selection_no_row_can_match_changes_nothing_and_says_so(
     assert response.status_code == 200
     [message] = shown_messages(response)
     assert "selection cannot be used" in message and "Nothing was changed" in message
+
+
+def test_the_bulk_confirmations_message_says_nothing_started_and_keeps_the_fields_name(
+    admin_client: Client, jobs: None
+) -> None:
+    # The page capitalises a message's first letter: the bare reason read "Input: NaN …",
+    # naming a search field the search box does not know, and did not say what happened.
+    response = get(admin_client, f"{BULK}requeue/", "q=input%3Aa%3DNaN")
+    html = response.content.decode()
+    shown = " ".join(html.split('<ul class="messagelist">')[1].split("</ul>")[0].split())
+    assert "Nothing was started: input: NaN is not a JSON value" in shown, shown
+    assert "Input:" not in shown
