@@ -190,6 +190,9 @@ class ScheduleAdmin(ReadOnlyAdmin):
         state = _state(schedule)
         if state != "active":
             return "—"
+        if schedule_problem(schedule.key) is not None:
+            # Every evaluation skips it: no slot is enqueued until it is fixed.
+            return _("none while it is broken")
         if schedule.next_slot is None:
             return _("at the next evaluation")
         return _("%(when)s (%(relative)s)") % {
