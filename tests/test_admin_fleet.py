@@ -214,13 +214,31 @@ def test_pausing_goes_through_a_confirmation_page_and_is_audited(
     }
 
     again = client.post(PAUSE, {**query, "post": "yes"}, follow=True)
-    assert "tasks:default / mail was already paused; nothing was changed." in shown_messages(again)
+    assert "Queue tasks:default / mail was already paused; nothing was changed." in shown_messages(
+        again
+    )
     assert AuditEntry.objects.filter(event="queue_paused").count() == 1
 
     resumed = client.post(RESUME, {**query, "post": "yes"}, follow=True)
     assert "Resumed tasks:default / mail." in shown_messages(resumed)
     assert not QueuePause.objects.exists()
     assert AuditEntry.objects.get(event="queue_resumed").detail["by"] == "olga"
+
+
+def test_a_queue_name_keeps_its_case_in_the_messages_shown(admin_client: Client) -> None:
+    # The admin's page template capitalises the first letter of every message; a message
+    # that began with the queue's name showed "Demo.inhub / (no queue)" for demo.inhub.
+    query = {"target": "demo.inhub", "queue": ""}
+    shown = []
+    for view in (PAUSE, PAUSE, RESUME, RESUME):
+        page = admin_client.post(view, {**query, "post": "yes"}, follow=True)
+        messages = page.content.decode().split('<ul class="messagelist">')[1].split("</ul>")[0]
+        shown.append(" ".join(messages.split()))
+    for message in shown:
+        assert "demo.inhub / (no queue)" in message
+        assert "Demo.inhub" not in message
+    assert "already paused; nothing was changed" in shown[1]
+    assert "not paused; nothing was changed" in shown[3]
 
 
 def test_a_bad_queue_is_refused_and_changes_nothing(

@@ -6,12 +6,14 @@ job's heartbeats are summarised. Redaction applies to what the timeline quotes."
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
+from jobstate.states import NewTask
 from jobstate.stores.database import DatabaseStateStore
 from tests.task_functions import fails_before
 from tests.tasks_kit import finish, start_worker, stop, use_options
@@ -94,3 +96,63 @@ def test_a_running_jobs_heartbeats_are_summarised(admin_client: Client) -> None:
     store.update_job(job.pk, lease_until=claimed.claimed_at)  # the worker went silent
     items = timeline_items(admin_client.get(f"{JOBS}{job.pk}/change/").content.decode())
     position(items, "heartbeat", "Heartbeats stopped", "expired")
+
+
+def attempt(worker: str, started: datetime, seconds: float = 1.0) -> dict[str, Any]:
+    return {
+        "worker_id": worker,
+        "started_at": started.isoformat(),
+        "finished_at": (started + timedelta(seconds=seconds)).isoformat(),
+        "outcome": "failed",
+        "exception_class_path": "builtins.ValueError",
+        "message": f"failed on {worker}",
+        "traceback": "ValueError\n",
+    }
+
+
+@pytest.mark.django_db
+def test_attempts_left_out_of_a_long_log_are_named_where_they_were(admin_client: Client) -> None:
+    # A long log keeps its first and latest attempts and counts those between; the page
+    # said "Attempt 32 claimed … retried 2.0 h after the previous attempt ended" of an
+    # attempt whose previous one (31) is not in the log, and the table jumped from 1 to 32.
+    store = DatabaseStateStore()
+    job = store.enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.task_functions.echo",
+            queue_name="default",
+            priority=0,
+            args=[],
+            kwargs={},
+            max_attempts=40,
+        )
+    )
+    (claimed,) = store.claim_tasks(
+        target="tasks:default", queues=["default"], worker_id="w-33", lease=timedelta(1), limit=1
+    )
+    assert claimed.claim_token is not None
+    first = timezone.now() - timedelta(hours=3)
+    log = [
+        attempt("w-1", first),
+        {"left_out": 30},
+        attempt("w-32", first + timedelta(hours=2)),
+        attempt("w-33", first + timedelta(hours=2, minutes=1)),
+    ]
+    store.complete_claimed_job(
+        claimed.id, claimed.claim_token, "error", attempt_log=log, error="ValueError", attempts=33
+    )
+    html = admin_client.get(f"{JOBS}{job.id}/change/").content.decode()
+    items = timeline_items(html)
+    steps = [
+        position(items, "failed", "Attempt 1 failed"),
+        position(items, "Attempts 2-31", "30 in all", "left out of the attempt log"),
+        position(items, "claimed", "Attempt 32 claimed by w-32"),
+        position(items, "claimed", "Attempt 33 claimed by w-33", "retried 59 s after"),
+    ]
+    assert steps == sorted(steps), items
+    assert "after the previous attempt" not in items[steps[2]]
+    table = html.split('id="jobstate-task-attempts"', 1)[1].split("</table>", 1)[0]
+    rows = [re.sub(r"<[^>]+>", " ", row) for row in re.findall(r"<tr.*?</tr>", table, re.S)]
+    numbers = [row.split()[0] for row in rows[1:]]
+    assert numbers == ["1", "Attempts", "32", "33"], rows
+    assert "2-31" in rows[2] and "30 in all" in rows[2]

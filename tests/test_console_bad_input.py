@@ -265,3 +265,39 @@ def test_a_selection_no_row_can_match_changes_nothing_and_says_so(
     assert response.status_code == 200
     [message] = shown_messages(response)
     assert "selection cannot be used" in message and "Nothing was changed" in message
+
+
+def test_the_bulk_confirmations_message_says_nothing_started_and_keeps_the_fields_name(
+    admin_client: Client, jobs: None
+) -> None:
+    # The page capitalises a message's first letter: the bare reason read "Input: NaN …",
+    # naming a search field the search box does not know, and did not say what happened.
+    response = get(admin_client, f"{BULK}requeue/", "q=input%3Aa%3DNaN")
+    html = response.content.decode()
+    shown = " ".join(html.split('<ul class="messagelist">')[1].split("</ul>")[0].split())
+    assert "Nothing was started: input: NaN is not a JSON value" in shown, shown
+    assert "Input:" not in shown
+
+
+@pytest.mark.parametrize(
+    ("model", "action", "selected", "says"),
+    [
+        ("job", "requeue_jobs", "not-a-uuid", "UUID"),
+        ("notification", "replay_dead_letters", "12", "UUID"),
+        ("schedule", "pause_schedules", "abc", "integer"),
+        ("schedule", "run_schedules_now", "1.5", "integer"),
+        ("schedule", "resume_schedules", "9" * 30, "less than or equal to"),
+    ],
+)
+def test_a_selection_that_is_no_id_of_the_list_changes_nothing_and_says_so(
+    admin_client: Client, jobs: None, model: str, action: str, selected: str, says: str
+) -> None:
+    # A forged or stale form: Django's admin filtered the rows by the value and answered
+    # a server error ("“not-a-uuid” is not a valid UUID").
+    data = {"action": action, "_selected_action": [selected], "index": "0"}
+    response = admin_client.post(f"/admin/jobstate/{model}/", data, follow=True)
+    assert response.status_code == 200
+    [message] = shown_messages(response)
+    assert "selection cannot be used" in message and "Nothing was changed" in message
+    assert says in message, message
+    assert not AuditEntry.objects.exists()

@@ -129,6 +129,40 @@ def test_the_console_names_a_broken_schedule_that_has_no_row_yet(
     assert "Schedule typo is broken and is skipped" in text and "Europe/Berlinn" in text
 
 
+def test_the_console_names_a_new_schedule_whose_task_does_not_import(
+    settings: Any, django_user_model: Any
+) -> None:
+    # Declared (say by a deploy of the web servers) before any worker synchronised it:
+    # no row yet, and its declaration reads fine, but its task does not import. The page
+    # named only broken declarations, so this schedule was not on it at all.
+    declare(settings, yearly=YEARLY)
+    sync_schedules()
+    declare(settings, yearly=YEARLY, renamed=RENAMED)
+    viewer = operator(django_user_model, "viewer", "view_schedule")
+    text = logged_in(viewer).get("/admin/jobstate/schedule/").content.decode()
+    assert "Schedule renamed is broken and is skipped" in text
+    assert "tests.task_functions.renamed_away" in text
+    assert "Schedule yearly" not in text
+
+
+def test_the_console_gives_a_broken_schedule_no_next_run(
+    settings: Any, django_user_model: Any
+) -> None:
+    # Every evaluation skips a broken schedule: the page said its next run was due all
+    # the same ("2027-01-01T00:00:00+00:00 (in 3 weeks)").
+    declare(settings, yearly=YEARLY)
+    sync_schedules()
+    viewer = logged_in(operator(django_user_model, "viewer", "view_schedule"))
+    next_slot = timezone.now().replace(microsecond=0) + timedelta(days=20)
+    Schedule.objects.filter(key="yearly").update(next_slot=next_slot)  # as an evaluation sets
+    assert next_slot.isoformat() in viewer.get("/admin/jobstate/schedule/").content.decode()
+    declare(settings, yearly={**YEARLY, "timezone": "Europe/Berlinn"})
+    text = viewer.get("/admin/jobstate/schedule/").content.decode()
+    assert "jobstate-broken" in text
+    assert next_slot.isoformat() not in text
+    assert "none while it is broken" in text
+
+
 @pytest.mark.slow
 def test_unstorable_schedule_arguments_stop_neither_workers_nor_the_cron_command(
     settings: Any,

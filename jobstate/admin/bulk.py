@@ -155,7 +155,11 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
         rows = filter_jobs(Job.objects.all(), filters, search)
         count = rows.filter(action_applies(action)).count()
     except SearchError as exc:
-        model_admin.message_user(request, str(exc), messages.ERROR)
+        # Prefixed: the page capitalises a message's first letter, which would change a
+        # search field's name ("input:") at the start of the reason.
+        model_admin.message_user(
+            request, _("Nothing was started: %(why)s") % {"why": exc}, messages.ERROR
+        )
         return HttpResponseRedirect(changelist)
     form = RejectForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():

@@ -358,7 +358,7 @@ class ScaledAdmin(admin.ModelAdmin):
         Django alone would answer "No action selected" (or just the list, when the
         user may run no action at all), which reads like an operator's slip rather
         than a refusal. Each action also checks its permission again when it runs."""
-        unreadable = unreadable_parameter(request)
+        unreadable = unreadable_parameter(request, self.opts.pk)
         if unreadable is not None:
             self.message_user(request, unreadable, messages.ERROR)
             return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")

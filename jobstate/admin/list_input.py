@@ -4,10 +4,13 @@ parameters behind Django's "incorrect lookup" (``?e=1``), named with the reason.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ERROR_FLAG, SEARCH_VAR
 from django.core.exceptions import ValidationError
+from django.db.models import Field
 from django.http import HttpRequest
 from django.utils.translation import gettext as _
 
@@ -16,9 +19,11 @@ from jobstate.job_queries import unreadable_text
 __all__ = ["unapplied", "unreadable_parameter"]
 
 
-def unreadable_parameter(request: HttpRequest) -> str | None:
+def unreadable_parameter(request: HttpRequest, pk: Field[Any, Any] | None = None) -> str | None:
     """Why a parameter of the list's URL (or a row the list's form selects) cannot be
-    used, or ``None``."""
+    used, or ``None``. With the list's primary key field ``pk``, a selected value that
+    is no id of it (``"abc"`` for an integer, a number out of its range, not a UUID) is
+    refused too: Django's admin would filter by it and fail with a server error."""
     given = [(name, value) for name, values in request.GET.lists() for value in values]
     if request.method == "POST":
         given += [
@@ -27,6 +32,8 @@ def unreadable_parameter(request: HttpRequest) -> str | None:
         ]
     for name, value in given:
         why = unreadable_text(name) or unreadable_text(value)
+        if why is None and name == helpers.ACTION_CHECKBOX_NAME and pk is not None:
+            why = _not_an_id(pk, value)
         if why is None:
             continue
         if name == SEARCH_VAR:
@@ -37,6 +44,15 @@ def unreadable_parameter(request: HttpRequest) -> str | None:
             "name": name[:50],
             "why": why,
         }
+    return None
+
+
+def _not_an_id(pk: Field[Any, Any], value: str) -> str | None:
+    """Why ``value`` is no value of the primary key ``pk``, or ``None``."""
+    try:
+        pk.run_validators(pk.to_python(value))
+    except ValidationError as exc:
+        return " ".join(exc.messages).rstrip(".")
     return None
 
 

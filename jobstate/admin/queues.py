@@ -132,13 +132,13 @@ class QueuePauseAdmin(ReadOnlyAdmin):
                 changed = store.pause_queue(target=target, queue=queue, by=by)
                 done, unchanged = (
                     _("Paused %(queue)s."),
-                    _("%(queue)s was already paused; nothing was changed."),
+                    _("Queue %(queue)s was already paused; nothing was changed."),
                 )
             else:
                 changed = store.resume_queue(target=target, queue=queue, by=by)
                 done, unchanged = (
                     _("Resumed %(queue)s."),
-                    _("%(queue)s was not paused; nothing was changed."),
+                    _("Queue %(queue)s was not paused; nothing was changed."),
                 )
             if changed:
                 self.message_user(request, done % {"queue": label}, messages.SUCCESS)

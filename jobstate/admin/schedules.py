@@ -160,11 +160,16 @@ class ScheduleAdmin(ReadOnlyAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        # A broken declaration of a new key has no row yet: say so above the list.
-        _good, broken = schedule_declarations()
-        known = set(Schedule.objects.filter(key__in=list(broken)).values_list("key", flat=True))
-        for key, problem in broken.items():
-            if key not in known:
+        # A broken schedule of a new key has no row yet: say so above the list. Broken is
+        # a declaration refused, or a good one whose task or job cannot be enqueued.
+        good, broken = schedule_declarations()
+        keys = [*broken, *good]
+        known = set(Schedule.objects.filter(key__in=keys).values_list("key", flat=True))
+        for key in keys:
+            if key in known:
+                continue
+            problem = broken[key] if key in broken else schedule_problem(key)
+            if problem is not None:
                 messages.error(
                     request,
                     _("Schedule %(key)s is broken and is skipped: %(problem)s")
@@ -185,6 +190,9 @@ class ScheduleAdmin(ReadOnlyAdmin):
         state = _state(schedule)
         if state != "active":
             return "—"
+        if schedule_problem(schedule.key) is not None:
+            # Every evaluation skips it: no slot is enqueued until it is fixed.
+            return _("none while it is broken")
         if schedule.next_slot is None:
             return _("at the next evaluation")
         return _("%(when)s (%(relative)s)") % {

@@ -21,10 +21,18 @@ from django.utils.translation import gettext_lazy
 
 from jobstate.admin.common import ReadOnlyAdmin, json_block, text_block
 from jobstate.admin.redaction import Redactor
+from jobstate.admin.timeline import left_out_text
 from jobstate.models import Job
-from jobstate.task_log import numbered_attempts
+from jobstate.task_log import LeftOut, attempt_history
 
-__all__ = ["TASK_FIELDS", "AttemptRow", "Fieldset", "TaskFieldsAdmin", "attempt_rows"]
+__all__ = [
+    "TASK_FIELDS",
+    "AttemptRow",
+    "Fieldset",
+    "LeftOutRow",
+    "TaskFieldsAdmin",
+    "attempt_rows",
+]
 
 #: One section of an admin page: its title and its options (``{"fields": ...}``).
 Fieldset = tuple[Any, Any]
@@ -54,10 +62,23 @@ class AttemptRow:
     traceback: SafeString | str
 
 
-def attempt_rows(job: Job, redactor: Redactor) -> list[AttemptRow]:
-    """The ended attempts of ``job``, first first (none for a job that is no task)."""
-    rows = []
-    for number, attempt in numbered_attempts(job.attempt_log):
+@dataclass(frozen=True)
+class LeftOutRow:
+    """Attempts a long attempt log left out, as the job page lists them in their place."""
+
+    left_out: str
+
+
+def attempt_rows(job: Job, redactor: Redactor) -> list[AttemptRow | LeftOutRow]:
+    """The ended attempts of ``job``, first first, and the attempts a long log left out
+    where they were (none for a job that is no task)."""
+    rows: list[AttemptRow | LeftOutRow] = []
+    number = 1
+    for attempt in attempt_history(job.attempt_log):
+        if isinstance(attempt, LeftOut):
+            rows.append(LeftOutRow(left_out_text(attempt)))
+            number += attempt.count
+            continue
         error = attempt.exception_class_path
         if attempt.message:
             error = f"{error}: {attempt.message}"
@@ -73,6 +94,7 @@ def attempt_rows(job: Job, redactor: Redactor) -> list[AttemptRow]:
                 traceback=text_block(attempt.traceback, redactor) if attempt.failed else "",
             )
         )
+        number += 1
     return rows
 
 

@@ -22,16 +22,17 @@ from jobstate.admin.common import relative_time, short_duration, text_block
 from jobstate.admin.redaction import Redactor
 from jobstate.models import AuditEntry, Job
 from jobstate.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
-from jobstate.task_log import numbered_attempts
+from jobstate.task_log import LeftOut, attempt_history
 
-__all__ = ["TimelineEvent", "job_timeline"]
+__all__ = ["TimelineEvent", "job_timeline", "left_out_text"]
 
 
 @dataclass(frozen=True)
 class TimelineEvent:
     at: datetime | None
     kind: str
-    """A CSS-friendly word: enqueued, claimed, heartbeat, failed, succeeded, audit."""
+    """A CSS-friendly word: enqueued, claimed, heartbeat, failed, succeeded, left-out,
+    audit."""
     title: str
     text: str = ""
     traceback: SafeString | str = ""
@@ -66,10 +67,32 @@ def _audit_event(entry: AuditEntry, page: Redactor) -> TimelineEvent:
     )
 
 
+def left_out_text(gap: LeftOut) -> str:
+    """What the job page says in place of the attempts a long log left out."""
+    return _(
+        "Attempts %(first)d-%(last)d (%(count)d in all) were left out of the attempt log, "
+        "which keeps the first and the latest attempts of a task."
+    ) % {"first": gap.first, "last": gap.last, "count": gap.count}
+
+
 def _attempt_events(job: Job, page: Redactor) -> list[TimelineEvent]:
-    events = []
+    events: list[TimelineEvent] = []
     previous_end: datetime | None = None
-    for number, attempt in numbered_attempts(job.attempt_log):
+    number = 1
+    # A gap's place in time: the end of the attempt before it, else the start of the next.
+    undated_gap: int | None = None
+    for attempt in attempt_history(job.attempt_log):
+        if isinstance(attempt, LeftOut):
+            if previous_end is None:
+                undated_gap = len(events)
+            events.append(TimelineEvent(previous_end, "left-out", left_out_text(attempt)))
+            number += attempt.count
+            previous_end = None  # the attempt before the next one is not in the log
+            continue
+        if undated_gap is not None:
+            gap = events[undated_gap]
+            events[undated_gap] = TimelineEvent(attempt.started_at, gap.kind, gap.title)
+            undated_gap = None
         claimed = _("Attempt %(n)d claimed by %(worker)s") % {
             "n": number,
             "worker": attempt.worker_id,
@@ -109,6 +132,7 @@ def _attempt_events(job: Job, page: Redactor) -> list[TimelineEvent]:
                 )
             )
         previous_end = attempt.finished_at
+        number += 1
     return events
 
 
