@@ -55,7 +55,7 @@ from jobstate.tasks_compat import TaskContext, normalize_json, task_started
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["Attempt", "ExecutionPool", "Outcome", "class_path", "timed_out"]
+__all__ = ["Attempt", "ExecutionPool", "Outcome", "class_path", "ended_by_worker", "timed_out"]
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -296,16 +296,31 @@ def timed_out(
     message = f"the task ran longer than its timeout of {timeout}"
     if note:
         message = f"{message}; {note}"
-    trace = f"{class_path(TaskTimedOut)}: {message}\n"
+    trace = ""
     if ended is not None and ended[0].exception_class_path == class_path(TaskTimeLimitExceeded):
-        trace = f"{ended[0].traceback}\n{trace}"
+        trace = f"{ended[0].traceback}\n"
+    return ended_by_worker(attempt, AttemptOutcome.TIMED_OUT, TaskTimedOut, message, before=trace)
+
+
+def ended_by_worker(
+    attempt: Attempt,
+    outcome: AttemptOutcome,
+    error: type[BaseException],
+    message: str,
+    *,
+    before: str = "",
+) -> TaskAttempt:
+    """The log entry of an attempt the worker ended (timed out, given up on, failed
+    for good) with ``error`` and ``message``; ``before`` goes ahead of the error's line
+    in the traceback."""
+    path = class_path(error)
     return TaskAttempt(
         worker_id=attempt.worker_id,
         started_at=attempt.job.claimed_at,
         finished_at=timezone.now(),
-        outcome=AttemptOutcome.TIMED_OUT,
-        exception_class_path=class_path(TaskTimedOut),
-        traceback=trace,
+        outcome=outcome,
+        exception_class_path=path,
+        traceback=f"{before}{path}: {message}\n",
         message=message,
     )
 

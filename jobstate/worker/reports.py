@@ -42,7 +42,7 @@ from jobstate.task_log import (
 from jobstate.task_options import TaskOptions
 from jobstate.task_results import task_result
 from jobstate.tasks_compat import task_finished
-from jobstate.worker.execution import Attempt, Outcome, class_path
+from jobstate.worker.execution import Attempt, Outcome, class_path, ended_by_worker
 
 if TYPE_CHECKING:
     from jobstate.models import Job
@@ -68,15 +68,7 @@ class Settled:
 def interrupted(attempt: Attempt, why: str) -> Outcome:
     """The outcome of an attempt the worker stopped waiting for (``why``): counted as
     an attempt whose worker was lost, since the task may have done part of its work."""
-    record = TaskAttempt(
-        worker_id=attempt.worker_id,
-        started_at=attempt.job.claimed_at,
-        finished_at=timezone.now(),
-        outcome=AttemptOutcome.WORKER_LOST,
-        exception_class_path=class_path(WorkerLost),
-        traceback=f"{class_path(WorkerLost)}: {why}\n",
-        message=why,
-    )
+    record = ended_by_worker(attempt, AttemptOutcome.WORKER_LOST, WorkerLost, why)
     return Outcome(attempt, record)
 
 

@@ -17,9 +17,9 @@ from datetime import timedelta
 from django.utils import timezone
 
 from jobstate.exceptions import UnknownTask
-from jobstate.task_log import AttemptOutcome, TaskAttempt
+from jobstate.task_log import AttemptOutcome
 from jobstate.task_options import TaskOptions
-from jobstate.worker.execution import Attempt, Outcome, class_path
+from jobstate.worker.execution import Attempt, Outcome, ended_by_worker
 from jobstate.worker.reports import Reporter
 
 __all__ = ["UNKNOWN_TASK_DELAY", "UnknownTasks"]
@@ -95,13 +95,11 @@ def _failed_for_good(outcome: Outcome, limit: timedelta | None) -> Outcome:
         f"UNKNOWN_TASK_TIMEOUT ({limit}) of its enqueueing; the last one said: "
         f"{attempt.unloadable}"
     )
-    record = TaskAttempt(
-        worker_id=attempt.worker_id,
-        started_at=attempt.job.claimed_at,
-        finished_at=timezone.now(),
-        outcome=AttemptOutcome.FAILED,
-        exception_class_path=class_path(UnknownTask),
-        traceback=f"{outcome.record.traceback}\n{class_path(UnknownTask)}: {message}\n",
-        message=message,
+    record = ended_by_worker(
+        attempt,
+        AttemptOutcome.FAILED,
+        UnknownTask,
+        message,
+        before=f"{outcome.record.traceback}\n",
     )
     return Outcome(attempt, record, final=True)
