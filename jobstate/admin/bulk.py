@@ -126,13 +126,11 @@ def _require(model_admin: ScaledAdmin, request: HttpRequest, action: str) -> Non
     otherwise not see."""
     if action not in PERMISSIONS:
         raise PermissionDenied
-    if not model_admin.has_view_permission(request):
-        logger.warning(
-            "admin: %s asked for a bulk %s without the view permission on jobs",
-            model_admin.operator(request),
-            action,
-        )
-        raise PermissionDenied
+    model_admin.require(
+        request,
+        model_admin.has_view_permission(request),
+        asked=f"for a bulk {action} without the view permission on jobs",
+    )
     if not getattr(model_admin, f"has_{PERMISSIONS[BulkAction(action)]}_permission")(request):
         raise PermissionDenied
 

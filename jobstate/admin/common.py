@@ -328,6 +328,13 @@ class ScaledAdmin(admin.ModelAdmin):
         """The name audit entries give the signed-in user."""
         return str(request.user.get_username())
 
+    def require(self, request: HttpRequest, allowed: bool, *, asked: str) -> None:
+        """Refuse (403) a request the user lacks a permission for, logging who
+        ``asked`` for what, so a probe of the console's pages leaves a trace."""
+        if not allowed:
+            logger.warning("admin: %s asked %s", self.operator(request), asked)
+            raise PermissionDenied
+
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         # An id no row can have (a NUL, which PostgreSQL refuses in a query) is a row
         # that does not exist: Django's "doesn't exist" message, not a server error.

@@ -99,20 +99,16 @@ class QueuePauseAdmin(ReadOnlyAdmin):
         forged ``POST`` without it is refused and changes nothing."""
         # The page shows the queue's figures, so it takes the Queues page's view
         # permission as well as the pause permission.
-        if not self.has_view_permission(request):
-            logger.warning(
-                "admin: %s asked to %s a queue without the view permission",
-                self.operator(request),
-                action,
-            )
-            raise PermissionDenied
-        if not self.has_pause_permission(request):
-            logger.warning(
-                "admin: %s asked to %s a queue without the pause_queue permission",
-                self.operator(request),
-                action,
-            )
-            raise PermissionDenied
+        self.require(
+            request,
+            self.has_view_permission(request),
+            asked=f"to {action} a queue without the view permission",
+        )
+        self.require(
+            request,
+            self.has_pause_permission(request),
+            asked=f"to {action} a queue without the pause_queue permission",
+        )
         if request.method not in ("GET", "POST"):
             return HttpResponseNotAllowed(["GET", "POST"])
         queues_url = reverse(f"{self.admin_site.name}:jobstate_queuepause_changelist")
