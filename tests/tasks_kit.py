@@ -88,6 +88,23 @@ def worker_tracebacks(err: str) -> list[str]:
     return re.findall(r"(?m)^Traceback.*$", err)
 
 
+def run_batch(
+    options: dict[str, Any], *args: str, timeout: float = 60, tracebacks: bool = False
+) -> str:
+    """Run a ``--batch`` worker to its end; its stderr (the log). Unless ``tracebacks``
+    (a test whose tasks are interrupted, say), the log holds no traceback of the worker's
+    own."""
+    worker = start_worker("--batch", *args, options=options)
+    try:
+        code, _out, err = finish(worker, timeout)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    if not tracebacks:
+        assert not worker_tracebacks(err), err
+    return err
+
+
 def wait_for(condition: Callable[[], Any], *, timeout: float = 30, what: str = "") -> Any:
     """Poll ``condition`` until it returns something true; that value."""
     deadline = time.monotonic() + timeout

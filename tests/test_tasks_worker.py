@@ -28,24 +28,12 @@ from tests.task_functions import (
     returns_a_set,
     started_then_sleeps,
 )
-from tests.tasks_kit import finish, start_worker, stop, use_options, worker_tracebacks
+from tests.tasks_kit import finish, run_batch, start_worker, stop, use_options
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
-
-
-def run_batch(options: dict[str, Any], *args: str, timeout: float = 60) -> str:
-    """Run a ``--batch`` worker to its end; its stderr (the log)."""
-    worker = start_worker("--batch", *args, options=options)
-    try:
-        code, _out, err = finish(worker, timeout)
-    finally:
-        stop(worker)
-    assert code == 0, err
-    assert not worker_tracebacks(err), err
-    return err
 
 
 def test_a_worker_runs_tasks_and_their_results_are_faithful(settings: Any) -> None:

@@ -21,7 +21,7 @@ from jobstate.states import JobStatus, NewTask
 from jobstate.stores import get_state_store
 from jobstate.tasks_compat import TaskResultStatus, task_backends
 from tests.task_functions import add, async_sleeps, ignores_the_interrupt_once, notes_its_run
-from tests.tasks_kit import finish, start_worker, stop, use_options, wait_for
+from tests.tasks_kit import finish, run_batch, start_worker, stop, use_options, wait_for
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -41,17 +41,6 @@ from jobstate.tasks_compat import task
 def greet(name):
     return f"hello {name}"
 """
-
-
-def run_batch(options: dict[str, Any], *args: str, timeout: float = 60) -> str:
-    """Run a ``--batch`` worker to its end; its stderr (the log)."""
-    worker = start_worker("--batch", *args, options=options)
-    try:
-        code, _out, err = finish(worker, timeout)
-    finally:
-        stop(worker)
-    assert code == 0, err
-    return err
 
 
 def notes(path: Path) -> list[tuple[int, str, float]]:
@@ -86,7 +75,7 @@ def test_a_timed_out_attempt_is_interrupted_and_its_retry_never_overlaps_it(
     queued = notes_its_run.enqueue(str(path), 4)
     fine = add.enqueue(1, 2)
 
-    log = run_batch(options, "--concurrency", "2")
+    log = run_batch(options, "--concurrency", "2", tracebacks=True)
 
     result = notes_its_run.get_result(queued.id)
     assert result.status == FAILED and result.attempts == 3
@@ -160,7 +149,7 @@ def test_a_worker_without_a_tasks_module_hands_it_back_and_a_newer_worker_runs_i
     job = enqueue_path("jobstate_fresh_tasks.greet", "Ada")
     before = timezone.now()
 
-    log = run_batch(options, "--worker-id", "older")
+    log = run_batch(options, "--worker-id", "older", tracebacks=True)
 
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED and job.attempts == 0 and not job.attempt_log
@@ -193,7 +182,7 @@ def test_a_task_no_worker_can_import_fails_past_the_unknown_task_timeout(setting
     job = enqueue_path("tests.task_functions.removed_long_ago")
     fine = add.enqueue(1, 1)
 
-    run_batch(options)
+    run_batch(options, tracebacks=True)
 
     result = task_backends["default"].get_result(str(job.id))
     assert result.status == FAILED and result.attempts == 1
@@ -212,7 +201,7 @@ def test_an_async_task_past_its_timeout_is_waited_for_and_fails_as_timed_out(
     options = use_options(settings, TIMEOUT=0.5)
     queued = async_sleeps.enqueue(2)
 
-    log = run_batch(options, "--grace", "10")
+    log = run_batch(options, "--grace", "10", tracebacks=True)
 
     result = async_sleeps.get_result(queued.id)
     assert result.status == FAILED and result.attempts == 1
