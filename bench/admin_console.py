@@ -11,7 +11,7 @@ list of the same run, and the goals are checked: under 500 ms and at most 20 que
 
 The bulk requeue runs a :class:`~jobstate.models.BulkOperation` over
 ``status = done, target = reports`` (about 10% of the jobs: 100,000 at a million) to
-its end with :func:`jobstate.bulk.advance_bulk_operation`, timing every statement with
+its end with :func:`jobstate.console.bulk.advance_bulk_operation`, timing every statement with
 ``connection.execute_wrapper``; it reports the jobs requeued, the wall time, the
 statements, the slowest one (the goal: none over 1 s) and the time per job beside one
 single-job requeue of the same run.
@@ -31,7 +31,7 @@ QUERY_LIMIT = 20
 STATEMENT_LIMIT_MS = 1000.0
 
 #: The share of the newest jobs that become tasks, and how many newest jobs that is
-#: drawn from (the search window of jobstate.job_queries is 100,000).
+#: drawn from (the search window of jobstate.console.job_search is 100,000).
 TASK_SHARE = 0.5
 TASK_POOL = 300_000
 
@@ -154,7 +154,7 @@ class _StatementTimer:
 def bulk_requeue(connection: Any) -> dict[str, Any]:
     """Requeue every job of :data:`BULK_FILTER` through a bulk operation, timing each
     statement; and one single-job requeue first, as the reference."""
-    from jobstate.bulk import advance_bulk_operation, start_bulk_operation
+    from jobstate.console.bulk import advance_bulk_operation, start_bulk_operation
     from jobstate.models import Job
     from jobstate.stores import get_state_store
 

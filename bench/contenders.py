@@ -141,7 +141,7 @@ def prepare_raw_jobstate_sql(
     the schema and the SQL cost without jobstate's and Django's Python around them."""
     from django.db import connections
 
-    from jobstate.conf import jobstate_settings
+    from jobstate.core.conf import jobstate_settings
     from jobstate.models import Job, JobStatus
     from jobstate.stores.database.hotpath import claim_statement, complete_statement
 
@@ -183,9 +183,9 @@ def prepare_raw_jobstate_seed_sql(
     from django.db import connections
     from psycopg.types.json import Jsonb
 
-    from jobstate.audit import complete_audit_fields
-    from jobstate.conf import jobstate_settings
+    from jobstate.core.conf import jobstate_settings
     from jobstate.models import Job, JobStatus
+    from jobstate.stores.contracts.audit import complete_audit_fields
     from jobstate.stores.database.hotpath import claim_statement, finish_statement
 
     django_connection = connections["default"]

@@ -7,6 +7,7 @@ in ``AppConfig`` code. Models live in :mod:`jobstate.models`, stores in
 
 from importlib.metadata import PackageNotFoundError, version
 
+from jobstate import moved
 from jobstate.exceptions import (
     DuplicateRequestId,
     IdempotencyConflict,
@@ -32,6 +33,9 @@ from jobstate.stores.base import (
     Trigger,
     runtime_lock,
 )
+
+# Old module paths keep importing for one release (see jobstate.moved).
+moved.install()
 
 try:
     __version__ = version("django-jobstate")

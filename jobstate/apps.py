@@ -11,4 +11,5 @@ class JobStateConfig(AppConfig):
     def ready(self) -> None:
         # Registers the system checks, the settings-reset receiver and the schedules'
         # synchronisation after migrate; nothing else.
-        from jobstate import checks, conf, signals  # noqa: F401
+        from jobstate import checks, signals  # noqa: F401
+        from jobstate.core import conf  # noqa: F401

@@ -10,7 +10,7 @@ from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
 
 
 class JobStateTags:
@@ -54,7 +54,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
 def check_operations_modules(**kwargs: Any) -> list[CheckMessage]:
     """Each module of ``JOBSTATE["OPERATIONS_JOB_MODULES"]`` imports (``jobstate.E002``):
     a misspelt one would otherwise surface as a traceback of the first run or listing."""
-    from jobstate.operations import operations_module_problems
+    from jobstate.operations.job_registry import operations_module_problems
 
     try:
         problems = operations_module_problems()
@@ -173,7 +173,7 @@ def check_migrations_applied(**kwargs: Any) -> list[CheckMessage]:
     """Deploy check (``check --deploy --database <alias>``): every jobstate migration is
     applied on each database named. Database-tagged checks run only when databases are
     given, so a plain ``check`` never needs a connection."""
-    from jobstate.stores.database.observability import pending_jobstate_migrations
+    from jobstate.stores.database.figures import pending_jobstate_migrations
 
     messages: list[CheckMessage] = []
     for alias in kwargs.get("databases") or ():
@@ -225,7 +225,7 @@ def _server_guards(alias: str) -> list[CheckMessage]:
 
 
 #: The task backend's dotted path, as ``TASKS[...]["BACKEND"]`` names it.
-TASK_BACKEND_PATH = "jobstate.tasks_backend.JobStateBackend"
+TASK_BACKEND_PATH = "jobstate.tasks.backend.JobStateBackend"
 
 
 @register(JobStateTags.tasks)
@@ -239,8 +239,8 @@ def check_task_backends(**kwargs: Any) -> list[CheckMessage]:
     if not isinstance(tasks, dict):
         return []
     try:
-        from jobstate.tasks_backend import JobStateBackend
-        from jobstate.tasks_compat import task_backends
+        from jobstate.tasks.backend import JobStateBackend
+        from jobstate.tasks.compat import task_backends
     except ImproperlyConfigured as exc:
         named = any(
             isinstance(params, dict) and params.get("BACKEND") == TASK_BACKEND_PATH

@@ -1,7 +1,7 @@
 """Signal receivers: after ``migrate``, the schedule rows are made to say what
 ``JOBSTATE["SCHEDULES"]`` says (:func:`jobstate.schedules.sync_schedules`); on every new
 MariaDB or MySQL connection, the database's clock is put on UTC
-(:func:`jobstate.clock.clock_in_utc`)."""
+(:func:`jobstate.core.clock.clock_in_utc`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 
-from jobstate.clock import clock_in_utc
+from jobstate.core.clock import clock_in_utc
 
 connection_created.connect(clock_in_utc, dispatch_uid="jobstate.clock_in_utc")
 

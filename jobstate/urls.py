@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from jobstate import views
+from jobstate.observability import views
 
 app_name = "jobstate"
 

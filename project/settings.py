@@ -12,7 +12,7 @@ from pathlib import Path
 import django
 import environ
 
-from jobstate.beat import JOBSTATE_BEAT_SCHEDULE
+from jobstate.contrib.celery.beat import JOBSTATE_BEAT_SCHEDULE
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -133,7 +133,7 @@ if _beat_every := env.float("CELERY_BEAT_EVERY", default=0):
 # with manage.py jobstate_worker --queue-name '*'.
 TASKS = {
     "default": {
-        "BACKEND": "jobstate.tasks_backend.JobStateBackend",
+        "BACKEND": "jobstate.tasks.backend.JobStateBackend",
         "QUEUES": ["default", "emails", "reports"],
         "OPTIONS": {
             "MAX_ATTEMPTS": 3,

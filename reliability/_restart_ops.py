@@ -10,8 +10,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from jobstate.channels import notification_handler
 from jobstate.models import Notification
+from jobstate.outbox.channels import notification_handler
 from jobstate.runner import RunContext, operations_job
 from reliability._restart_common import ENV_DELIVERIES, RUN_KEY, RUN_SECONDS
 

@@ -55,7 +55,7 @@ JOBSTATE = {
     "STALE_RUN_AFTER": STALE_RUN_AFTER,
     "DEFAULT_JOB_TIMEOUT": timedelta(minutes=1),
     "QUEUED_TTL": timedelta(days=7),
-    "CHANNELS": {"callable": "jobstate.channels.CallableChannel"},
+    "CHANNELS": {"callable": "jobstate.outbox.channels.CallableChannel"},
 }
 
 # Every failed store call during a restart is logged as a warning by design; the

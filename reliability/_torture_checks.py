@@ -73,7 +73,7 @@ def jobstate_tables() -> Tables:
     """Table names and error texts from jobstate (Django must be set up)."""
     from jobstate.models import AuditEntry, Job, JobRun
     from jobstate.stores.base import REAPED_RUN_ERROR
-    from jobstate.stores.database.sweeps import LEASE_EXPIRED_ERROR
+    from jobstate.stores.database.sweep_statements import LEASE_EXPIRED_ERROR
 
     return Tables(
         Job._meta.db_table,

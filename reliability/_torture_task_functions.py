@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connection
 
-from jobstate.tasks_compat import TaskContext, task
+from jobstate.tasks.compat import TaskContext, task
 from reliability._torture_sql import dialect_of_django
 
 

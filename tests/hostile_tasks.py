@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from jobstate.tasks_compat import TaskContext, task
+from jobstate.tasks.compat import TaskContext, task
 
 
 class HostileBase(BaseException):

@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from hypothesis import strategies as st
 
 from jobstate.exceptions import JobStateError
-from jobstate.stores.validation import BIGINT_MAX, DURATION_LIMIT
+from jobstate.stores.contracts.validation import BIGINT_MAX, DURATION_LIMIT
 
 #: ``JOBSTATE['MAX_PAYLOAD_BYTES']`` while the property tests run.
 PAYLOAD_LIMIT = 4096

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobstate.tasks_compat import TaskContext, task
+from jobstate.tasks.compat import TaskContext, task
 
 
 class Boom(Exception):

@@ -26,8 +26,8 @@ import pytest
 from django.db import connections
 
 from jobstate.admin.workers import worker_state
+from jobstate.core.states import JobStatus
 from jobstate.models import AuditEntry, Job, Worker
-from jobstate.states import JobStatus
 from jobstate.stores import get_state_store
 from tests.task_functions import add
 from tests.tasks_kit import start_worker, stop, use_options, wait_for

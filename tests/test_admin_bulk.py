@@ -11,9 +11,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from jobstate.bulk import advance_bulk_operation, start_bulk_operation
+from jobstate.console.bulk import advance_bulk_operation, start_bulk_operation
+from jobstate.console.job_search import SearchError
 from jobstate.exceptions import InvalidJobState
-from jobstate.job_queries import SearchError
 from jobstate.models import AuditEntry, BulkOperation, BulkState, Job
 from jobstate.stores.base import JobStatus
 from jobstate.stores.database import DatabaseStateStore

@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from jobstate.admin.dashboard import CHART_HOURS, finished_per_hour
+from jobstate.core.states import NewTask, WorkerKind, WorkerRegistration, task_target
 from jobstate.models import AuditEntry, Job, QueuePause, Worker
-from jobstate.states import NewTask, WorkerKind, WorkerRegistration, task_target
 from jobstate.stores.database import DatabaseStateStore
 from tests.test_admin_jobs import logged_in, operator, shown_messages
 
@@ -328,7 +328,7 @@ def test_a_worker_retention_that_is_not_a_positive_duration_is_refused(
 ) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
-    from jobstate.conf import jobstate_settings
+    from jobstate.core.conf import jobstate_settings
 
     settings.JOBSTATE = {"WORKER_RETENTION": value}
     with pytest.raises(ImproperlyConfigured, match="WORKER_RETENTION"):

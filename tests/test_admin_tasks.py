@@ -12,10 +12,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from jobstate.core.states import NewTask
 from jobstate.models import Job
-from jobstate.states import NewTask
 from jobstate.stores import get_state_store
-from jobstate.tasks_compat import TaskResultStatus
+from jobstate.tasks.compat import TaskResultStatus
 from tests.task_functions import add, echo
 from tests.tasks_kit import use_options
 from tests.test_admin_jobs import JOBS, act

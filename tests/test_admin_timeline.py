@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobstate.states import NewTask
+from jobstate.core.states import NewTask
 from jobstate.stores.database import DatabaseStateStore
 from tests.task_functions import fails_before
 from tests.tasks_kit import finish, start_worker, stop, use_options

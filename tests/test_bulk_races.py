@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from jobstate.bulk import advance_bulk_operation, start_bulk_operation
+from jobstate.console.bulk import advance_bulk_operation, start_bulk_operation
 from jobstate.models import AuditEntry, BulkOperation, BulkState, Job
 from jobstate.stores.base import JobStatus
 from jobstate.stores.database import DatabaseStateStore

@@ -22,16 +22,16 @@ from django.conf import settings
 from django.db import connections
 from django.db.models.functions import Now
 
-from jobstate.beat import JOBSTATE_BEAT_SCHEDULE, beat_schedule
-from jobstate.models import AuditEntry, DeliveryAttempt, Job, JobRun, Notification
-from jobstate.stores.base import JobRunStatus, JobStatus, NotificationRequest, NotificationState
-from jobstate.stores.database import DatabaseStateStore
-from jobstate.tasks import (
+from jobstate.contrib.celery.beat import JOBSTATE_BEAT_SCHEDULE, beat_schedule
+from jobstate.contrib.celery.celery_tasks import (
     deliver_notifications_task,
     prune_task,
     reap_stale_task,
     run_operations_job_task,
 )
+from jobstate.models import AuditEntry, DeliveryAttempt, Job, JobRun, Notification
+from jobstate.stores.base import JobRunStatus, JobStatus, NotificationRequest, NotificationState
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.factories import AuditEntryFactory, JobFactory, JobRunFactory
 from project.demo.notifications import ACCEPTS
 from tests.test_commands_ops import child_env

@@ -1,7 +1,7 @@
 """Filters on instants the database's clock wrote, on the real clock with no ``now=``
 handed in: a value read back from such a row must compare equal to the row it came from
 (on SQLite the clock writes milliseconds and Django microseconds, see
-:mod:`jobstate.clock`). The schedules' sites are in :mod:`tests.test_schedules_clock`."""
+:mod:`jobstate.core.clock`). The schedules' sites are in :mod:`tests.test_schedules_clock`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from django.db.models.functions import Now
 
 from jobstate import maintenance
-from jobstate.clock import instant_filter
+from jobstate.core.clock import instant_filter
+from jobstate.core.states import JobStatus
 from jobstate.models import AuditEntry, Job
-from jobstate.states import JobStatus
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.factories import AuditEntryFactory, JobFactory
 

@@ -26,7 +26,7 @@ from jobstate.models import DeliveryAttempt, Notification
 from jobstate.stores.base import JobOperationalMetrics, JobStatus, NotificationRequest
 from jobstate.stores.base import NotificationState as State
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.database.outbox import DatabaseNotificationOutbox
+from jobstate.stores.database.notification_outbox import DatabaseNotificationOutbox
 from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
 from tests.test_commands_ops import Terminal, child_env, finish
 

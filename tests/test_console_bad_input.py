@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from jobstate.bulk import start_bulk_operation
-from jobstate.job_queries import SearchError, parse_search
+from jobstate.console.bulk import start_bulk_operation
+from jobstate.console.job_search import SearchError, parse_search
 from jobstate.models import AuditEntry, BulkOperation, Job
 from jobstate.stores.database import DatabaseStateStore
 from tests.test_admin_jobs import shown_messages

@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobstate.models import AuditEntry, DeliveryAttempt, Job, JobRun, JobRunStatus, Notification
-from jobstate.relay import deliver_notifications
+from jobstate.outbox.relay import deliver_notifications
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
     TERMINAL_JOB_STATUSES,

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, models
 from django.test.utils import CaptureQueriesContext
 
-from jobstate.jsonvalues import ensure_json
+from jobstate.core.jsonvalues import ensure_json
 from jobstate.models import AuditEntry, Job, JobRun, Notification, RuntimeLock
 from jobstate.stores import get_run_store, get_state_store
 from jobstate.stores.base import (

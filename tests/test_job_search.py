@@ -1,4 +1,4 @@
-"""The jobs list's search (jobstate.job_queries): parsing, results on SQLite and
+"""The jobs list's search (jobstate.console.job_search): parsing, results on SQLite and
 PostgreSQL, the recent-rows bound of the searches no index serves, the GIN index behind
 ``input:`` on PostgreSQL, and clear messages (never a 500) for malformed searches."""
 
@@ -10,8 +10,8 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from jobstate import job_queries
-from jobstate.job_queries import SearchError, filter_jobs, parse_search
+from jobstate.console import job_search as job_queries
+from jobstate.console.job_search import SearchError, filter_jobs, parse_search
 from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
 from tests.plans import plans_without_table_scans

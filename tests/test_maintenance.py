@@ -37,7 +37,7 @@ from jobstate.stores.base import (
     NotificationState,
 )
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
-from jobstate.stores.database.sweeps import (
+from jobstate.stores.database.sweep_statements import (
     LEASE_EXPIRED_ERROR,
     SWEEP_ACTOR,
     DatabaseSweepStore,

@@ -22,10 +22,10 @@ from jobstate import maintenance
 from jobstate.exceptions import InvalidJobState
 from jobstate.maintenance import SweepResult
 from jobstate.models import AuditEntry, DeliveryAttempt, DeliveryReplay, Notification
-from jobstate.relay import deliver_notifications
+from jobstate.outbox.relay import deliver_notifications
 from jobstate.stores.base import JobStatus, NotificationRequest, NotificationState
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.database.outbox import LEASE_EXPIRED_ERROR
+from jobstate.stores.database.notification_outbox import LEASE_EXPIRED_ERROR
 from jobstate.testing.factories import JobFactory, NotificationFactory
 
 CLAIMED_AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

@@ -1,6 +1,6 @@
 """Operational metrics: the six figures on a hand-computed data set, on the database
 store and the in-memory reference store, their query budget, and their Prometheus text
-exposition (``jobstate.metrics`` and the ``/metrics`` view)."""
+exposition (``jobstate.observability.metrics`` and the ``/metrics`` view)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobstate.exceptions import InvalidJobState
-from jobstate.metrics import CONTENT_TYPE, render_metrics
 from jobstate.models import Job
+from jobstate.observability.metrics import CONTENT_TYPE, render_metrics
 from jobstate.stores.base import JobOperationalMetrics, StateStore
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.testing.clock import FakeClock
+from jobstate.testing.fake_clock import FakeClock
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.plans import plans_without_table_scans
 

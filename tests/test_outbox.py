@@ -27,7 +27,7 @@ from jobstate.stores.base import (
     NotificationState,
 )
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.database.outbox import (
+from jobstate.stores.database.notification_outbox import (
     LEASE_EXPIRED_ERROR,
     DatabaseNotificationOutbox,
     backoff_delay,

@@ -21,11 +21,11 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from jobstate.core.states import JobStatus, NotificationRequest, NotificationState
 from jobstate.exceptions import DuplicateNotification
 from jobstate.models import AuditEntry, Job, Notification
-from jobstate.states import JobStatus, NotificationRequest, NotificationState
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.database.outbox import _complete_portably
+from jobstate.stores.database.notification_outbox import _complete_portably
 from tests.test_state_races import in_parallel
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connections, transaction
 
-from jobstate.channels import notification_handler
 from jobstate.models import AuditEntry, DeliveryAttempt, DeliveryReplay, Job, Notification
-from jobstate.relay import deliver_notifications
+from jobstate.outbox.channels import notification_handler
+from jobstate.outbox.relay import deliver_notifications
 from jobstate.stores.base import (
     DeliveryRequeueOutcome,
     JobStatus,
@@ -32,7 +32,7 @@ from jobstate.stores.base import (
     NotificationState,
 )
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.database.outbox import LEASE_EXPIRED_ERROR
+from jobstate.stores.database.notification_outbox import LEASE_EXPIRED_ERROR
 from tests.test_commands_ops import database_url
 from tests.test_state_races import in_parallel
 

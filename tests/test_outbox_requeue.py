@@ -11,8 +11,8 @@ import pytest
 from jobstate.exceptions import DuplicateNotification, InvalidJobState
 from jobstate.models import Job, Notification
 from jobstate.stores.base import JobStatus, NotificationRequest
+from jobstate.stores.contracts.state_validation import default_idempotency_key
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.state_validation import default_idempotency_key
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
 

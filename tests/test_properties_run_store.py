@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from jobstate.models import JobRun
 from jobstate.stores import get_run_store
 from jobstate.stores.base import TERMINAL_RUN_STATUSES, JobRunStatus, JobRunStore, Trigger
-from jobstate.stores.validation import BIGINT_MAX
-from jobstate.testing.memory import MemoryJobRunStore
+from jobstate.stores.contracts.validation import BIGINT_MAX
+from jobstate.testing.memory_runs import MemoryJobRunStore
 from tests.strategies import (
     PAYLOAD_LIMIT,
     Call,

@@ -32,7 +32,6 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from jobstate.audit import AuditSeverity, AuditStage
 from jobstate.models import Job, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
@@ -42,7 +41,8 @@ from jobstate.stores.base import (
     NotificationRequest,
     StateStore,
 )
-from jobstate.stores.validation import (
+from jobstate.stores.contracts.audit import AuditSeverity, AuditStage
+from jobstate.stores.contracts.validation import (
     ENQUEUE_FIELDS,
     JOB_CLAIM_FIELDS,
     JOB_IDENTITY_FIELDS,

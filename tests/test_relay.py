@@ -20,7 +20,9 @@ from django.core import mail
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobstate.channels import (
+from jobstate.exceptions import TransactionNotAllowed
+from jobstate.models import AuditEntry, DeliveryAttempt, Notification
+from jobstate.outbox.channels import (
     ATTEMPT_HEADER,
     IDEMPOTENCY_HEADER,
     NOTIFICATION_HEADER,
@@ -31,12 +33,10 @@ from jobstate.channels import (
     verify_webhook_signature,
     webhook_body,
 )
-from jobstate.exceptions import TransactionNotAllowed
-from jobstate.models import AuditEntry, DeliveryAttempt, Notification
-from jobstate.relay import DeliveryReport, default_relay_id, deliver_notifications
+from jobstate.outbox.relay import DeliveryReport, default_relay_id, deliver_notifications
 from jobstate.stores.base import NotificationRequest, NotificationState
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.database.outbox import LEASE_EXPIRED_ERROR
+from jobstate.stores.database.notification_outbox import LEASE_EXPIRED_ERROR
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=["jobstate"])
 
@@ -500,7 +500,7 @@ def test_a_broken_channel_does_not_strand_the_batch(
         CHANNELS={
             "broken": "tests.test_relay.BrokenChannel",
             "missing": "tests.test_relay.NoSuchChannel",
-            "callable": "jobstate.channels.CallableChannel",
+            "callable": "jobstate.outbox.channels.CallableChannel",
         },
     )
     finish(
@@ -516,7 +516,7 @@ def test_a_broken_channel_does_not_strand_the_batch(
     assert errors["missing"] is not None and "cannot import channel 'missing'" in errors["missing"]
     assert "Traceback" in caplog.text and "bug in a channel" in caplog.text
     # A channel removed from the settings fails its rows the same way.
-    jobstate(settings, CHANNELS={"callable": "jobstate.channels.CallableChannel"})
+    jobstate(settings, CHANNELS={"callable": "jobstate.outbox.channels.CallableChannel"})
     make_due()
     relay(store)
     errors = dict(Notification.objects.values_list("channel", "last_error"))

@@ -256,8 +256,8 @@ def task_ledger(transactional_db: None) -> Iterator[Connection]:
 def test_the_task_checks_catch_lost_unsettled_doubly_finished_and_unrecovered_tasks(
     task_ledger: Connection,
 ) -> None:
+    from jobstate.core.states import NewTask
     from jobstate.models import Job
-    from jobstate.states import NewTask
     from jobstate.stores import get_state_store
 
     store = get_state_store()

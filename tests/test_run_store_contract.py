@@ -28,7 +28,7 @@ from jobstate.testing import (
     database_run_inspector,
     job_run_store_contract_cases,
 )
-from jobstate.testing.clock import T0
+from jobstate.testing.fake_clock import T0
 
 pytestmark = pytest.mark.mysql
 

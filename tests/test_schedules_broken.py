@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from jobstate.models import JobRun, Schedule
 from jobstate.schedules import ScheduleFailures, enqueue_due, evaluate_schedules, sync_schedules
-from jobstate.tasks_compat import TaskResultStatus
+from jobstate.tasks.compat import TaskResultStatus
 from tests.schedule_kit import declare, jobs_of, schedules_env, slots_of
 from tests.task_functions import add, echo
 from tests.test_admin_jobs import logged_in, operator

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 from django.utils import timezone
 
-from jobstate.clock import instant_filter
+from jobstate.core.clock import instant_filter
 from jobstate.models import Schedule
 from jobstate.schedules import enqueue_due
 from tests.schedule_kit import declare, jobs_of, row, slots_of

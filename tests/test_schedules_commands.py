@@ -16,12 +16,12 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from jobstate.beat import JOBSTATE_BEAT_SCHEDULE, beat_schedule
+from jobstate.contrib.celery.beat import JOBSTATE_BEAT_SCHEDULE, beat_schedule
+from jobstate.core.states import JobStatus
 from jobstate.models import Job, JobRun, Schedule, ScheduleOccurrence
 from jobstate.schedules import sync_schedules
 from jobstate.signals import sync_schedules_after_migrate
-from jobstate.states import JobStatus
-from jobstate.tasks_compat import TaskResultStatus
+from jobstate.tasks.compat import TaskResultStatus
 from tests.schedule_kit import declare, jobs_of, schedules_env, slots_of
 from tests.task_functions import add
 
@@ -169,7 +169,7 @@ def test_a_worker_with_no_schedules_leaves_them_alone(settings: Any) -> None:
 
 
 def test_the_beat_task_enqueues_due_slots_and_reports_failures(settings: Any) -> None:
-    from jobstate.tasks import enqueue_due_schedules_task
+    from jobstate.contrib.celery.celery_tasks import enqueue_due_schedules_task
     from project.celery import app
 
     app.loader.import_default_modules()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from jobstate.bulk import start_bulk_operation
+from jobstate.console.bulk import start_bulk_operation
 from jobstate.models import AuditEntry, BulkOperation, Job
 from jobstate.stores.base import JobStatus
 from tests.test_admin_jobs import logged_in

@@ -20,12 +20,6 @@ from django.contrib.admin.utils import quote
 from django.test import Client
 from django.views.debug import ExceptionReporter
 
-from jobstate.channels import (
-    SIGNATURE_HEADER,
-    notification_handler,
-    sign_webhook,
-    verify_webhook_signature,
-)
 from jobstate.models import (
     ApprovalDecision,
     AuditEntry,
@@ -34,7 +28,13 @@ from jobstate.models import (
     JobRun,
     Notification,
 )
-from jobstate.relay import deliver_notifications
+from jobstate.outbox.channels import (
+    SIGNATURE_HEADER,
+    notification_handler,
+    sign_webhook,
+    verify_webhook_signature,
+)
+from jobstate.outbox.relay import deliver_notifications
 from jobstate.stores.base import NotificationRequest, Trigger
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from jobstate.testing.factories import NotificationFactory

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
 from jobstate.exceptions import DuplicateRequestId, ImproperlyConfiguredStore
 from jobstate.models import (
     JOB_UNIQUE_REQUEST_ID,

@@ -36,7 +36,6 @@ import pytest
 from django.core.management import call_command
 from django.db import IntegrityError, connection, connections, transaction
 
-from jobstate.channels import notification_handler
 from jobstate.exceptions import (
     DuplicateRequestId,
     StoreConflict,
@@ -45,7 +44,8 @@ from jobstate.exceptions import (
     StoreUnavailable,
 )
 from jobstate.models import DeliveryAttempt, Job, JobRun, Notification
-from jobstate.relay import deliver_notifications
+from jobstate.outbox.channels import notification_handler
+from jobstate.outbox.relay import deliver_notifications
 from jobstate.runner import JobRunner, Registry, RunContext, operations_job
 from jobstate.stores.base import (
     CompletionOutcome,

@@ -21,15 +21,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobstate.exceptions import InvalidPatch, InvalidPayload, TaskTimedOut
-from jobstate.jsonvalues import json_size
-from jobstate.models import Job
-from jobstate.states import ClaimReport, JobStatus, NewTask
-from jobstate.stores.base import StateStore
-from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.state_validation import JOB_REPORT_FIELDS
-from jobstate.stores.validation import clean_job_fields
-from jobstate.task_log import (
+from jobstate.core.attempt_log import (
     KEPT_FIRST,
     KEPT_LATEST,
     AttemptOutcome,
@@ -42,12 +34,20 @@ from jobstate.task_log import (
     settle_attempt,
     storable_class_path,
 )
-from jobstate.task_results import LEFT_OUT_WORKER_ID
-from jobstate.tasks_backend import JobStateBackend
-from jobstate.tasks_compat import TaskResultStatus, task_backends
+from jobstate.core.jsonvalues import json_size
+from jobstate.core.states import ClaimReport, JobStatus, NewTask
+from jobstate.exceptions import InvalidPatch, InvalidPayload, TaskTimedOut
+from jobstate.models import Job
+from jobstate.stores.base import StateStore
+from jobstate.stores.contracts.state_validation import JOB_REPORT_FIELDS
+from jobstate.stores.contracts.validation import clean_job_fields
+from jobstate.stores.database import DatabaseStateStore
+from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.compat import TaskResultStatus, task_backends
+from jobstate.tasks.results import LEFT_OUT_WORKER_ID
+from jobstate.tasks.worker import Worker, WorkerConfig
+from jobstate.tasks.worker.execution import failure
 from jobstate.testing.memory_state import MemoryStateStore
-from jobstate.worker import Worker, WorkerConfig
-from jobstate.worker.execution import failure
 from tests.hostile_tasks import MISBEHAVIOURS, hostile
 from tests.task_functions import add, always_fails, echo, started_then_sleeps
 from tests.tasks_kit import use_options

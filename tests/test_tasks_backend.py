@@ -17,18 +17,18 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
+from jobstate.core.states import JobStatus, NewTask
 from jobstate.exceptions import InvalidPayload, StoreError
 from jobstate.models import Job
-from jobstate.states import JobStatus, NewTask
 from jobstate.stores import get_state_store
-from jobstate.task_options import parse_task_options
-from jobstate.tasks_backend import JobStateBackend
-from jobstate.tasks_compat import (
+from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.compat import (
     InvalidTask,
     TaskResultDoesNotExist,
     TaskResultStatus,
     task_backends,
 )
+from jobstate.tasks.options import parse_task_options
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.task_functions import add, async_add, echo
 from tests.tasks_kit import use_options
@@ -118,7 +118,7 @@ def test_enqueue_is_part_of_the_callers_transaction() -> None:
 def test_get_result_of_an_unknown_malformed_or_foreign_id_raises(settings: Any) -> None:
     settings.TASKS = {
         **settings.TASKS,
-        "other": {"BACKEND": "jobstate.tasks_backend.JobStateBackend"},
+        "other": {"BACKEND": "jobstate.tasks.backend.JobStateBackend"},
     }
     foreign = add.using(backend="other").enqueue(1, 2)
     hub_job = get_state_store().create_job(request_id="not-a-task", target="t")
@@ -273,7 +273,7 @@ def test_a_cancelled_task_reads_as_failed() -> None:
 def test_the_system_check_names_every_bad_option_and_queue(settings: Any) -> None:
     settings.TASKS = {
         "default": {
-            "BACKEND": "jobstate.tasks_backend.JobStateBackend",
+            "BACKEND": "jobstate.tasks.backend.JobStateBackend",
             "QUEUES": ["default", "a,b", "*"],
             "OPTIONS": {
                 "MAX_ATTEMPTS": 0,

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from jobstate.core.states import TERMINAL_JOB_STATUSES
 from jobstate.models import Job
-from jobstate.states import TERMINAL_JOB_STATUSES
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.tasks_compat import TaskResult, TaskResultStatus
+from jobstate.tasks.compat import TaskResult, TaskResultStatus
 from tests.hostile_tasks import MISBEHAVIOURS, drops_hostile_objects, hostile, returns_a_generator
 from tests.task_functions import add, always_fails
 from tests.tasks_kit import start_worker, use_options, wait_for

@@ -18,13 +18,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobstate import maintenance
+from jobstate.core.attempt_log import AttemptOutcome, read_attempt_log
+from jobstate.core.states import JobStatus, NewTask
 from jobstate.exceptions import InvalidJobState, UnsupportedStoreOperation
 from jobstate.models import AuditEntry, Job
-from jobstate.states import JobStatus, NewTask
 from jobstate.stores.base import StateStore
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.stores.database.tasks import claim_statement
-from jobstate.task_log import AttemptOutcome, read_attempt_log
+from jobstate.stores.database.task_queue import claim_statement
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.plans import plans_without_table_scans
 

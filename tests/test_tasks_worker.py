@@ -16,9 +16,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from jobstate.core.states import JobStatus
 from jobstate.models import AuditEntry, Job
-from jobstate.states import JobStatus
-from jobstate.tasks_compat import TaskResultStatus
+from jobstate.tasks.compat import TaskResultStatus
 from tests.task_functions import (
     add,
     always_fails,
@@ -221,12 +221,12 @@ def test_a_backend_that_is_not_jobstates_is_refused(settings: Any) -> None:
         **settings.TASKS,
         "immediate": {
             "BACKEND": settings.TASKS["default"]["BACKEND"].replace(
-                "jobstate.tasks_backend.JobStateBackend",
+                "jobstate.tasks.backend.JobStateBackend",
                 "django.tasks.backends.immediate.ImmediateBackend",
             )
         },
     }
-    from jobstate.tasks_compat import builtin_tasks
+    from jobstate.tasks.compat import builtin_tasks
 
     if not builtin_tasks:
         settings.TASKS["immediate"]["BACKEND"] = "django_tasks.backends.immediate.ImmediateBackend"

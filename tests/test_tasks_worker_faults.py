@@ -11,9 +11,9 @@ import pytest
 
 from jobstate.exceptions import StoreError, StoreUnavailable
 from jobstate.stores.database import DatabaseStateStore
-from jobstate.tasks_backend import JobStateBackend
-from jobstate.tasks_compat import TaskResultStatus, task_backends
-from jobstate.worker import Worker, WorkerConfig
+from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.compat import TaskResultStatus, task_backends
+from jobstate.tasks.worker import Worker, WorkerConfig
 from tests.task_functions import add
 from tests.tasks_kit import use_options
 

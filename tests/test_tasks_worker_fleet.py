@@ -21,8 +21,8 @@ from django.core.management import call_command
 from django.db.models.functions import Now
 
 from jobstate.admin.workers import worker_state
+from jobstate.core.states import JobStatus
 from jobstate.models import Job, Worker
-from jobstate.states import JobStatus
 from jobstate.stores import get_state_store
 from tests.task_functions import add, started_then_sleeps
 from tests.tasks_kit import finish, start_worker, stop, use_options, wait_for

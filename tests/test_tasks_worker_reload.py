@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
+from jobstate.core.states import NewTask
 from jobstate.models import Job, Worker
-from jobstate.states import NewTask
 from jobstate.stores import get_state_store
-from jobstate.tasks_compat import TaskResultStatus, task_backends
+from jobstate.tasks.compat import TaskResultStatus, task_backends
 from tests.tasks_kit import finish, start_worker, stop, use_options, wait_for
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 MODULE = """
-from jobstate.tasks_compat import task
+from jobstate.tasks.compat import task
 
 
 @task

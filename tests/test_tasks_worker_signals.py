@@ -15,9 +15,9 @@ import pytest
 from django.core.management import call_command
 from django.db.models.functions import Now
 
+from jobstate.core.states import JobStatus
 from jobstate.models import Job
-from jobstate.states import JobStatus
-from jobstate.tasks_compat import TaskResultStatus
+from jobstate.tasks.compat import TaskResultStatus
 from tests.task_functions import add, started_then_sleeps
 from tests.tasks_kit import finish, start_worker, stop, use_options, wait_for
 

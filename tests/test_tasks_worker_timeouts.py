@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from jobstate.core.states import JobStatus, NewTask
 from jobstate.models import Job
-from jobstate.states import JobStatus, NewTask
 from jobstate.stores import get_state_store
-from jobstate.tasks_compat import TaskResultStatus, task_backends
+from jobstate.tasks.compat import TaskResultStatus, task_backends
 from tests.task_functions import add, async_sleeps, ignores_the_interrupt_once, notes_its_run
 from tests.tasks_kit import finish, run_batch, start_worker, stop, use_options, wait_for
 
@@ -34,7 +34,7 @@ TIMED_OUT = "jobstate.exceptions.TaskTimedOut"
 
 #: A task module only the newer worker of a test can import.
 FRESH_MODULE = """
-from jobstate.tasks_compat import task
+from jobstate.tasks.compat import task
 
 
 @task

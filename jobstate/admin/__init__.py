@@ -13,7 +13,7 @@ three pages refresh themselves in place.
 
 from __future__ import annotations
 
-from jobstate.admin.bulk import BulkOperationAdmin
+from jobstate.admin.bulk_actions import BulkOperationAdmin
 from jobstate.admin.common import ReadOnlyAdmin, status_badge
 from jobstate.admin.history import ApprovalDecisionAdmin, AuditEntryAdmin, DeliveryReplayAdmin
 from jobstate.admin.jobs import JobAdmin

@@ -44,10 +44,10 @@ from jobstate.admin.list_input import unapplied, unreadable_parameter
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.redaction import REDACTED, Redactor
 from jobstate.admin.redaction import redactor as make_redactor
-from jobstate.audit import AuditSeverity
-from jobstate.job_queries import unreadable_text
+from jobstate.console.job_search import unreadable_text
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
-from jobstate.stores.state_validation import REJECT_REASON_LIMIT
+from jobstate.stores.contracts.audit import AuditSeverity
+from jobstate.stores.contracts.state_validation import REJECT_REASON_LIMIT
 
 __all__ = [
     "ACTION_ROW_LIMIT",

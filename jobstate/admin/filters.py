@@ -19,11 +19,11 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from jobstate.audit import AUDIT_EVENTS
-from jobstate.conf import jobstate_settings
-from jobstate.job_queries import SearchError, apply_job_filter
+from jobstate.console.job_search import SearchError, apply_job_filter
+from jobstate.core.conf import jobstate_settings
 from jobstate.models import Job
 from jobstate.stores.base import JobRunStatus
+from jobstate.stores.contracts.audit import AUDIT_EVENTS
 
 __all__ = [
     "ADMIN_AUDIT_EVENTS",
@@ -79,7 +79,7 @@ class FixedChoicesFilter(admin.SimpleListFilter):
 
 
 def job_filter(queryset: QuerySet[Any], parameter: str, value: str | None) -> QuerySet[Any]:
-    """The jobs list narrowed by one of its filters through :mod:`jobstate.job_queries`;
+    """The jobs list narrowed by one of its filters through :mod:`jobstate.console.job_search`;
     a value it cannot read is the list's "incorrect lookup" (Django drops the filters
     and says so), not a server error."""
     if not value:
@@ -91,7 +91,7 @@ def job_filter(queryset: QuerySet[Any], parameter: str, value: str | None) -> Qu
 
 
 class JobChoicesFilter(FixedChoicesFilter):
-    """A jobs list filter that narrows exactly as :mod:`jobstate.job_queries` does (and
+    """A jobs list filter that narrows exactly as :mod:`jobstate.console.job_search` does (and
     so as a bulk operation over the list's filter does)."""
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:

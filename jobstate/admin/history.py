@@ -24,8 +24,8 @@ from jobstate.admin.common import (
 )
 from jobstate.admin.filters import AuditEventFilter
 from jobstate.admin.redaction import Redactor
-from jobstate.audit import AuditSeverity
 from jobstate.models import ApprovalDecision, AuditEntry, DeliveryReplay, Job, Notification
+from jobstate.stores.contracts.audit import AuditSeverity
 
 __all__ = ["ApprovalDecisionAdmin", "AuditEntryAdmin", "DeliveryReplayAdmin"]
 

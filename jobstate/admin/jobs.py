@@ -17,7 +17,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from jobstate.admin.bulk import bulk_links, bulk_urls
+from jobstate.admin.bulk_actions import bulk_links, bulk_urls
 from jobstate.admin.common import (
     REDACTOR_ATTRIBUTE,
     ActionRow,
@@ -45,9 +45,9 @@ from jobstate.admin.filters import (
     TargetFilter,
     TaskFilter,
 )
-from jobstate.admin.tasks import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
+from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
 from jobstate.admin.timeline import job_timeline
-from jobstate.job_queries import SEARCH_FIELDS, SearchError, parse_search
+from jobstate.console.job_search import SEARCH_FIELDS, SearchError, parse_search
 from jobstate.models import ApprovalDecision, AuditEntry, Job, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
@@ -56,7 +56,7 @@ from jobstate.stores.base import (
     ApprovalRequeueOutcome,
     JobStatus,
 )
-from jobstate.stores.state_validation import APPROVAL_COMMENT_LIMIT
+from jobstate.stores.contracts.state_validation import APPROVAL_COMMENT_LIMIT
 
 __all__ = ["JobAdmin"]
 
@@ -175,7 +175,7 @@ class JobAdmin(TaskFieldsAdmin):
         ExpiredLeaseFilter,
         DelayedFilter,
     ]
-    # Enables the search box; the search itself is jobstate.job_queries (see ``search``).
+    # Enables the search box; the search itself is jobstate.console.job_search (see ``search``).
     search_fields = ["request_id"]
     search_help_text = gettext_lazy(
         "An exact job id, request id or thread number, and/or field:value terms "
@@ -198,7 +198,7 @@ class JobAdmin(TaskFieldsAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
-        """The list narrowed by the search (:mod:`jobstate.job_queries`); a search it
+        """The list narrowed by the search (:mod:`jobstate.console.job_search`); a search it
         cannot read shows why and lists nothing."""
         if not search_term.strip():
             return queryset, False

@@ -14,7 +14,7 @@ from django.db.models import Field
 from django.http import HttpRequest
 from django.utils.translation import gettext as _
 
-from jobstate.job_queries import unreadable_text
+from jobstate.console.job_search import unreadable_text
 
 __all__ = ["unapplied", "unreadable_parameter"]
 

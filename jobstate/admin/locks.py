@@ -23,9 +23,9 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.filters import LockStateFilter
-from jobstate.audit import AuditSeverity, AuditStage
 from jobstate.models import RuntimeLock
 from jobstate.stores import get_state_store
+from jobstate.stores.contracts.audit import AuditSeverity, AuditStage
 
 __all__ = ["RuntimeLockAdmin"]
 

@@ -31,12 +31,12 @@ from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext as _
 
 from jobstate.admin.common import ReadOnlyAdmin, short_duration
-from jobstate.admin.queue_stats import QueueRow, queue_rows
+from jobstate.console.queue_stats import QueueRow, queue_rows
+from jobstate.core.states import NO_QUEUE
 from jobstate.exceptions import InvalidJobState
 from jobstate.models import QueuePause
-from jobstate.states import NO_QUEUE
 from jobstate.stores import get_state_store
-from jobstate.stores.state_fleet import parse_queue_key
+from jobstate.stores.contracts.fleet_part import parse_queue_key
 
 __all__ = ["QueuePauseAdmin"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from jobstate.audit import AUDIT_SUMMARY_SEPARATOR
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
+from jobstate.stores.contracts.audit import AUDIT_SUMMARY_SEPARATOR
 
 __all__ = ["MIN_MASKED_LENGTH", "REDACTED", "Redactor", "redacted_keys", "redactor"]
 

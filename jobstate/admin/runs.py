@@ -27,10 +27,10 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
-from jobstate.audit import AuditSeverity, AuditStage
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
 from jobstate.models import JobRun, JobRunStatus
 from jobstate.stores import get_run_store, get_state_store
+from jobstate.stores.contracts.audit import AuditSeverity, AuditStage
 
 __all__ = ["JobRunAdmin"]
 

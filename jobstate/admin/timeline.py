@@ -20,9 +20,9 @@ from django.utils.translation import gettext as _
 
 from jobstate.admin.common import relative_time, short_duration, text_block
 from jobstate.admin.redaction import Redactor
+from jobstate.core.attempt_log import LeftOut, attempt_history
+from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.models import AuditEntry, Job
-from jobstate.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
-from jobstate.task_log import LeftOut, attempt_history
 
 __all__ = ["TimelineEvent", "job_timeline", "left_out_text"]
 

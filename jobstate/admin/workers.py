@@ -37,8 +37,8 @@ from jobstate.admin.common import (
     status_badge,
     with_database_now,
 )
+from jobstate.core.states import CLAIMED_JOB_STATUSES
 from jobstate.models import Job, Worker
-from jobstate.states import CLAIMED_JOB_STATUSES
 
 __all__ = ["RUNNING_SHOWN", "WorkerAdmin", "WorkerStateFilter", "worker_state"]
 

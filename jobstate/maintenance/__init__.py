@@ -18,19 +18,19 @@ its retention. Every sweep
   one swept, and a store that cannot be swept is refused with a clear error;
 - **returns what it did** as a :class:`SweepResult`.
 
-Each sweep is one entry of the sweep table (:mod:`jobstate.maintenance.table`), run by
-one loop (:func:`jobstate.maintenance.runner.run_sweep`); each also has a function of its
+Each sweep is one entry of the sweep table (:mod:`jobstate.maintenance.sweep_table`), run by
+one loop (:func:`jobstate.maintenance.sweep_loop.run_sweep`); each also has a function of its
 own (:mod:`jobstate.maintenance.sweeps`). :func:`run_reaping_sweeps` and
 :func:`run_retention_sweeps` run the functions listed in :data:`REAPING_SWEEPS` and
 :data:`RETENTION_SWEEPS` and return a :class:`SweepReport`.
 """
 
 # The submodules' __all__ say what each exports; the package re-exports all of it.
-from jobstate.maintenance import results, sweeps
-from jobstate.maintenance.results import *  # noqa: F403
-from jobstate.maintenance.runner import SweepOptions
+from jobstate.maintenance import sweep_results, sweeps
+from jobstate.maintenance.sweep_loop import SweepOptions
+from jobstate.maintenance.sweep_results import *  # noqa: F403
 from jobstate.maintenance.sweeps import *  # noqa: F403
 
 __all__ = ["SweepOptions"]
-__all__ += results.__all__
+__all__ += sweep_results.__all__
 __all__ += sweeps.__all__

@@ -2,9 +2,9 @@
 runners.
 
 Every sweep function takes its own arguments (``None``: the setting named in its
-docstring) and the :class:`~jobstate.maintenance.runner.SweepOptions` every sweep takes
+docstring) and the :class:`~jobstate.maintenance.sweep_loop.SweepOptions` every sweep takes
 (``using``, ``batch_size``, ``time_budget``, ``limit``, ``dry_run``, ``on_batch``), all
-keyword-only, and returns a :class:`~jobstate.maintenance.results.SweepResult`.
+keyword-only, and returns a :class:`~jobstate.maintenance.sweep_results.SweepResult`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any, Protocol, Unpack
 from django.db import DEFAULT_DB_ALIAS
 
 from jobstate.exceptions import InvalidJobState
-from jobstate.maintenance.results import SweepProgress, SweepReport, SweepResult
-from jobstate.maintenance.runner import SweepOptions, check_options, run_sweep
-from jobstate.maintenance.table import (
+from jobstate.maintenance.sweep_loop import SweepOptions, check_options, run_sweep
+from jobstate.maintenance.sweep_results import SweepProgress, SweepReport, SweepResult
+from jobstate.maintenance.sweep_table import (
     REAPING_TABLE,
     RETENTION_TABLE,
     SweepKind,

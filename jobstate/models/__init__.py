@@ -3,13 +3,14 @@
 One module per table family: :mod:`~jobstate.models.runs`, :mod:`~jobstate.models.jobs`,
 :mod:`~jobstate.models.ledger` (audit entries, runtime locks) and
 :mod:`~jobstate.models.outbox` (notifications, delivery attempts and replays, approval
-decisions), :mod:`~jobstate.models.bulk` (the console's bulk operations),
+decisions), :mod:`~jobstate.models.bulk_operations` (the console's bulk operations),
 :mod:`~jobstate.models.schedules` (periodic schedules and their occurrences) and
 :mod:`~jobstate.models.fleet` (registered workers, paused queues). Everything is
 importable from ``jobstate.models``.
 """
 
-from jobstate.models.bulk import BulkAction, BulkOperation, BulkState
+from jobstate.core.states import JobRunStatus, JobStatus
+from jobstate.models.bulk_operations import BulkAction, BulkOperation, BulkState
 from jobstate.models.fleet import (
     NO_QUEUE,
     QUEUE_PAUSE_UNIQUE,
@@ -47,7 +48,6 @@ from jobstate.models.schedules import (
     ScheduleOccurrence,
     ScheduleQuerySet,
 )
-from jobstate.states import JobRunStatus, JobStatus
 
 __all__ = [
     "JOB_UNIQUE_REQUEST_ID",

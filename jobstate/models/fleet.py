@@ -21,7 +21,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from jobstate.states import NO_QUEUE, WorkerKind
+from jobstate.core.states import NO_QUEUE, WorkerKind
 
 __all__ = [
     "NO_QUEUE",

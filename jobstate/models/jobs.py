@@ -14,13 +14,13 @@ from django.db.models import Exists, F, OuterRef, Q, Value
 from django.db.models.functions import Coalesce, Now
 from django.utils.translation import gettext_lazy as _
 
-from jobstate.models.fleet import NO_QUEUE, QueuePause
-from jobstate.states import (
+from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
     INFLIGHT_JOB_STATUSES,
     TERMINAL_JOB_STATUSES,
     JobStatus,
 )
+from jobstate.models.fleet import NO_QUEUE, QueuePause
 
 #: Unique constraint behind request-id idempotency; stores match ``IntegrityError`` on it.
 JOB_UNIQUE_REQUEST_ID = "jobstate_job_unique_request_id"
@@ -217,7 +217,7 @@ class Job(models.Model):
     claim_token = models.UUIDField(_("claim token"), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)
     updated_at = models.DateTimeField(_("updated at"), db_default=Now(), editable=False)
-    # django.tasks (jobstate.tasks_backend): set on the jobs that are tasks, whose target
+    # django.tasks (jobstate.tasks.backend): set on the jobs that are tasks, whose target
     # is "tasks:<backend alias>"; empty on every other job.
     task_path = models.CharField(
         _("task"),

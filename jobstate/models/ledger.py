@@ -6,11 +6,11 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from jobstate.models.jobs import Job
-from jobstate.states import (
+from jobstate.core.states import (
     AuditSeverity,
     AuditStage,
 )
+from jobstate.models.jobs import Job
 
 
 class AuditEntryQuerySet(models.QuerySet["AuditEntry"]):

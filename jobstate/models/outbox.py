@@ -7,10 +7,10 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from jobstate.models.jobs import Job, time_ordered_uuid
-from jobstate.states import (
+from jobstate.core.states import (
     NotificationState,
 )
+from jobstate.models.jobs import Job, time_ordered_uuid
 
 #: Unique constraint behind the outbox's idempotency keys.
 NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY = "jobstate_notification_unique_idempotency_key"

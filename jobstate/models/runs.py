@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from jobstate.states import (
+from jobstate.core.states import (
     JobRunStatus,
 )
 

@@ -35,6 +35,7 @@ from jobstate.schedules.service import (
     sync_schedules,
 )
 from jobstate.schedules.targets import target_problems
+from jobstate.schedules.worker_pass import WorkerSchedulePass
 
 __all__ = [
     "EnqueuedOccurrence",
@@ -42,6 +43,7 @@ __all__ = [
     "ScheduleFailures",
     "SchedulePass",
     "SyncReport",
+    "WorkerSchedulePass",
     "declared_schedules",
     "enqueue_due",
     "evaluate_schedules",

@@ -19,14 +19,14 @@ from typing import cast
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.functions import Now
 
-from jobstate.audit import AuditSeverity, AuditStage
 from jobstate.exceptions import UnknownSchedule
 from jobstate.models.schedules import OccurrenceTrigger, Schedule, ScheduleOccurrence
 from jobstate.schedules.service import EnqueuedOccurrence, row_definition
 from jobstate.schedules.targets import enqueue_target
 from jobstate.stores import get_state_store
+from jobstate.stores.contracts.audit import AuditSeverity, AuditStage
+from jobstate.stores.contracts.validation import require_text
 from jobstate.stores.errors import translated_database_errors
-from jobstate.stores.validation import require_text
 
 __all__ = ["pause_schedule", "resume_schedule", "run_schedule_now"]
 

@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from jobstate.core.jsonvalues import ensure_json
 from jobstate.exceptions import InvalidPayload
-from jobstate.jsonvalues import ensure_json
 from jobstate.models.schedules import CatchUp, ScheduleKind
 
 __all__ = [
@@ -182,7 +182,7 @@ def _text(value: Any, limit: int) -> str | None:
 
 def _json_problem(value: Any, field: str) -> str | None:
     """Why ``value`` is not an argument the job table can hold, by the stores' own rules
-    (:func:`~jobstate.jsonvalues.ensure_json`: no NUL, no lone surrogate, within
+    (:func:`~jobstate.core.jsonvalues.ensure_json`: no NUL, no lone surrogate, within
     ``MAX_PAYLOAD_BYTES``...), after the round trip through JSON the enqueue makes
     (tuples become lists)."""
     try:

@@ -4,7 +4,7 @@ evaluation skips such a schedule and logs why; the console's Schedules page mark
 
 from __future__ import annotations
 
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
 from jobstate.schedules.definitions import declaration_problems, parse_declaration
 from jobstate.schedules.targets import target_problems
 

@@ -2,7 +2,7 @@
 
 A schedule that names ``operations_job`` enqueues this task on its backend (with its
 queue and priority); a ``jobstate_worker`` runs it, and it runs the operations job
-through :class:`~jobstate.runner.JobRunner`, so the job's overlap guard, heartbeats,
+through :class:`~jobstate.operations.job_runner.JobRunner`, so the job's overlap guard, heartbeats,
 deadline and run record are what they are for any other start. The run's trigger is
 ``SCHEDULER``, triggered by the schedule's key and slot.
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobstate.runner import JobRunner
+from jobstate.operations.job_runner import JobRunner
 from jobstate.stores.base import Trigger
-from jobstate.tasks_compat import task
+from jobstate.tasks.compat import task
 
 __all__ = ["SCHEDULER_SOURCE", "run_scheduled_operations_job"]
 

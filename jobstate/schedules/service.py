@@ -32,8 +32,8 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobstate.clock import instant_filter
-from jobstate.conf import jobstate_settings
+from jobstate.core.clock import instant_filter
+from jobstate.core.conf import jobstate_settings
 from jobstate.exceptions import InvalidJobState, ScheduleError
 from jobstate.models.schedules import (
     ONCE_PER_SLOT,
@@ -49,9 +49,9 @@ from jobstate.schedules.definitions import (
     parse_declaration,
 )
 from jobstate.schedules.targets import enqueue_target
+from jobstate.stores.contracts.validation import validate_instant
 from jobstate.stores.errors import translated_database_errors
 from jobstate.stores.integrity import violates
-from jobstate.stores.validation import validate_instant
 
 __all__ = [
     "EnqueuedOccurrence",

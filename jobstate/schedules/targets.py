@@ -23,11 +23,11 @@ from jobstate.exceptions import (
     UnknownOperationsJob,
 )
 from jobstate.models.schedules import ScheduleKind
-from jobstate.operations import registry
+from jobstate.operations.job_registry import registry
 from jobstate.schedules.definitions import ScheduleDefinition
 
 if TYPE_CHECKING:
-    from jobstate.tasks_compat import Task
+    from jobstate.tasks.compat import Task
 
 __all__ = ["OPERATIONS_TASK_PATH", "enqueue_target", "target_problems"]
 
@@ -38,8 +38,8 @@ OPERATIONS_TASK_PATH = "jobstate.schedules.operations_task.run_scheduled_operati
 def _task(definition: ScheduleDefinition) -> Task[Any, Any]:
     """The task ``definition`` enqueues, with its queue, priority and backend applied;
     :class:`ScheduleError` naming the schedule when that is not possible."""
-    from jobstate.tasks_backend import JobStateBackend
-    from jobstate.tasks_compat import InvalidTask, Task
+    from jobstate.tasks.backend import JobStateBackend
+    from jobstate.tasks.compat import InvalidTask, Task
 
     where = f"schedule {definition.key!r}"
     path = definition.target if definition.kind is ScheduleKind.TASK else OPERATIONS_TASK_PATH
@@ -66,7 +66,7 @@ def _task(definition: ScheduleDefinition) -> Task[Any, Any]:
         raise ScheduleError(
             f"{where}: TASKS[{definition.backend!r}] is {type(backend).__module__}."
             f"{type(backend).__qualname__}; a schedule needs "
-            "jobstate.tasks_backend.JobStateBackend, whose enqueue is part of the "
+            "jobstate.tasks.backend.JobStateBackend, whose enqueue is part of the "
             "transaction that records the occurrence."
         )
     return task

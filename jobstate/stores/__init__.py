@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from django.utils.module_loading import import_string
 
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
 from jobstate.exceptions import ImproperlyConfiguredStore
 
 if TYPE_CHECKING:

@@ -7,14 +7,15 @@ ORM; :mod:`jobstate.testing` ships in-memory reference stores and contract test 
 that any implementation (ours or a host's) must pass.
 
 This module is the contracts' public address: the run store's lives in
-:mod:`jobstate.stores.run_store`, the state store's in :mod:`jobstate.stores.state_store`
-and the vocabulary they speak in :mod:`jobstate.states`.
+:mod:`jobstate.stores.contracts.run_store`, the state store's in
+:mod:`jobstate.stores.contracts.state_store`
+and the vocabulary they speak in :mod:`jobstate.core.states`.
 """
 
 from __future__ import annotations
 
-# The vocabulary lives in jobstate.states; hosts import these names from here too.
-from jobstate.states import (
+# The vocabulary lives in jobstate.core.states; hosts import these names from here too.
+from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
     EXPIRED_QUEUED_ERROR,
     INFLIGHT_JOB_STATUSES,
@@ -35,8 +36,8 @@ from jobstate.states import (
     Readiness,
     Trigger,
 )
-from jobstate.stores.run_store import JobRunSettlement, JobRunStore, NewJobRun
-from jobstate.stores.state_store import (
+from jobstate.stores.contracts.run_store import JobRunSettlement, JobRunStore, NewJobRun
+from jobstate.stores.contracts.state_store import (
     CompletionResult,
     NotificationOutbox,
     StateStore,

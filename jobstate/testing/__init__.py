@@ -12,9 +12,8 @@ store builds ``Job`` instances, load on first use.
 from importlib import import_module
 from typing import Any
 
-from jobstate.testing.clock import Clock, FakeClock, SystemClock
-from jobstate.testing.inspect import database_run_inspector
-from jobstate.testing.memory import MemoryJobRunStore, StoredJobRun
+from jobstate.testing.fake_clock import Clock, FakeClock, SystemClock
+from jobstate.testing.memory_runs import MemoryJobRunStore, StoredJobRun
 from jobstate.testing.run_contract import (
     ContractViolation,
     JobRunStoreContractCase,
@@ -22,6 +21,7 @@ from jobstate.testing.run_contract import (
     contract_case_id,
     job_run_store_contract_cases,
 )
+from jobstate.testing.stored_runs import database_run_inspector
 
 # name -> module, imported on first attribute access (they need the app registry ready).
 _LAZY = {

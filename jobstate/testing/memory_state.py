@@ -21,10 +21,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from jobstate.audit import AuditFields
-from jobstate.conf import jobstate_settings
-from jobstate.models import NO_QUEUE, AuditEntry, Job, time_ordered_uuid
-from jobstate.states import (
+from jobstate.core.conf import jobstate_settings
+from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
     EXPIRED_QUEUED_ERROR,
     INFLIGHT_JOB_STATUSES,
@@ -32,21 +30,23 @@ from jobstate.states import (
     JobOperationalMetrics,
     JobStatus,
 )
-from jobstate.stores.state_primitives import (
+from jobstate.models import NO_QUEUE, AuditEntry, Job, time_ordered_uuid
+from jobstate.stores.contracts.audit import AuditFields
+from jobstate.stores.contracts.primitives import (
     METRICS_TERMINAL_WINDOW,
     MONITOR_SOURCE,
     AuditSubject,
     Settled,
     operational_metrics,
 )
-from jobstate.stores.state_store import StateStore
-from jobstate.stores.state_tasks import task_claim_order
-from jobstate.stores.state_validation import (
+from jobstate.stores.contracts.state_store import StateStore
+from jobstate.stores.contracts.state_validation import (
     CLEARED_CLAIM,
     check_thread_quota,
     duplicate_request,
 )
-from jobstate.stores.validation import JOB_DEFAULTS
+from jobstate.stores.contracts.tasks_part import task_claim_order
+from jobstate.stores.contracts.validation import JOB_DEFAULTS
 
 __all__ = ["MemoryStateStore"]
 

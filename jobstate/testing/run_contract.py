@@ -43,8 +43,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from jobstate.stores.base import JobRunStore, Trigger
-from jobstate.testing.clock import T0
-from jobstate.testing.memory import StoredJobRun
+from jobstate.testing.fake_clock import T0
+from jobstate.testing.memory_runs import StoredJobRun
 
 __all__ = [
     "ContractViolation",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from jobstate.channels import notification_handler
 from jobstate.exceptions import DeliveryFailed
+from jobstate.outbox.channels import notification_handler
 
 if TYPE_CHECKING:
     from jobstate.models import Notification

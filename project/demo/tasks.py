@@ -18,7 +18,7 @@ import hashlib
 import time
 from typing import Any
 
-from jobstate.tasks_compat import TaskContext, task
+from jobstate.tasks.compat import TaskContext, task
 
 
 @task(queue_name="emails")

@@ -14,7 +14,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.checks import MAINTENANCE_CHECKS
 from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, StoreError
-from jobstate.stores.validation import BIGINT_MAX, DURATION_LIMIT, require_text
+from jobstate.stores.contracts.validation import BIGINT_MAX, DURATION_LIMIT, require_text
 
 #: Exit status of a maintenance command when the store or database failed.
 EXIT_FAILED = 1
@@ -106,7 +106,7 @@ def known_database(alias: str) -> str:
 def backend_named(alias: str) -> Any:
     """``--backend``: the task backend of that ``TASKS`` alias, else exit status 2
     naming the aliases there are."""
-    from jobstate.tasks_compat import task_backends
+    from jobstate.tasks.compat import task_backends
 
     known = list(task_backends.settings)
     if alias not in known:
@@ -211,7 +211,7 @@ def _database_failure(exc: BaseException) -> bool:
 def unmigrated_error(alias: str) -> CommandError | None:
     """The error that tells an operator to migrate, when jobstate's migrations are not
     all applied on database ``alias``; ``None`` when they are or that cannot be read."""
-    from jobstate.stores.database.observability import pending_jobstate_migrations
+    from jobstate.stores.database.figures import pending_jobstate_migrations
 
     try:
         pending = pending_jobstate_migrations(connections[alias])

@@ -1,6 +1,6 @@
 """``manage.py deliver_notifications``: run the outbox relay, once or in a loop.
 
-One pass by default (:func:`jobstate.relay.deliver_notifications`): claim the due
+One pass by default (:func:`jobstate.outbox.relay.deliver_notifications`): claim the due
 notifications, send each through its channel, record each attempt. Fit for cron; prints
 nothing when nothing was due. ``--loop`` keeps relaying: the next pass starts at once
 while passes come back full, otherwise after ``--interval`` seconds. Any number of relays
@@ -50,10 +50,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
+from jobstate.core.states import WorkerKind, WorkerRegistration
 from jobstate.exceptions import JobStateError, StoreError
-from jobstate.relay import DeliveryReport, default_relay_id, deliver_notifications
-from jobstate.states import WorkerKind, WorkerRegistration
+from jobstate.outbox.relay import DeliveryReport, default_relay_id, deliver_notifications
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 

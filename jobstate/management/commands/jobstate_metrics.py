@@ -19,7 +19,7 @@ from django.core.management.base import CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
 from jobstate.exceptions import JobStateError
-from jobstate.metrics import render_metrics
+from jobstate.observability.metrics import render_metrics
 from jobstate.stores import get_state_store
 
 from ._common import JobStateCommand, command_error, known_database

@@ -2,7 +2,7 @@
 
 Any number of workers may run at once, on one machine or several; each task runs once
 at a time (at least once overall: a task whose worker dies runs again). The worker logs
-a banner and one line per task attempt on the ``jobstate.worker`` logger: at INFO by
+a banner and one line per task attempt on the ``jobstate.tasks.worker`` logger: at INFO by
 default (``-v 0``: warnings only, ``-v 2``: debug), on stderr unless the project's
 ``LOGGING`` already sends that logger somewhere.
 
@@ -14,7 +14,7 @@ leases run out.
 ``--reload`` (on by default when ``settings.DEBUG``, except with ``--batch``;
 ``--no-reload`` turns it off) runs the worker in a child process and starts a fresh one
 when the code changes, after the running tasks have finished (within ``--grace``); see
-:mod:`jobstate.worker.reloading`.
+:mod:`jobstate.tasks.worker.reloading`.
 
 Every worker also evaluates the periodic schedules (``JOBSTATE["SCHEDULES"]``) at each
 slot, unless ``--no-schedules``: however many workers do, each slot is enqueued once.
@@ -190,9 +190,10 @@ class Command(JobStateCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here, so the other commands work on Django 5.2 without the backport.
-        from jobstate.tasks_backend import JobStateBackend
-        from jobstate.worker import Worker, WorkerConfig, default_worker_id
-        from jobstate.worker.reloading import (
+        from jobstate.schedules import WorkerSchedulePass
+        from jobstate.tasks.backend import JobStateBackend
+        from jobstate.tasks.worker import Worker, WorkerConfig, default_worker_id
+        from jobstate.tasks.worker.reloading import (
             RELOAD_EXIT,
             CodeWatcher,
             is_reloaded_child,
@@ -218,7 +219,7 @@ class Command(JobStateCommand):
         if not isinstance(backend, JobStateBackend):
             raise CommandError(
                 f"TASKS[{options['backend']!r}] is {type(backend).__module__}."
-                f"{type(backend).__qualname__}, not jobstate.tasks_backend.JobStateBackend; "
+                f"{type(backend).__qualname__}, not jobstate.tasks.backend.JobStateBackend; "
                 "jobstate_worker runs only jobstate's tasks.",
                 returncode=EXIT_USAGE,
             )
@@ -256,7 +257,11 @@ class Command(JobStateCommand):
                 grace=options["grace"],
                 schedules=not options["no_schedules"],
             )
-            worker = Worker(config, backend)
+            worker = Worker(
+                config,
+                backend,
+                WorkerSchedulePass(using=config.using, worker_id=config.worker_id),
+            )
             watcher = CodeWatcher(worker.request_stop) if reload else None
             summary = worker.run()
             if watcher is not None:
@@ -278,7 +283,7 @@ class Command(JobStateCommand):
 
     def _configure_logging(self, verbosity: int) -> None:
         """Show the worker's log at the level ``verbosity`` asks for, unless the project
-        configured the ``jobstate.worker`` logger itself; print it on stderr when no
+        configured the ``jobstate.tasks.worker`` logger itself; print it on stderr when no
         handler up the logger tree would."""
         logger = logging.getLogger("jobstate.worker")
         if logger.level == logging.NOTSET:

@@ -17,7 +17,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
-from jobstate.bulk import BATCH_SIZE, advance_bulk_operation
+from jobstate.console.bulk import BATCH_SIZE, advance_bulk_operation
 from jobstate.models import BulkOperation, BulkState
 
 from ._common import EXIT_FAILED, EXIT_USAGE, JobStateCommand, known_database, positive_int

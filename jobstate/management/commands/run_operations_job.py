@@ -16,6 +16,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
+from jobstate.core.jsonvalues import ensure_json
 from jobstate.exceptions import (
     InvalidPayload,
     JobStateError,
@@ -23,9 +24,8 @@ from jobstate.exceptions import (
     StoreError,
     UnknownOperationsJob,
 )
-from jobstate.jsonvalues import ensure_json
-from jobstate.operations import operations_module_problems
-from jobstate.runner import JobExecutionResult, JobRunner, registry
+from jobstate.operations.job_registry import operations_module_problems
+from jobstate.operations.job_runner import JobExecutionResult, JobRunner, registry
 from jobstate.stores import get_run_store
 from jobstate.stores.base import Trigger
 

@@ -6,7 +6,7 @@ address. Raw SQL appears only where the ORM cannot say a hot path in one stateme
 such place says why and has a portable path for the other backends.
 """
 
-from jobstate.stores.database.runs import DatabaseJobRunStore
+from jobstate.stores.database.job_runs import DatabaseJobRunStore
 from jobstate.stores.database.state import DatabaseStateStore
 
 __all__ = ["DatabaseJobRunStore", "DatabaseStateStore"]

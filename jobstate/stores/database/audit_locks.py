@@ -16,8 +16,8 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobstate.audit import AuditFields, complete_audit_fields
 from jobstate.models import RUNTIME_LOCK_PKEY, AuditEntry, RuntimeLock
+from jobstate.stores.contracts.audit import AuditFields, complete_audit_fields
 from jobstate.stores.database.batched_delete import BatchedDeleter
 from jobstate.stores.integrity import violates
 

@@ -22,7 +22,7 @@ from django.db import OperationalError, connections, models, transaction
 from django.db.models import Q
 from django.db.models.deletion import Collector
 
-from jobstate.clock import instant_filter
+from jobstate.core.clock import instant_filter
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -51,7 +51,7 @@ def after_key(
     """The ``candidates`` after ``key`` ``(order value, pk)`` in ``(order, pk)`` order.
     The ``>=`` bound lets the index scan start at the key; the ``OR`` only settles ties
     on the order value. The order values are instants the database's clock wrote, read
-    back: they are compared in the database's own terms (:func:`jobstate.clock.
+    back: they are compared in the database's own terms (:func:`jobstate.core.clock.
     instant_filter`), or on SQLite the rest of an instant's ties would be passed over."""
     value, pk = key
     using = candidates.db

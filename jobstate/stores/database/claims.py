@@ -26,9 +26,10 @@ from django.db import transaction
 from django.db.models import Case, Exists, When
 from django.db.models.functions import Now
 
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
+from jobstate.core.states import EXPIRED_QUEUED_ERROR, JobStatus
 from jobstate.models import Job, thread_blockers
-from jobstate.states import EXPIRED_QUEUED_ERROR, JobStatus
+from jobstate.stores.contracts.state_validation import CLEARED_CLAIM, ParsedReport
 from jobstate.stores.database.hotpath import (
     claim_one,
     claim_unthreaded,
@@ -37,7 +38,6 @@ from jobstate.stores.database.hotpath import (
 )
 from jobstate.stores.database.tables import is_mysql, is_postgresql, job_rows, locks_rows
 from jobstate.stores.database.thread_gate import try_lock_thread_row
-from jobstate.stores.state_validation import CLEARED_CLAIM, ParsedReport
 
 __all__ = [
     "claim",

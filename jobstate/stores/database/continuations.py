@@ -15,8 +15,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
+from jobstate.core.states import DeliveryRequeueOutcome, NotificationState
 from jobstate.models import ApprovalDecision, DeliveryReplay, Notification
-from jobstate.states import DeliveryRequeueOutcome, NotificationState
 from jobstate.stores.database.audit_locks import record_audit
 from jobstate.stores.database.tables import locks_rows
 from jobstate.stores.integrity import violates

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from jobstate.conf import jobstate_settings
+from jobstate.core.conf import jobstate_settings
 from jobstate.models import Job
 
 __all__ = ["PREPARE_AFTER", "hot_cursor", "load_jobs"]

@@ -6,7 +6,7 @@ subquery (a claim), ``UPDATE ... FROM (VALUES ...) RETURNING`` fenced by claim t
 (reports), or the fenced ``UPDATE`` with its audit entry and outbox rows inserted by
 data-modifying ``WITH`` queries (the outbox completion). Raw SQL because the ORM cannot
 express any of them in one statement; the portable paths for the other backends live in
-:mod:`jobstate.stores.database.claims` and :mod:`jobstate.stores.database.outbox`. The
+:mod:`jobstate.stores.database.claims` and :mod:`jobstate.stores.database.notification_outbox`. The
 advisory locks that serialise one thread's claims and enqueues are here too: they have
 no ORM form either.
 
@@ -27,16 +27,16 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 
-from jobstate.models import NO_QUEUE, AuditEntry, Job, Notification, QueuePause, time_ordered_uuid
-from jobstate.states import (
+from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
     JobStatus,
     NotificationRequest,
     NotificationState,
 )
+from jobstate.models import NO_QUEUE, AuditEntry, Job, Notification, QueuePause, time_ordered_uuid
+from jobstate.stores.contracts.state_validation import ParsedReport
+from jobstate.stores.contracts.validation import JOB_CLAIM_FIELDS
 from jobstate.stores.database.hotcursor import hot_cursor, load_jobs
-from jobstate.stores.state_validation import ParsedReport
-from jobstate.stores.validation import JOB_CLAIM_FIELDS
 
 # hot_cursor and load_jobs are defined in .hotcursor; other statement modules (the task
 # claims) import them from here too.

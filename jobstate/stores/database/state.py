@@ -17,32 +17,32 @@ from typing import Any
 
 from django.db import transaction
 
-from jobstate.audit import AuditFields
-from jobstate.models import AuditEntry, Job
-from jobstate.states import (
+from jobstate.core.states import (
     DeliveryRequeueOutcome,
     JobOperationalMetrics,
     JobStatus,
     NotificationRequest,
     Readiness,
 )
+from jobstate.models import AuditEntry, Job
+from jobstate.stores.contracts.audit import AuditFields
+from jobstate.stores.contracts.primitives import AuditSubject, Settled
+from jobstate.stores.contracts.state_store import StateStore
+from jobstate.stores.contracts.state_validation import ParsedReport
 from jobstate.stores.database import (
     audit_locks,
-    bulk,
+    bulk_transitions,
     claims,
     continuations,
-    fleet,
+    figures,
+    fleet_rows,
     intake,
-    observability,
-    outbox,
-    tasks,
+    notification_outbox,
+    task_queue,
 )
-from jobstate.stores.database.sweeps import DatabaseSweepStore
+from jobstate.stores.database.sweep_statements import DatabaseSweepStore
 from jobstate.stores.database.tables import is_postgresql
 from jobstate.stores.errors import translate_store_errors
-from jobstate.stores.state_primitives import AuditSubject, Settled
-from jobstate.stores.state_store import StateStore
-from jobstate.stores.state_validation import ParsedReport
 
 __all__ = ["DatabaseStateStore"]
 
@@ -108,13 +108,13 @@ class DatabaseStateStore(StateStore):
     def _requeue_batch(
         self, jobs: list[tuple[uuid.UUID, JobStatus]], *, by: str, via: str, event: str
     ) -> list[uuid.UUID]:
-        return bulk.requeue_batch(self.using, jobs, by=by, via=via, event=event)
+        return bulk_transitions.requeue_batch(self.using, jobs, by=by, via=via, event=event)
 
     def _reject_batch(self, pks: list[uuid.UUID], *, by: str, error: str) -> list[uuid.UUID]:
-        return bulk.reject_batch(self.using, pks, by=by, error=error)
+        return bulk_transitions.reject_batch(self.using, pks, by=by, error=error)
 
     def _delete_batch(self, pks: list[uuid.UUID], *, by: str, via: str) -> list[uuid.UUID]:
-        return bulk.delete_batch(self.using, pks, by=by, via=via)
+        return bulk_transitions.delete_batch(self.using, pks, by=by, via=via)
 
     def _delete_job(self, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
         return intake.delete_job(self.using, pk, expected)
@@ -155,12 +155,12 @@ class DatabaseStateStore(StateStore):
         self, pairs: list[tuple[uuid.UUID, uuid.UUID]], lease: timedelta
     ) -> list[uuid.UUID]:
         """One ``UPDATE`` for the whole batch (a worker's beat)."""
-        return tasks.extend_claim_leases(self.using, pairs, lease)
+        return task_queue.extend_claim_leases(self.using, pairs, lease)
 
     # --- django.tasks ----------------------------------------------------------------
 
     def _enqueue_task(self, cleaned: dict[str, Any]) -> Job:
-        return tasks.enqueue_task(self.using, cleaned)
+        return task_queue.enqueue_task(self.using, cleaned)
 
     def _claim_tasks(
         self,
@@ -170,10 +170,10 @@ class DatabaseStateStore(StateStore):
         lease: timedelta,
         limit: int,
     ) -> list[Job]:
-        return tasks.claim_tasks(self.using, target, queues, owner, lease, limit)
+        return task_queue.claim_tasks(self.using, target, queues, owner, lease, limit)
 
     def _list_expired_tasks(self, limit: int) -> list[Job]:
-        return tasks.list_expired_tasks(self.using, limit)
+        return task_queue.list_expired_tasks(self.using, limit)
 
     # --- leases and maintenance ------------------------------------------------------
 
@@ -237,11 +237,13 @@ class DatabaseStateStore(StateStore):
     ) -> Job | None:
         """One statement-and-rows transaction rather than the base's primitives: a key
         already in the outbox must be answered after the failed insert rolled back (see
-        :func:`~jobstate.stores.database.outbox.complete_with_notifications`)."""
-        return outbox.complete_with_notifications(self.using, original, cleaned, requests)
+        :func:`~jobstate.stores.database.notification_outbox.complete_with_notifications`)."""
+        return notification_outbox.complete_with_notifications(
+            self.using, original, cleaned, requests
+        )
 
-    def _notification_outbox(self) -> outbox.DatabaseNotificationOutbox:
-        return outbox.DatabaseNotificationOutbox(self.using, store=self)
+    def _notification_outbox(self) -> notification_outbox.DatabaseNotificationOutbox:
+        return notification_outbox.DatabaseNotificationOutbox(self.using, store=self)
 
     def _recorded_decision(self, decision_id: str) -> uuid.UUID | None:
         return continuations.recorded_decision(self.using, decision_id)
@@ -259,30 +261,30 @@ class DatabaseStateStore(StateStore):
     # --- observability ---------------------------------------------------------------
 
     def _metrics_snapshot(self, now: datetime | None, exact: bool) -> JobOperationalMetrics:
-        return observability.metrics_snapshot(self.using, now, exact)
+        return figures.metrics_snapshot(self.using, now, exact)
 
     def _schema_readiness(self) -> Readiness:
-        return observability.schema_readiness(self.using)
+        return figures.schema_readiness(self.using)
 
     # --- the fleet: queue pauses, registered workers ------------------------------------
 
     def _pause_queue(self, key: tuple[str, str], by: str) -> bool:
-        return fleet.pause_queue(self.using, *key, by)
+        return fleet_rows.pause_queue(self.using, *key, by)
 
     def _resume_queue(self, key: tuple[str, str]) -> bool:
-        return fleet.resume_queue(self.using, *key)
+        return fleet_rows.resume_queue(self.using, *key)
 
     def _paused_queues(self) -> list[tuple[str, str]]:
-        return fleet.paused_queues(self.using)
+        return fleet_rows.paused_queues(self.using)
 
     def _register_worker(self, fields: dict[str, Any]) -> None:
-        fleet.register_worker(self.using, fields)
+        fleet_rows.register_worker(self.using, fields)
 
     def _beat_worker(self, worker_id: str) -> bool:
-        return fleet.beat_worker(self.using, worker_id)
+        return fleet_rows.beat_worker(self.using, worker_id)
 
     def _stop_worker(self, worker_id: str, reason: str) -> bool:
-        return fleet.stop_worker(self.using, worker_id, reason)
+        return fleet_rows.stop_worker(self.using, worker_id, reason)
 
     # --- maintenance -----------------------------------------------------------------
 

@@ -35,18 +35,18 @@ from jobstate.testing.state_contract._kit import (
     StateStoreContractViolation,
     StoreSource,
 )
-from jobstate.testing.state_contract.audit import CASES as AUDIT
-from jobstate.testing.state_contract.batches import CASES as BATCHES
-from jobstate.testing.state_contract.claims import CASES as CLAIMS
-from jobstate.testing.state_contract.completion import CASES as COMPLETION
-from jobstate.testing.state_contract.concurrency import CASES as CONCURRENCY
-from jobstate.testing.state_contract.jobs import CASES as JOBS
-from jobstate.testing.state_contract.leases import CASES as LEASES
-from jobstate.testing.state_contract.listing import CASES as LISTING
-from jobstate.testing.state_contract.locks import CASES as LOCKS
-from jobstate.testing.state_contract.pauses import CASES as PAUSES
-from jobstate.testing.state_contract.threads import CASES as THREADS
-from jobstate.testing.state_contract.updates import CASES as UPDATES
+from jobstate.testing.state_contract.audit_cases import CASES as AUDIT
+from jobstate.testing.state_contract.batch_cases import CASES as BATCHES
+from jobstate.testing.state_contract.claim_cases import CASES as CLAIMS
+from jobstate.testing.state_contract.completion_cases import CASES as COMPLETION
+from jobstate.testing.state_contract.concurrency_cases import CASES as CONCURRENCY
+from jobstate.testing.state_contract.job_cases import CASES as JOBS
+from jobstate.testing.state_contract.lease_cases import CASES as LEASES
+from jobstate.testing.state_contract.listing_cases import CASES as LISTING
+from jobstate.testing.state_contract.lock_cases import CASES as LOCKS
+from jobstate.testing.state_contract.pause_cases import CASES as PAUSES
+from jobstate.testing.state_contract.thread_cases import CASES as THREADS
+from jobstate.testing.state_contract.update_cases import CASES as UPDATES
 
 __all__ = [
     "STATE_CONTRACT_AREAS",

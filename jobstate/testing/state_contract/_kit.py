@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from jobstate.stores.base import JobStatus, StateStore
-from jobstate.stores.validation import JOB_CLAIM_FIELDS
+from jobstate.stores.contracts.validation import JOB_CLAIM_FIELDS
 
 #: How long cases let an instant age on the store's clock, and the age they ask about.
 AGE = timedelta(milliseconds=100)

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobstate.models import Job, JobRun, Notification
-from jobstate.relay import deliver_notifications
+from jobstate.outbox.relay import deliver_notifications
 from jobstate.runner import JobRunner
 from jobstate.stores import get_run_store, get_state_store
 from jobstate.stores.base import JobStatus, NotificationRequest, StateStore, Trigger

@@ -44,7 +44,7 @@ from django.test.utils import override_settings
 from jobstate.exceptions import DuplicateNotification, StoreError, ThreadQuotaExceeded
 from jobstate.maintenance import SweepReport, run_reaping_sweeps
 from jobstate.models import Job, JobRun, Notification
-from jobstate.relay import deliver_notifications
+from jobstate.outbox.relay import deliver_notifications
 from jobstate.runner import JobRunner
 from jobstate.stores import get_run_store, get_state_store
 from jobstate.stores.base import (
@@ -353,7 +353,7 @@ class Command(BaseCommand):
             )
 
     def relay(self) -> None:
-        # Failed attempts and dead letters are logged by the relay (``jobstate.relay``).
+        # Failed attempts and dead letters are logged by the relay (``jobstate.outbox.relay``).
         deliver_notifications(store=self.store)
 
     def operations_job(self) -> None:

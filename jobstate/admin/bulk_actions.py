@@ -1,0 +1,309 @@
+"""Bulk actions over a filter of the jobs list: "requeue all matching", "reject (cancel)
+all matching" and "delete all finished matching".
+
+The jobs list links to a confirmation page carrying the list's filter and search; it
+shows how many jobs match and what the filter is. Confirming records a
+:class:`~jobstate.models.BulkOperation` (:func:`jobstate.console.bulk.start_bulk_operation`)
+and opens its progress page, whose script posts "step" after "step" (each runs batches
+for about 1.5 s through :func:`jobstate.console.bulk.advance_bulk_operation`) until it is done;
+without a script a button does the same. Each page and each step checks the action's
+permission; a read-only user gets 403. The operations are listed (read-only) under
+"Bulk operations", from where an interrupted one is resumed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+    QueryDict,
+)
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from jobstate.admin.common import ReadOnlyAdmin, RejectForm, ScaledAdmin, choice_badge
+from jobstate.console.bulk import (
+    BulkOperationFinished,
+    action_applies,
+    advance_bulk_operation,
+    cancel_bulk_operation,
+    start_bulk_operation,
+)
+from jobstate.console.job_search import (
+    FILTER_PARAMETERS,
+    SEARCH_PARAMETER,
+    SearchError,
+    filter_jobs,
+)
+from jobstate.models import BulkAction, BulkOperation, BulkState, Job
+
+__all__ = ["BulkOperationAdmin", "bulk_links", "bulk_urls"]
+
+logger = logging.getLogger("jobstate.admin")
+
+#: Parameters of the jobs list's URL that do not narrow it (ordering, page, "show all",
+#: the "incorrect lookup" note, facets).
+_NOT_FILTERS = {"o", "p", "all", "e", "_facets"}
+
+#: The permission suffix (``has_<suffix>_permission`` on the job admin) of each action.
+PERMISSIONS = {
+    BulkAction.REQUEUE: "requeue",
+    BulkAction.REJECT: "reject",
+    BulkAction.DELETE: "delete_finished",
+}
+
+TITLES = {
+    BulkAction.REQUEUE: gettext_lazy("Requeue all matching jobs"),
+    BulkAction.REJECT: gettext_lazy("Reject (cancel) all matching queued jobs"),
+    BulkAction.DELETE: gettext_lazy("Delete all finished matching jobs"),
+}
+
+INTROS = {
+    BulkAction.REQUEUE: gettext_lazy(
+        "Finished jobs (done, error, rejected) and running or dispatched jobs whose lease "
+        "has expired go back to the queue, each with a “rerun” audit entry naming you."
+    ),
+    BulkAction.REJECT: gettext_lazy(
+        "Queued jobs become rejected and are never claimed, each with a “rejected” audit "
+        "entry naming you and the reason."
+    ),
+    BulkAction.DELETE: gettext_lazy(
+        "Finished jobs (done, error, rejected) are deleted, each with a “deleted” audit "
+        "entry naming you; the audit entries of a deleted job stay."
+    ),
+}
+
+
+def list_filters(query: QueryDict) -> tuple[dict[str, str], str]:
+    """The filter parameters and the search of a jobs list URL's query; a parameter the
+    list does not know raises :class:`~jobstate.console.job_search.SearchError`."""
+    filters: dict[str, str] = {}
+    search = ""
+    for name in query:
+        value = query.get(name, "")
+        if name == SEARCH_PARAMETER:
+            search = value
+        elif name in FILTER_PARAMETERS:
+            if value:
+                filters[name] = value
+        elif name not in _NOT_FILTERS:
+            raise SearchError(_("The jobs list has no filter “%(name)s”.") % {"name": name[:50]})
+    return filters, search
+
+
+def describe_filter(filters: dict[str, str], search: str) -> list[str]:
+    described = [f"{name.removesuffix('__exact')} = {value}" for name, value in filters.items()]
+    if search:
+        described.append(_("search: %(search)s") % {"search": search})
+    return described or [_("no filter: every job")]
+
+
+def bulk_links(model_admin: ScaledAdmin, request: HttpRequest) -> list[dict[str, str]]:
+    """The jobs list's links to the bulk actions the user may run, with its filter."""
+    query = request.GET.copy()
+    for name in _NOT_FILTERS:
+        query.pop(name, None)
+    suffix = f"?{query.urlencode()}" if query else ""
+    links = []
+    for action, permission in PERMISSIONS.items():
+        if getattr(model_admin, f"has_{permission}_permission")(request):
+            url = reverse(f"{model_admin.admin_site.name}:jobstate_job_bulk", args=[action])
+            links.append({"action": action, "label": str(TITLES[action]), "url": url + suffix})
+    return links
+
+
+def _require(model_admin: ScaledAdmin, request: HttpRequest, action: str) -> None:
+    """The action's permission and the jobs' view permission: the confirmation counts
+    the jobs matching any search, and the operation then acts on jobs the user would
+    otherwise not see."""
+    if action not in PERMISSIONS:
+        raise PermissionDenied
+    model_admin.require(
+        request,
+        model_admin.has_view_permission(request),
+        asked=f"for a bulk {action} without the view permission on jobs",
+    )
+    if not getattr(model_admin, f"has_{PERMISSIONS[BulkAction(action)]}_permission")(request):
+        raise PermissionDenied
+
+
+def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) -> HttpResponse:
+    """GET: the count and the filter; POST: record the operation and go to its page."""
+    _require(model_admin, request, action)
+    changelist = reverse(f"{model_admin.admin_site.name}:jobstate_job_changelist")
+    if request.method == "GET":
+        query = request.GET
+    elif request.method == "POST":
+        # The confirmation form carries the filter the page showed.
+        query = QueryDict(request.POST.get("_filter", ""))
+    else:
+        return HttpResponseNotAllowed(["GET", "POST"])
+    try:
+        filters, search = list_filters(query)
+        # The page's count; the operation counts again, on the database's clock, when it
+        # is recorded.
+        rows = filter_jobs(Job.objects.all(), filters, search)
+        count = rows.filter(action_applies(action)).count()
+    except SearchError as exc:
+        # Prefixed: the page capitalises a message's first letter, which would change a
+        # search field's name ("input:") at the start of the reason.
+        model_admin.message_user(
+            request, _("Nothing was started: %(why)s") % {"why": exc}, messages.ERROR
+        )
+        return HttpResponseRedirect(changelist)
+    form = RejectForm(request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        operation = start_bulk_operation(
+            action=action,
+            filters=filters,
+            search=search,
+            operator=model_admin.operator(request),
+            reason=form.cleaned_data.get("reason", "") if action == BulkAction.REJECT else "",
+        )
+        return HttpResponseRedirect(
+            reverse(
+                f"{model_admin.admin_site.name}:jobstate_job_bulk_progress", args=[operation.pk]
+            )
+        )
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": TITLES[BulkAction(action)],
+        "subtitle": None,
+        "opts": model_admin.opts,
+        "intro": INTROS[BulkAction(action)],
+        "action": action,
+        "count": count,
+        "filter_lines": describe_filter(filters, search),
+        "filter_query": query.urlencode(),
+        "form": form if action == BulkAction.REJECT else None,
+        "changelist_url": changelist + (f"?{query.urlencode()}" if query else ""),
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/jobstate/bulk_confirmation.html", context)
+
+
+def progress_view(model_admin: ScaledAdmin, request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: the operation's progress; POST ``step``: run batches for about 1.5 s (JSON
+    for the page's script, a redirect otherwise); POST ``stop``: cancel it."""
+    operation = get_object_or_404(BulkOperation, pk=pk)
+    if request.method == "GET":
+        if not model_admin.has_view_permission(request):
+            raise PermissionDenied
+    elif request.method == "POST":
+        _require(model_admin, request, operation.action)
+        if "stop" in request.POST:
+            try:
+                operation = cancel_bulk_operation(operation.pk, by=model_admin.operator(request))
+            except BulkOperationFinished as exc:
+                model_admin.message_user(request, str(exc), messages.WARNING)
+        else:
+            try:
+                operation = advance_bulk_operation(operation.pk)
+            except SearchError as exc:
+                # A filter recorded under older search rules that no longer reads.
+                message = _("This operation's filter cannot be read: %(why)s Stop it.") % {
+                    "why": exc
+                }
+                model_admin.message_user(request, message, messages.ERROR)
+                if request.headers.get("Accept", "").startswith("application/json"):
+                    return JsonResponse({**_progress(operation), "error": message}, status=400)
+                return HttpResponseRedirect(request.path)
+        if request.headers.get("Accept", "").startswith("application/json"):
+            return JsonResponse(_progress(operation))
+        return HttpResponseRedirect(request.path)
+    else:
+        return HttpResponseNotAllowed(["GET", "POST"])
+    may_run = getattr(model_admin, f"has_{PERMISSIONS[BulkAction(operation.action)]}_permission")(
+        request
+    )
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": _("Bulk operation #%(id)d: %(action)s")
+        % {"id": operation.pk, "action": operation.get_action_display()},
+        "subtitle": None,
+        "opts": model_admin.opts,
+        "operation": operation,
+        "progress": _progress(operation),
+        "filter_lines": describe_filter(operation.filters, operation.search),
+        "may_run": may_run,
+        "changelist_url": reverse(f"{model_admin.admin_site.name}:jobstate_job_changelist"),
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/jobstate/bulk_progress.html", context)
+
+
+def _progress(operation: BulkOperation) -> dict[str, Any]:
+    processed = operation.processed
+    total = max(operation.total, processed)
+    return {
+        "id": operation.pk,
+        "state": operation.state,
+        "total": operation.total,
+        "done": operation.done,
+        "skipped": operation.skipped,
+        "percent": 100
+        if operation.state != BulkState.RUNNING
+        else (int(100 * processed / total) if total else 0),
+    }
+
+
+def bulk_urls(model_admin: ScaledAdmin) -> list[Any]:
+    from django.urls import path
+
+    site = model_admin.admin_site
+    return [
+        path(
+            "bulk/<str:action>/",
+            site.admin_view(lambda request, action: confirm_view(model_admin, request, action)),
+            name="jobstate_job_bulk",
+        ),
+        path(
+            "bulk-operation/<int:pk>/",
+            site.admin_view(lambda request, pk: progress_view(model_admin, request, pk)),
+            name="jobstate_job_bulk_progress",
+        ),
+    ]
+
+
+@admin.register(BulkOperation)
+class BulkOperationAdmin(ReadOnlyAdmin):
+    """The bulk operations, read-only; each links to its progress page (where one that
+    stopped half-way, e.g. when its browser tab closed, is resumed)."""
+
+    list_display = [
+        "id",
+        "action",
+        "state_display",
+        "operator",
+        "total",
+        "done",
+        "skipped",
+        "created_at",
+        "progress_link",
+    ]
+    list_filter = ["action", "state"]
+    ordering = ["-id"]
+
+    @admin.display(description=gettext_lazy("state"), ordering="state")
+    def state_display(self, operation: BulkOperation) -> SafeString:
+        colour = {"running": "running", "done": "done", "cancelled": "rejected"}[operation.state]
+        return choice_badge(colour, operation.get_state_display())
+
+    @admin.display(description=gettext_lazy("progress"))
+    def progress_link(self, operation: BulkOperation) -> SafeString:
+        url = reverse(f"{self.admin_site.name}:jobstate_job_bulk_progress", args=[operation.pk])
+        label = _("resume") if operation.state == BulkState.RUNNING else _("show")
+        return format_html('<a href="{}">{}</a>', url, label)

@@ -1,0 +1,1 @@
+"""Integrations with other tools; each needs its extra installed."""

@@ -1,0 +1,304 @@
+"""The ``JOBSTATE`` settings namespace.
+
+Every default is declared here, once. The rest of the package reads settings through
+``jobstate.core.conf.jobstate_settings`` and never calls ``getattr(settings, ...)`` itself.
+Values are read lazily and the cache is dropped on ``setting_changed`` so tests can use
+``override_settings`` / the pytest ``settings`` fixture.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from difflib import get_close_matches
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Dotted paths of the store classes returned by get_run_store() / get_state_store().
+    "RUN_STORE": "jobstate.stores.database.DatabaseJobRunStore",
+    "STATE_STORE": "jobstate.stores.database.DatabaseStateStore",
+    # Operations-job runner (JobRunner) defaults.
+    "HEARTBEAT_INTERVAL": timedelta(seconds=30),
+    "STALE_RUN_AFTER": timedelta(minutes=5),
+    "DEFAULT_JOB_TIMEOUT": timedelta(minutes=10),
+    "REAP_SCOPE": "overlap-key",  # "overlap-key" | "all" | "off"
+    "REAP_LIMIT": 1000,  # rows one reap call may move; None = no cap
+    "ERROR_TEXT_LIMIT": 4000,
+    "SERVICE_REVISION": None,
+    # Modules imported at start-up so their @operations_job decorators register.
+    "OPERATIONS_JOB_MODULES": [],
+    # Largest JSON value (input, summary, payload) a store accepts, in bytes of UTF-8.
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    # Job queue (StateStore) defaults.
+    "WORKER_LEASE": timedelta(minutes=20),  # claim_next_inhub_job
+    "EXECUTOR_LEASE": timedelta(minutes=4),  # claim_next_job, extend_executor_leases
+    "EXECUTOR_DEAD_AFTER": timedelta(minutes=3),  # requeue_stale_dispatched, no lease
+    "EXECUTOR_HARD_CAP": timedelta(hours=2),  # requeue_stale_dispatched, any lease
+    "QUEUED_TTL": timedelta(minutes=30),  # expire_stale_queued
+    "THREAD_INFLIGHT_QUOTA": None,  # max queued+running+dispatched jobs per thread; None = off
+    "LIST_LIMIT": 500,  # rows one list_* call returns at most
+    "AUDIT_PRUNE_BATCH_SIZE": 250,  # rows one prune transaction deletes
+    # PostgreSQL: prepare the hot-path statements (claims, reports, the outbox completion)
+    # once they have run 5 times on a connection, even where Django leaves psycopg's
+    # prepared statements off. False behind PgBouncer in transaction mode before 1.21.
+    "PREPARED_STATEMENTS": True,
+    # Notification outbox and relay.
+    "OUTBOX_MAX_ATTEMPTS": 8,  # a row is dead-lettered after this many failed attempts
+    "OUTBOX_BACKOFF_BASE": timedelta(seconds=10),  # first retry delay, doubled per attempt
+    "OUTBOX_BACKOFF_MAX": timedelta(hours=1),  # longest retry delay
+    "OUTBOX_LEASE": timedelta(minutes=2),  # how long a relay holds a claimed row
+    "OUTBOX_BATCH_SIZE": 50,  # rows one relay pass claims
+    "WEBHOOK_SECRET": None,  # HMAC-SHA256 signing key of the webhook channel
+    "WEBHOOK_TIMEOUT": timedelta(seconds=10),
+    "CHANNELS": {
+        "webhook": "jobstate.outbox.channels.WebhookChannel",
+        "email": "jobstate.outbox.channels.EmailChannel",
+        "callable": "jobstate.outbox.channels.CallableChannel",
+    },
+    # Above this many rows in the jobs table (PostgreSQL's estimate), the metrics snapshot
+    # estimates the done / error / rejected counts from table statistics instead of
+    # counting every finished job; None = always count exactly.
+    "METRICS_EXACT_LIMIT": 100_000,
+    # Readiness and metrics endpoints: None = open, else the bearer token they require.
+    "OBSERVABILITY_TOKEN": None,
+    # Maintenance sweeps and retention.
+    "SWEEP_BATCH_SIZE": 1000,  # rows one reaping-sweep statement moves or deletes
+    # Rows one retention-sweep transaction deletes: smaller, because a deleting batch
+    # competes with live inserts for the write-ahead log (docs/benchmarks.md).
+    "RETENTION_BATCH_SIZE": 250,
+    "SWEEP_TIME_BUDGET": timedelta(seconds=30),  # one sweep call stops starting batches after this
+    "WORKER_ATTEMPT_LIMIT": 3,  # expired in-process leases requeue until this many attempts
+    "AUDIT_RETENTION": timedelta(days=30),
+    "FINISHED_JOB_RETENTION": timedelta(days=14),
+    "FINISHED_RUN_RETENTION": timedelta(days=30),
+    "DELIVERED_NOTIFICATION_RETENTION": timedelta(days=7),
+    # How long the Workers page keeps a worker after its last beat (stopped or lost).
+    "WORKER_RETENTION": timedelta(days=1),
+    # JSON keys (any depth, case-insensitive) whose values the admin shows as "••••" in
+    # job input / metadata / result, notification payloads and audit details.
+    "ADMIN_REDACTED_KEYS": ["password", "secret", "token", "api_key", "authorization"],
+    # django.tasks: on PostgreSQL, enqueueing a task sends NOTIFY (delivered at commit)
+    # and idle jobstate_worker processes LISTEN, so a task starts within milliseconds.
+    # Turn it off behind a pooler in transaction mode, which does not deliver
+    # notifications; workers then poll at their --interval.
+    "LISTEN_NOTIFY": True,
+    # Periodic schedules, by key: what each enqueues and when (a cron expression in a
+    # time zone). jobstate.schedules checks and evaluates them; see docs/schedules.md.
+    "SCHEDULES": {},
+    # The most missed slots one evaluation enqueues for a schedule with catch_up "all"
+    # (the latest ones; older missed slots are skipped).
+    "SCHEDULE_CATCH_UP_LIMIT": 100,
+}
+
+_DURATIONS = {
+    "HEARTBEAT_INTERVAL",
+    "STALE_RUN_AFTER",
+    "DEFAULT_JOB_TIMEOUT",
+    "WORKER_LEASE",
+    "EXECUTOR_LEASE",
+    "EXECUTOR_DEAD_AFTER",
+    "EXECUTOR_HARD_CAP",
+    "QUEUED_TTL",
+    "OUTBOX_BACKOFF_BASE",
+    "OUTBOX_BACKOFF_MAX",
+    "OUTBOX_LEASE",
+    "WEBHOOK_TIMEOUT",
+    "SWEEP_TIME_BUDGET",
+    "AUDIT_RETENTION",
+    "FINISHED_JOB_RETENTION",
+    "FINISHED_RUN_RETENTION",
+    "DELIVERED_NOTIFICATION_RETENTION",
+    "WORKER_RETENTION",
+}
+# Positive ints; those in _OPTIONAL may also be None.
+_POSITIVE_INTS = {
+    "THREAD_INFLIGHT_QUOTA",
+    "LIST_LIMIT",
+    "AUDIT_PRUNE_BATCH_SIZE",
+    "OUTBOX_MAX_ATTEMPTS",
+    "OUTBOX_BATCH_SIZE",
+    "SWEEP_BATCH_SIZE",
+    "RETENTION_BATCH_SIZE",
+    "WORKER_ATTEMPT_LIMIT",
+    "METRICS_EXACT_LIMIT",
+    "MAX_PAYLOAD_BYTES",
+    "ERROR_TEXT_LIMIT",
+    "SCHEDULE_CATCH_UP_LIMIT",
+}
+_OPTIONAL = {"THREAD_INFLIGHT_QUOTA", "METRICS_EXACT_LIMIT"}
+_BOOLEANS = {"PREPARED_STATEMENTS"}
+
+
+class JobStateSettings:
+    """Typed, lazy view over ``settings.JOBSTATE`` merged with :data:`DEFAULTS`."""
+
+    RUN_STORE: str
+    HEARTBEAT_INTERVAL: timedelta
+    STALE_RUN_AFTER: timedelta
+    DEFAULT_JOB_TIMEOUT: timedelta
+    REAP_SCOPE: str
+    REAP_LIMIT: int | None
+    ERROR_TEXT_LIMIT: int
+    SERVICE_REVISION: str | None
+    OPERATIONS_JOB_MODULES: list[str]
+    MAX_PAYLOAD_BYTES: int
+    STATE_STORE: str
+    WORKER_LEASE: timedelta
+    EXECUTOR_LEASE: timedelta
+    EXECUTOR_DEAD_AFTER: timedelta
+    EXECUTOR_HARD_CAP: timedelta
+    QUEUED_TTL: timedelta
+    THREAD_INFLIGHT_QUOTA: int | None
+    LIST_LIMIT: int
+    AUDIT_PRUNE_BATCH_SIZE: int
+    PREPARED_STATEMENTS: bool
+    OUTBOX_MAX_ATTEMPTS: int
+    OUTBOX_BACKOFF_BASE: timedelta
+    OUTBOX_BACKOFF_MAX: timedelta
+    OUTBOX_LEASE: timedelta
+    OUTBOX_BATCH_SIZE: int
+    WEBHOOK_SECRET: str | None
+    WEBHOOK_TIMEOUT: timedelta
+    CHANNELS: dict[str, str]
+    METRICS_EXACT_LIMIT: int | None
+    OBSERVABILITY_TOKEN: str | None
+    SWEEP_BATCH_SIZE: int
+    RETENTION_BATCH_SIZE: int
+    SWEEP_TIME_BUDGET: timedelta
+    WORKER_ATTEMPT_LIMIT: int
+    AUDIT_RETENTION: timedelta
+    FINISHED_JOB_RETENTION: timedelta
+    FINISHED_RUN_RETENTION: timedelta
+    DELIVERED_NOTIFICATION_RETENTION: timedelta
+    WORKER_RETENTION: timedelta
+    ADMIN_REDACTED_KEYS: list[str]
+    LISTEN_NOTIFY: bool
+    SCHEDULES: dict[str, dict[str, Any]]
+    SCHEDULE_CATCH_UP_LIMIT: int
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    def _user_settings(self) -> dict[str, Any]:
+        user = getattr(settings, "JOBSTATE", {}) or {}
+        if not isinstance(user, dict):
+            raise ImproperlyConfigured("settings.JOBSTATE must be a dict.")
+        unknown = unknown_setting_problems(user)
+        if unknown:
+            raise ImproperlyConfigured(" ".join(unknown))
+        return user
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in DEFAULTS:
+            raise AttributeError(name)
+        if name not in self._cache:
+            self._cache[name] = checked_value(name, self._user_settings().get(name, DEFAULTS[name]))
+        return self._cache[name]
+
+    def problems(self) -> list[str]:
+        """Every problem of ``settings.JOBSTATE``, one sentence each: each unknown name
+        (with the known one it was likely meant as) and each bad value. The system check
+        ``jobstate.E001`` reports them all at once; reading a setting raises the first."""
+        user = getattr(settings, "JOBSTATE", {}) or {}
+        if not isinstance(user, dict):
+            return ["settings.JOBSTATE must be a dict."]
+        problems = unknown_setting_problems(user)
+        for name, default in DEFAULTS.items():
+            try:
+                checked_value(name, user.get(name, default))
+            except ImproperlyConfigured as exc:
+                problems.append(str(exc))
+        return problems
+
+    def reload(self) -> None:
+        self._cache.clear()
+
+
+def unknown_setting_problems(user: dict[Any, Any]) -> list[str]:
+    """One sentence per name of ``user`` that is no ``JOBSTATE`` setting, suggesting
+    the known setting it is closest to (a typo of ``HEARTBEAT_INTERVAL``)."""
+    problems = []
+    for name in sorted(set(user) - set(DEFAULTS), key=str):
+        close = get_close_matches(str(name), DEFAULTS, n=1) if isinstance(name, str) else []
+        hint = (
+            f"did you mean {close[0]}?"
+            if close
+            else f"known settings: {', '.join(sorted(DEFAULTS))}."
+        )
+        problems.append(f"Unknown JOBSTATE setting {name!r}; {hint}")
+    return problems
+
+
+def checked_value(name: str, value: Any) -> Any:
+    """``value`` of setting ``name`` if it is valid, else ``ImproperlyConfigured``."""
+    if name in _DURATIONS and not (isinstance(value, timedelta) and value > timedelta(0)):
+        raise ImproperlyConfigured(
+            f"JOBSTATE[{name!r}] must be a positive datetime.timedelta, got {value!r}."
+        )
+    if (
+        name in _POSITIVE_INTS
+        and not (value is None and name in _OPTIONAL)
+        and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+    ):
+        allowed = "a positive int or None" if name in _OPTIONAL else "a positive int"
+        raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be {allowed}, got {value!r}.")
+    if name in _BOOLEANS and not isinstance(value, bool):
+        raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be True or False, got {value!r}.")
+    _check_shape(name, value)
+    return value
+
+
+def _check_shape(name: str, value: Any) -> None:
+    """The settings whose mistakes would otherwise only show on a request: an empty
+    token would leave the endpoints it guards open, a bare string of keys would redact
+    by its letters."""
+    if (
+        name == "OBSERVABILITY_TOKEN"
+        and value is not None
+        and not (isinstance(value, str) and value)
+    ):
+        raise ImproperlyConfigured(
+            "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string, got "
+            f"{type(value).__name__}."
+        )
+    if name == "LISTEN_NOTIFY" and not isinstance(value, bool):
+        raise ImproperlyConfigured(
+            f"JOBSTATE['LISTEN_NOTIFY'] must be True or False, got {value!r}."
+        )
+    # Each schedule's own keys are checked by jobstate.schedules (jobstate.E030), one
+    # message per problem; here only what every reader relies on.
+    if name == "SCHEDULES" and not isinstance(value, dict):
+        raise ImproperlyConfigured(
+            "JOBSTATE['SCHEDULES'] must be a dict of schedule key -> declaration, got "
+            f"{type(value).__name__}."
+        )
+    if name == "OPERATIONS_JOB_MODULES" and (
+        isinstance(value, str)
+        or not isinstance(value, list | tuple)
+        or not all(isinstance(module, str) and module for module in value)
+    ):
+        raise ImproperlyConfigured(
+            "JOBSTATE['OPERATIONS_JOB_MODULES'] must be a list of dotted module names, got "
+            f"{value!r}."
+        )
+    if name == "ADMIN_REDACTED_KEYS" and (
+        isinstance(value, str)
+        or not isinstance(value, list | tuple | set | frozenset)
+        or not all(isinstance(key, str) and key for key in value)
+    ):
+        raise ImproperlyConfigured(
+            f"JOBSTATE['ADMIN_REDACTED_KEYS'] must be a list of non-empty strings, got {value!r}."
+        )
+
+
+jobstate_settings = JobStateSettings()
+
+
+@receiver(setting_changed)
+def _reload_jobstate_settings(*, setting: str, **kwargs: Any) -> None:
+    if setting == "JOBSTATE":
+        jobstate_settings.reload()

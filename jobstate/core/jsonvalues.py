@@ -1,0 +1,89 @@
+"""Strict JSON checking for values the stores persist.
+
+Django's ``JSONField`` accepts ``NaN`` (which PostgreSQL then rejects, and SQLite stores
+as an invalid token), silently turns tuples into lists and integer keys into strings.
+The contract says a value that cannot round-trip must raise instead of being changed or
+dropped, so every store checks values here before writing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from jobstate.core.conf import jobstate_settings
+from jobstate.exceptions import InvalidPayload
+
+#: A ``\u0000`` escape in encoded JSON that stands for a NUL character: preceded by an
+#: even number of backslashes (none, or escaped backslashes), so the six characters
+#: ``\u0000`` inside a string (encoded as ``\\u0000``) do not match.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _exact_float(literal: str) -> float:
+    """``parse_float`` of the round trip: refuse the floats PostgreSQL's ``jsonb`` would
+    give back changed. ``jsonb`` keeps numbers as decimals and prints them without an
+    exponent, so a float Python writes with a positive exponent (magnitude 1e16 or
+    more) comes back as an integer, mostly a different one (1e23 -> 10**23), and a
+    negative zero comes back as 0.0."""
+    value = float(literal)
+    if "e+" in literal.lower():
+        raise InvalidPayload(
+            f"the float {literal} cannot be stored exactly (PostgreSQL returns floats of "
+            "magnitude 1e16 or more as integers); store it as an int or a string."
+        )
+    if value == 0 and literal.startswith("-"):
+        raise InvalidPayload(
+            "the float -0.0 cannot be stored exactly (PostgreSQL drops the sign of zero)."
+        )
+    return value
+
+
+def json_size(value: Any) -> int:
+    """The size in bytes of ``value`` as :func:`ensure_json` measures it against
+    ``MAX_PAYLOAD_BYTES``: the UTF-8 of its ``json.dumps`` encoding. ``value`` must be
+    JSON holding no lone surrogate."""
+    return len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+
+
+def ensure_json(value: Any, *, field: str) -> Any:
+    """Return ``value`` unchanged if it survives a strict JSON round trip, else raise
+    :class:`InvalidPayload` naming ``field``.
+
+    Rejected: NaN and infinities, cyclic structures, objects JSON cannot encode, values
+    that would come back different (tuples, non-string keys, floats of magnitude 1e16
+    or more and negative zero, which PostgreSQL's ``jsonb`` turns into other numbers),
+    NUL characters (PostgreSQL ``jsonb`` cannot hold them), lone surrogates and
+    encodings larger than ``MAX_PAYLOAD_BYTES``.
+    """
+    try:
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidPayload(f"{field} is not strict JSON: {exc}") from exc
+    # With ensure_ascii=False a NUL is still written as the escape \u0000.
+    # (The substring test first: the pattern is slow to run over a large value.)
+    if "\x00" in encoded or ("\\u0000" in encoded and _NUL_ESCAPE.search(encoded)):
+        raise InvalidPayload(f"{field} contains a NUL character, which cannot be stored.")
+    limit = jobstate_settings.MAX_PAYLOAD_BYTES
+    try:
+        size = len(encoded.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # a lone surrogate: no database can store it
+        raise InvalidPayload(f"{field} contains text that is not valid Unicode: {exc}") from exc
+    if size > limit:
+        raise InvalidPayload(
+            f"{field} is {size} bytes of JSON; the limit is {limit} "
+            "(JOBSTATE['MAX_PAYLOAD_BYTES']).",
+        )
+    try:
+        decoded = json.loads(encoded, parse_float=_exact_float)
+    except InvalidPayload as exc:
+        raise InvalidPayload(f"{field}: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # e.g. an int past Python's digit limit
+        raise InvalidPayload(f"{field} is not strict JSON: {exc}") from exc
+    if decoded != value:
+        raise InvalidPayload(
+            f"{field} does not survive a JSON round trip unchanged "
+            "(tuples, non-string keys or other values JSON cannot represent exactly)."
+        )
+    return value

@@ -1,0 +1,414 @@
+"""What a state store backend implements: the protected primitives behind the public
+methods of :class:`~jobstate.stores.contracts.state_store.StateStore`.
+
+The public methods validate their arguments once and then call these with clean
+values: ids are :class:`uuid.UUID`, statuses :class:`~jobstate.core.states.JobStatus`,
+durations positive or zero :class:`~datetime.timedelta` (defaults already applied),
+instants aware and in UTC, patches checked by
+:func:`~jobstate.stores.contracts.validation.clean_job_fields`, limits positive ints, and a target
+scope a non-empty list (``None`` where the caller did not narrow). A primitive never
+re-checks them; it keeps the guarantee its public method documents, atomically, on the
+store's own clock.
+
+A backend implements every abstract primitive. ``_claim_batch`` and
+``_complete_claimed_batch`` have portable defaults built from the single-job primitives;
+a backend overrides them for a faster path. The primitives of an optional capability
+are implemented only by a backend that sets its ``supports_*`` flag; their defaults
+raise :class:`~jobstate.exceptions.UnsupportedStoreOperation`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from jobstate.core.states import (
+    TERMINAL_JOB_STATUSES,
+    DeliveryRequeueOutcome,
+    JobOperationalMetrics,
+    JobStatus,
+    NotificationRequest,
+    Readiness,
+)
+from jobstate.exceptions import UnsupportedStoreOperation
+from jobstate.stores.contracts.state_validation import ParsedReport
+
+if TYPE_CHECKING:
+    from jobstate.models import AuditEntry, Job
+    from jobstate.stores.contracts.audit import AuditFields
+    from jobstate.stores.contracts.outbox_repository import NotificationOutbox
+    from jobstate.stores.contracts.sweep_store import SweepStore
+
+__all__ = [
+    "METRICS_TERMINAL_WINDOW",
+    "MONITOR_SOURCE",
+    "AuditSubject",
+    "Settled",
+    "StateStorePrimitives",
+    "operational_metrics",
+]
+
+#: The job id (or ``None``) and request id an audit entry names.
+AuditSubject = tuple["uuid.UUID | None", str]
+
+#: What a fenced report answers: whether its write applied, and the job as stored
+#: afterwards (``None`` when no job has that id).
+Settled = tuple[bool, "Job | None"]
+
+#: How far back ``terminal_last_15m`` looks.
+METRICS_TERMINAL_WINDOW = timedelta(minutes=15)
+
+#: Jobs of this ``source`` are probes; they do not age the queue (``oldest_queued_age``).
+MONITOR_SOURCE = "monitor"
+
+_TERMINAL_KEYS = sorted(status.value for status in TERMINAL_JOB_STATUSES)
+
+
+class StateStorePrimitives(ABC):
+    """The primitives of a state store (see the module docstring for what they receive)."""
+
+    # --- capabilities ----------------------------------------------------------------
+    # Which optional public methods the store offers, each with the primitives it then
+    # implements. A public method whose flag is off raises UnsupportedStoreOperation
+    # before it checks or writes anything.
+
+    #: ``claim_next_inhub_jobs``, ``complete_claimed_jobs`` and ``extend_claim_leases``
+    #: (``_claim_batch``, ``_complete_claimed_batch``, ``_extend_claim_leases``). The
+    #: base builds them from the single-job primitives, so every store has them unless
+    #: it turns them off.
+    supports_batch_claims: ClassVar[bool] = True
+    #: django.tasks tasks: ``enqueue_task``, ``claim_tasks``, ``recover_expired_tasks``
+    #: and ``count_expired_tasks`` (``_enqueue_task``, ``_claim_tasks``,
+    #: ``_list_expired_tasks``). The base enqueues with ``_create_job`` and recovers over
+    #: ``_lock_job`` and ``_complete_claimed``.
+    supports_tasks: ClassVar[bool] = False
+    #: ``complete_job_with_notifications`` and ``notification_outbox``
+    #: (``_complete_with_notifications``, ``_notification_outbox``).
+    supports_outbox: ClassVar[bool] = False
+    #: ``requeue_approved_job_once`` (``_recorded_decision``, ``_record_decision``).
+    supports_approvals: ClassVar[bool] = False
+    #: ``requeue_delivery_job_once`` (``_requeue_delivery``).
+    supports_delivery_replay: ClassVar[bool] = False
+    #: ``operational_metrics_snapshot`` (``_metrics_snapshot``).
+    supports_metrics: ClassVar[bool] = False
+    #: ``schema_readiness`` (``_schema_readiness``).
+    supports_readiness: ClassVar[bool] = False
+    #: ``sweep_store`` (``_sweep_store``): the batch operations of the maintenance
+    #: sweeps (:mod:`jobstate.maintenance`) over the store's data.
+    supports_sweeps: ClassVar[bool] = False
+    #: ``pause_queue``, ``resume_queue`` and ``paused_queues`` (``_pause_queue``,
+    #: ``_resume_queue``, ``_paused_queues``); every claim primitive then passes over
+    #: the jobs of a paused queue (:mod:`jobstate.stores.contracts.fleet_part`).
+    supports_queue_pauses: ClassVar[bool] = False
+    #: ``register_worker``, ``beat_worker`` and ``stop_worker`` (``_register_worker``,
+    #: ``_beat_worker``, ``_stop_worker``): the worker processes the console lists.
+    supports_worker_registry: ClassVar[bool] = False
+
+    #: ``delete_finished_job`` (``_delete_job``).
+    supports_job_deletion: ClassVar[bool] = False
+
+    # --- one unit of work ------------------------------------------------------------
+
+    @abstractmethod
+    def _atomic(self) -> AbstractContextManager[object]:
+        """A block whose primitives run as one unit against concurrent callers: a
+        database transaction (a savepoint inside a caller's), or the lock of a
+        process-local store. A database backend rolls the block back when it raises;
+        the base raises inside a block after a write only on races a process-local
+        store cannot have (an insert beaten by a concurrent one, a row moved in spite of
+        its lock), so a lock is enough there."""
+
+    # --- jobs ------------------------------------------------------------------------
+
+    @abstractmethod
+    def _find_by_request_id(self, request_id: str) -> Job | None:
+        """The job with that ``request_id``, or ``None``."""
+
+    @abstractmethod
+    def _get_job(self, pk: uuid.UUID) -> Job | None:
+        """The job with that id, or ``None``."""
+
+    @abstractmethod
+    def _create_job(self, cleaned: dict[str, Any]) -> Job:
+        """Insert a job (``request_id`` and the fields given; the rest at their
+        defaults, ``created_at`` and ``updated_at`` on the store's clock) and return it
+        as stored. A taken ``request_id`` raises
+        :func:`~jobstate.stores.contracts.state_validation.duplicate_request` and writes nothing."""
+
+    @abstractmethod
+    def _enqueue_job(self, cleaned: dict[str, Any], quota: int | None) -> tuple[Job, bool]:
+        """Insert a job unless one with its ``request_id`` exists: ``(job, True)`` when
+        inserted, ``(existing, False)`` otherwise (the base compares the payloads).
+        With a ``quota`` and a ``thread_id``, count the thread's in-flight jobs in the
+        same atomic step as the insert and call
+        :func:`~jobstate.stores.contracts.state_validation.check_thread_quota` before inserting."""
+
+    @abstractmethod
+    def _update_job(
+        self, pk: uuid.UUID, cleaned: dict[str, Any], expected: list[JobStatus] | None
+    ) -> Job | None:
+        """Write ``cleaned`` and ``updated_at`` in one atomic step, only while the job's
+        status is one of ``expected`` (any status when ``None``; never empty), and
+        return the job as written; ``None`` when nothing was written."""
+
+    @abstractmethod
+    def _lock_job(self, pk: uuid.UUID, *, lease_ended: bool = False) -> Job | None:
+        """The job, held against concurrent writers until the enclosing
+        :meth:`_atomic` block ends; ``None`` when there is none. With ``lease_ended``,
+        only a running or dispatched job whose ``lease_until`` is before the store's
+        clock."""
+
+    def _delete_job(self, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
+        """Delete the job while its status is one of ``expected``, in one atomic step;
+        whether it was deleted. Its audit entries stay."""
+        raise self._missing_primitive("supports_job_deletion", "_delete_job")
+
+    # --- claims and reports ----------------------------------------------------------
+
+    @abstractmethod
+    def _claim(
+        self, scope: list[str], owner: str, lease: timedelta, status: JobStatus
+    ) -> Job | None:
+        """Move the oldest ready queued job of ``scope`` that passes the per-thread
+        gate to ``status`` (running or dispatched) for ``owner``, atomically, and
+        return it; ``None`` when nothing is claimable. See
+        :meth:`~jobstate.stores.contracts.state_store.StateStore.claim_next_job` for the fields a
+        claim sets."""
+
+    def _claim_batch(self, scope: list[str], owner: str, lease: timedelta, limit: int) -> list[Job]:
+        """Claim up to ``limit`` jobs for an in-process worker, in any order (the base
+        sorts them). One :meth:`_claim` after another inside one :meth:`_atomic`
+        block: each passes the thread gate with the earlier claims of the batch
+        applied, so a thread gives at most one job to a batch."""
+        claimed: list[Job] = []
+        with self._atomic():
+            while len(claimed) < limit:
+                job = self._claim(scope, owner, lease, JobStatus.RUNNING)
+                if job is None:
+                    break
+                claimed.append(job)
+        return claimed
+
+    @abstractmethod
+    def _complete_claimed(
+        self, pk: uuid.UUID, token: uuid.UUID, status: JobStatus, cleaned: dict[str, Any]
+    ) -> Settled:
+        """Fenced report: while the job is running or dispatched under ``token``,
+        write ``cleaned`` and ``status``, clear the claim fields and stamp
+        ``updated_at``, in one atomic step."""
+
+    def _complete_claimed_batch(self, reports: list[ParsedReport]) -> list[Settled]:
+        """Apply many fenced reports, one answer per report in the order given. One
+        :meth:`_complete_claimed` after another inside one :meth:`_atomic` block."""
+        with self._atomic():
+            return [self._complete_claimed(*report) for report in reports]
+
+    @abstractmethod
+    def _extend_claim_lease(self, pk: uuid.UUID, token: uuid.UUID, lease: timedelta | None) -> bool:
+        """While ``token`` is the claimed job's current one, move ``lease_until`` to the
+        store's clock + ``lease`` (``None``: ``JOBSTATE['WORKER_LEASE']`` for a running
+        job, ``JOBSTATE['EXECUTOR_LEASE']`` for a dispatched one)."""
+
+    def _extend_claim_leases(
+        self, pairs: list[tuple[uuid.UUID, uuid.UUID]], lease: timedelta
+    ) -> list[uuid.UUID]:
+        """Renew the lease of every ``(job id, claim token)`` whose token is still its
+        job's current claim, to the store's clock + ``lease``; return the ids renewed.
+        One :meth:`_extend_claim_lease` after another inside one :meth:`_atomic` block."""
+        with self._atomic():
+            return [pk for pk, token in pairs if self._extend_claim_lease(pk, token, lease)]
+
+    # --- leases and maintenance ------------------------------------------------------
+
+    @abstractmethod
+    def _extend_executor_leases(self, executor_id: str, lease: timedelta) -> int:
+        """Renew every dispatched job of ``executor_id``; return how many."""
+
+    @abstractmethod
+    def _requeue_stale_dispatched(
+        self, dead_after: timedelta, hard_cap: timedelta, scope: list[str] | None
+    ) -> int:
+        """The conditional sweep of
+        :meth:`~jobstate.stores.contracts.state_store.StateStore.requeue_stale_dispatched`."""
+
+    @abstractmethod
+    def _list_expired_leases(
+        self,
+        statuses: list[JobStatus],
+        fallback_older_than: timedelta,
+        scope: list[str] | None,
+        limit: int,
+    ) -> list[Job]:
+        """See :meth:`~jobstate.stores.contracts.state_store.StateStore.list_expired_leases`
+        (``statuses`` is never empty)."""
+
+    @abstractmethod
+    def _list_jobs_by_status(
+        self,
+        statuses: list[JobStatus],
+        older_than: timedelta | None,
+        scope: list[str] | None,
+        limit: int,
+    ) -> list[Job]:
+        """See :meth:`~jobstate.stores.contracts.state_store.StateStore.list_jobs_by_status`
+        (``statuses`` is never empty)."""
+
+    @abstractmethod
+    def _expire_stale_queued(self, ttl: timedelta, scope: list[str] | None) -> int:
+        """The conditional sweep of
+        :meth:`~jobstate.stores.contracts.state_store.StateStore.expire_stale_queued`."""
+
+    @abstractmethod
+    def _count_inflight(self, thread_id: int) -> int:
+        """How many jobs of the thread are queued, running or dispatched."""
+
+    # --- audit ledger and runtime locks ----------------------------------------------
+
+    @abstractmethod
+    def _append_audit_entry(
+        self, subject: AuditSubject, event: str, fields: AuditFields, at: datetime | None
+    ) -> AuditEntry:
+        """Append one entry naming ``subject`` (job id or ``None``, request id) with the
+        completed ``fields``; stamp it with ``at``, or the store's clock when ``None``."""
+
+    @abstractmethod
+    def _list_audit(
+        self, job_id: uuid.UUID | None, request_id: str | None, limit: int
+    ) -> list[AuditEntry]:
+        """Entries of the job and/or request id (at least one is given), oldest first."""
+
+    @abstractmethod
+    def _prune_audit(self, cutoff: datetime, batch_size: int) -> int:
+        """Delete entries stamped before ``cutoff``; return how many."""
+
+    @abstractmethod
+    def _acquire_lock(self, lock_key: str, owner: str, ttl: timedelta) -> bool:
+        """See :meth:`~jobstate.stores.contracts.state_store.StateStore.acquire_runtime_lock`."""
+
+    @abstractmethod
+    def _release_lock(self, lock_key: str, owner: str) -> None:
+        """See :meth:`~jobstate.stores.contracts.state_store.StateStore.release_runtime_lock`."""
+
+    # --- optional: the outbox (supports_outbox) --------------------------------------
+
+    def _complete_with_notifications(
+        self, original: Job, cleaned: dict[str, Any], requests: list[NotificationRequest]
+    ) -> Job | None:
+        """One transaction: while the job still has ``original``'s status and claim
+        token, write ``cleaned`` (its status is terminal) and clear the claim fields,
+        append a ``finished`` audit entry and insert one notification per request;
+        ``None`` when the fence does not match. A key already in the outbox raises
+        :class:`~jobstate.exceptions.DuplicateNotification` and writes nothing."""
+        raise self._missing_primitive("supports_outbox", "_complete_with_notifications")
+
+    def _notification_outbox(self) -> NotificationOutbox:
+        """The outbox repository on the store's notifications."""
+        raise self._missing_primitive("supports_outbox", "_notification_outbox")
+
+    # --- optional: approvals (supports_approvals) ------------------------------------
+
+    def _recorded_decision(self, decision_id: str) -> uuid.UUID | None:
+        """The job the permanent marker of ``decision_id`` names, or ``None``."""
+        raise self._missing_primitive("supports_approvals", "_recorded_decision")
+
+    def _record_decision(
+        self, decision_id: str, pk: uuid.UUID, approver: str, comment: str
+    ) -> uuid.UUID | None:
+        """Store the permanent marker of ``decision_id`` for job ``pk``: ``None`` when
+        stored, or the job named by the marker of a concurrent approval that stored the
+        same ``decision_id`` first (nothing written then)."""
+        raise self._missing_primitive("supports_approvals", "_record_decision")
+
+    # --- optional: dead-letter replay (supports_delivery_replay) ---------------------
+
+    def _requeue_delivery(
+        self, pk: uuid.UUID, dlq_key: str, requested_by: str
+    ) -> DeliveryRequeueOutcome:
+        """See
+        :meth:`~jobstate.stores.contracts.state_store.StateStore.requeue_delivery_job_once`."""
+        raise self._missing_primitive("supports_delivery_replay", "_requeue_delivery")
+
+    # --- optional: django.tasks (supports_tasks) ----------------------------------------
+
+    def _enqueue_task(self, cleaned: dict[str, Any]) -> Job:
+        """Insert a task's job (``cleaned`` holds its ``request_id``, target, task
+        fields and input) and return it as stored. A store that can wake waiting workers
+        (PostgreSQL's ``NOTIFY``) does so here, in the same unit of work as the insert."""
+        return self._create_job(cleaned)
+
+    def _claim_tasks(
+        self,
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> list[Job]:
+        """Claim up to ``limit`` ready queued tasks of ``target`` in ``queues`` (``None``:
+        any queue), atomically, in claim order (see
+        :meth:`~jobstate.stores.contracts.tasks_part.TaskStateStore.claim_tasks`)."""
+        raise self._missing_primitive("supports_tasks", "_claim_tasks")
+
+    def _list_expired_tasks(self, limit: int) -> list[Job]:
+        """Up to ``limit`` running tasks whose lease ended before the store's clock,
+        oldest lease first (the candidates of ``recover_expired_tasks``)."""
+        raise self._missing_primitive("supports_tasks", "_list_expired_tasks")
+
+    # --- optional: maintenance sweeps (supports_sweeps) --------------------------------
+
+    def _sweep_store(self) -> SweepStore:
+        """A new sweep store over this store's jobs, audit entries, locks and outbox."""
+        raise self._missing_primitive("supports_sweeps", "_sweep_store")
+
+    # --- optional: observability (supports_metrics, supports_readiness) --------------
+
+    def _metrics_snapshot(self, now: datetime | None, exact: bool) -> JobOperationalMetrics:
+        """The figures at ``now`` (``None``: the store's clock); see
+        :func:`operational_metrics`."""
+        raise self._missing_primitive("supports_metrics", "_metrics_snapshot")
+
+    def _schema_readiness(self) -> Readiness:
+        """Whether the schema is usable; never raises."""
+        raise self._missing_primitive("supports_readiness", "_schema_readiness")
+
+    def _require(self, supported: bool, flag: str, operation: str) -> None:
+        """Refuse ``operation`` up front when the capability ``flag`` names is off."""
+        if not supported:
+            raise UnsupportedStoreOperation(
+                f"{type(self).__name__} does not support {operation}() ({flag} is False)."
+            )
+
+    def _missing_primitive(self, flag: str, primitive: str) -> UnsupportedStoreOperation:
+        return UnsupportedStoreOperation(
+            f"{type(self).__name__} sets {flag} but does not implement {primitive}()."
+        )
+
+
+def operational_metrics(
+    *,
+    by_status: dict[str, int],
+    terminal: dict[str, int],
+    oldest_queued_age: timedelta | None,
+    delayed: int,
+    expired: int,
+    blocked: int,
+    estimated: dict[str, int] | None = None,
+) -> JobOperationalMetrics:
+    """The snapshot a store's counts make: every status and terminal status present,
+    every figure clamped to ``>= 0``, and ``estimated`` (counts of finished jobs read
+    from statistics instead of counted) named in ``estimated_statuses``."""
+    statuses = dict.fromkeys(JobStatus.values, 0) | by_status | (estimated or {})
+    finished = dict.fromkeys(_TERMINAL_KEYS, 0) | terminal
+    age = 0.0 if oldest_queued_age is None else oldest_queued_age.total_seconds()
+    return JobOperationalMetrics(
+        by_status={status: max(0, count) for status, count in statuses.items()},
+        terminal_last_15m={status: max(0, count) for status, count in finished.items()},
+        oldest_queued_age_seconds=max(0.0, age),
+        delayed_queued_jobs=max(0, delayed),
+        expired_leases=max(0, expired),
+        blocked_threads=max(0, blocked),
+        estimated_statuses=tuple(sorted(estimated)) if estimated is not None else (),
+    )

@@ -1,0 +1,420 @@
+"""The part of the state store's public API every backend has: the job queue (intake,
+updates, claims, fenced reports, leases and maintenance), the audit ledger and runtime
+locks.
+
+Each method checks its arguments once and calls the primitives of
+:class:`~jobstate.stores.contracts.primitives.StateStorePrimitives` with clean values.
+:class:`~jobstate.stores.contracts.state_store.StateStore`, the contract's public name, adds the
+transitions written once over these primitives and the optional capabilities.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from jobstate.core.conf import jobstate_settings
+from jobstate.core.states import ClaimReport, CompletionOutcome, JobId, JobStatus
+from jobstate.exceptions import InvalidJobState
+from jobstate.stores.contracts.audit import complete_audit_fields
+from jobstate.stores.contracts.primitives import AuditSubject, StateStorePrimitives
+from jobstate.stores.contracts.state_validation import (
+    JOB_CREATE_FIELDS,
+    JOB_ENQUEUE_FIELDS,
+    JOB_REPORT_FIELDS,
+    parse_batch_limit,
+    parse_claim_pairs,
+    parse_claim_reports,
+)
+from jobstate.stores.contracts.validation import (
+    ENQUEUE_PAYLOAD_FIELDS,
+    JOB_PATCH_FIELDS,
+    check_same_request,
+    clean_job_fields,
+    parse_claim_targets,
+    parse_limit,
+    parse_statuses,
+    parse_targets,
+    parse_thread_id,
+    parse_uuid,
+    require_text,
+    required_request_id,
+    resolve_lease,
+    text_problem,
+    validate_duration,
+    validate_instant,
+    validate_release_status,
+)
+
+if TYPE_CHECKING:
+    from jobstate.models import AuditEntry, Job
+
+__all__ = ["CompletionResult", "CoreStateStore"]
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    """The outcome of a fenced report and the job as stored afterwards (``None`` only
+    for ``NOT_FOUND``)."""
+
+    outcome: CompletionOutcome
+    job: Job | None
+
+    @property
+    def completed(self) -> bool:
+        return self.outcome is CompletionOutcome.COMPLETED
+
+
+class CoreStateStore(StateStorePrimitives):
+    """The job queue, the audit ledger and runtime locks; see
+    :class:`~jobstate.stores.contracts.state_store.StateStore` for the guarantees."""
+
+    # --- jobs ------------------------------------------------------------------------
+
+    def find_by_request_id(self, request_id: str) -> Job | None:
+        """The job with that ``request_id``, or ``None``."""
+        return self._find_by_request_id(require_text(request_id, field="request_id"))
+
+    def get_job(self, job_id: JobId) -> Job | None:
+        """The job with that id, or ``None``. A malformed id raises ``InvalidJobState``."""
+        return self._get_job(parse_uuid(job_id, field="job_id"))
+
+    def create_job(self, **fields: Any) -> Job:
+        """Insert a job and return it as stored. ``request_id`` is required; the other
+        fields come from :data:`JOB_PATCH_FIELDS` (``status`` defaults to queued). An
+        existing ``request_id`` raises :class:`~jobstate.exceptions.DuplicateRequestId`
+        and writes nothing."""
+        cleaned = clean_job_fields(fields, allowed=JOB_CREATE_FIELDS, action="create_job")
+        required_request_id(cleaned, action="create_job")
+        return self._create_job(cleaned)
+
+    def enqueue(self, **fields: Any) -> tuple[Job, bool]:
+        """Queue a new job, idempotently by ``request_id``: return ``(job, True)`` when it
+        was created, ``(existing, False)`` when the same request (see
+        :data:`ENQUEUE_PAYLOAD_FIELDS`) was queued before, and raise
+        :class:`~jobstate.exceptions.IdempotencyConflict` for a different payload under the
+        same ``request_id``. A new job in a thread that already has
+        ``JOBSTATE['THREAD_INFLIGHT_QUOTA']`` in-flight jobs raises
+        :class:`~jobstate.exceptions.ThreadQuotaExceeded`. Accepts :data:`ENQUEUE_FIELDS`."""
+        cleaned = clean_job_fields(fields, allowed=JOB_ENQUEUE_FIELDS, action="enqueue")
+        required_request_id(cleaned, action="enqueue")
+        job, created = self._enqueue_job(cleaned, jobstate_settings.THREAD_INFLIGHT_QUOTA)
+        if not created:
+            stored = {name: getattr(job, name) for name in ENQUEUE_PAYLOAD_FIELDS}
+            check_same_request(job.request_id, stored, cleaned)
+        return job, created
+
+    def update_job(self, job_id: JobId, **patch: Any) -> Job | None:
+        """Write ``patch`` (see :func:`clean_job_fields`) and ``updated_at``; return the job
+        re-read, or ``None`` when no job has that id."""
+        pk = parse_uuid(job_id, field="job_id")
+        cleaned = clean_job_fields(patch, allowed=JOB_PATCH_FIELDS, action="update_job")
+        return self._update_job(pk, cleaned, None)
+
+    def update_job_if_status(
+        self, job_id: JobId, expected_statuses: Iterable[str], **patch: Any
+    ) -> Job | None:
+        """Like :meth:`update_job`, but only while the job's status is one of
+        ``expected_statuses`` (one atomic conditional write). ``None`` means the job is
+        missing or another caller moved it on; nothing was written. An empty
+        ``expected_statuses`` writes nothing and returns ``None``."""
+        expected = parse_statuses(expected_statuses)
+        pk = parse_uuid(job_id, field="job_id")
+        cleaned = clean_job_fields(patch, allowed=JOB_PATCH_FIELDS, action="update_job_if_status")
+        if not expected:
+            return None
+        return self._update_job(pk, cleaned, expected)
+
+    # --- claims ----------------------------------------------------------------------
+
+    def claim_next_job(
+        self, targets: Sequence[str], executor_id: str, lease: timedelta | None = None
+    ) -> Job | None:
+        """Claim the oldest ready queued job of ``targets`` for a remote executor: it
+        becomes ``dispatched`` with ``executor_id``, ``claimed_at`` and ``dispatched_at``
+        set to the store's clock, ``lease_until`` = clock + ``lease`` (default
+        ``JOBSTATE['EXECUTOR_LEASE']``), a fresh ``claim_token`` and ``run_after`` cleared.
+        ``None`` when nothing is claimable or ``targets`` is empty."""
+        owner = require_text(executor_id, field="executor_id")
+        duration = resolve_lease(lease, jobstate_settings.EXECUTOR_LEASE)
+        scope = parse_claim_targets(targets)
+        return self._claim(scope, owner, duration, JobStatus.DISPATCHED) if scope else None
+
+    def claim_next_inhub_job(
+        self, targets: Sequence[str], worker_id: str, lease: timedelta | None = None
+    ) -> Job | None:
+        """As :meth:`claim_next_job` for an in-process worker: the job becomes ``running``
+        with ``executor_id = worker_id`` and no ``dispatched_at``; ``lease`` defaults to
+        ``JOBSTATE['WORKER_LEASE']``."""
+        owner = require_text(worker_id, field="worker_id")
+        duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
+        scope = parse_claim_targets(targets)
+        return self._claim(scope, owner, duration, JobStatus.RUNNING) if scope else None
+
+    def complete_claimed_job(
+        self, job_id: JobId, claim_token: uuid.UUID | str, status: str, **patch: Any
+    ) -> CompletionResult:
+        """Fenced report of a claim holder. ``status`` is terminal (done / error /
+        rejected) or ``queued`` (give the job back, e.g. for a retry with ``run_after``
+        and ``attempts`` in ``patch``). Writes only while the job is running or
+        dispatched under ``claim_token``; then it clears the claim fields
+        (:data:`JOB_CLAIM_FIELDS`). A stale token, or a job requeued meanwhile, writes
+        nothing and answers ``STALE_CLAIM``."""
+        pk = parse_uuid(job_id, field="job_id")
+        token = parse_uuid(claim_token, field="claim_token")
+        new_status = validate_release_status(status)
+        cleaned = clean_job_fields(patch, allowed=JOB_REPORT_FIELDS, action="complete_claimed_job")
+        return _result(*self._complete_claimed(pk, token, new_status, cleaned))
+
+    def claim_next_inhub_jobs(
+        self,
+        targets: Sequence[str],
+        worker_id: str,
+        lease: timedelta | None = None,
+        *,
+        limit: int,
+    ) -> list[Job]:
+        """Claim up to ``limit`` ready queued jobs of ``targets`` for an in-process worker
+        at once, each exactly as :meth:`claim_next_inhub_job` would (``running``, its own
+        fresh ``claim_token``, the same lease). Returns them oldest first; an empty list
+        when nothing is claimable or ``targets`` is empty.
+
+        Guarantees: no job is claimed by two callers; every job returned was ready and
+        passed the per-thread FIFO gate when it was claimed, and at most one job of a
+        thread is in a batch (its siblings wait for it). Jobs without a thread may be
+        taken ahead of an older threaded job: a store may claim the thread-less part of
+        the batch in one step and the threaded part one job at a time through the gate.
+        ``limit`` must be a positive int."""
+        self._require(self.supports_batch_claims, "supports_batch_claims", "claim_next_inhub_jobs")
+        owner = require_text(worker_id, field="worker_id")
+        duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
+        count = parse_batch_limit(limit)
+        scope = parse_claim_targets(targets)
+        if not scope:
+            return []
+        claimed = self._claim_batch(scope, owner, duration, count)
+        return sorted(claimed, key=lambda job: (job.created_at, job.id))
+
+    def complete_claimed_jobs(self, reports: Sequence[ClaimReport]) -> list[CompletionResult]:
+        """Apply many fenced reports (:class:`ClaimReport`) at once. Each report is
+        fenced on its own exactly as :meth:`complete_claimed_job`: it writes only while
+        its job is running or dispatched under its ``claim_token``, and a stale one
+        writes nothing. Returns one :class:`CompletionResult` per report, in the order
+        given. Every report is validated before anything is written: one bad report (or
+        the same job twice) raises and writes nothing."""
+        self._require(self.supports_batch_claims, "supports_batch_claims", "complete_claimed_jobs")
+        parsed = parse_claim_reports(reports)
+        if not parsed:
+            return []
+        return [_result(*settled) for settled in self._complete_claimed_batch(parsed)]
+
+    def extend_claim_lease(
+        self, job_id: JobId, claim_token: uuid.UUID | str, lease: timedelta | None = None
+    ) -> bool:
+        """Move one claimed job's ``lease_until`` to the store's clock + ``lease``
+        (default: the worker or executor lease for its status) while ``claim_token`` is
+        current. ``False`` means the claim is gone and nothing was written."""
+        pk = parse_uuid(job_id, field="job_id")
+        token = parse_uuid(claim_token, field="claim_token")
+        if lease is not None:
+            lease = validate_duration(lease, field="lease", allow_zero=False)
+        return self._extend_claim_lease(pk, token, lease)
+
+    def extend_claim_leases(
+        self, claims: Sequence[tuple[JobId, uuid.UUID | str]], lease: timedelta
+    ) -> list[uuid.UUID]:
+        """Renew many claims at once: each ``(job id, claim token)`` whose token is still
+        its job's current claim gets ``lease_until`` = the store's clock + ``lease``.
+        Returns the ids of the jobs renewed; a claim that is gone (requeued, recovered,
+        finished) is left out and nothing is written for it. A worker calls this once
+        per beat for every task it holds. Every pair is validated before anything is
+        written; the same job twice raises."""
+        self._require(self.supports_batch_claims, "supports_batch_claims", "extend_claim_leases")
+        duration = validate_duration(lease, field="lease", allow_zero=False)
+        parsed = parse_claim_pairs(claims)
+        return self._extend_claim_leases(parsed, duration) if parsed else []
+
+    # --- leases and maintenance ------------------------------------------------------
+
+    def extend_executor_leases(self, executor_id: str, lease: timedelta | None = None) -> int:
+        """Renew every ``dispatched`` job of ``executor_id`` to clock + ``lease`` (default
+        ``JOBSTATE['EXECUTOR_LEASE']``); return how many were renewed."""
+        require_text(executor_id, field="executor_id")
+        duration = resolve_lease(lease, jobstate_settings.EXECUTOR_LEASE)
+        return self._extend_executor_leases(executor_id, duration)
+
+    def requeue_stale_dispatched(
+        self,
+        dead_after: timedelta | None = None,
+        hard_cap: timedelta | None = None,
+        *,
+        targets: Sequence[str] | None = None,
+    ) -> int:
+        """Move ``dispatched`` jobs back to ``queued`` with their claim fields cleared when
+        their lease has expired, when they have no lease and were last written more than
+        ``dead_after`` ago, or when they were dispatched more than ``hard_cap`` ago
+        (defaults: ``EXECUTOR_DEAD_AFTER``, ``EXECUTOR_HARD_CAP``). ``targets`` narrows
+        the sweep. Returns the jobs this call moved."""
+        dead = validate_duration(
+            jobstate_settings.EXECUTOR_DEAD_AFTER if dead_after is None else dead_after,
+            field="dead_after",
+        )
+        cap = validate_duration(
+            jobstate_settings.EXECUTOR_HARD_CAP if hard_cap is None else hard_cap,
+            field="hard_cap",
+        )
+        scope = parse_targets(targets)
+        return 0 if scope == [] else self._requeue_stale_dispatched(dead, cap, scope)
+
+    def list_expired_leases(
+        self,
+        statuses: Iterable[str],
+        fallback_older_than: timedelta,
+        *,
+        targets: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        """Jobs in ``statuses`` whose lease has expired, or that have no lease and were
+        last written more than ``fallback_older_than`` ago; oldest first, at most ``limit``
+        (default ``JOBSTATE['LIST_LIMIT']``). Empty ``statuses`` -> ``[]``."""
+        wanted = parse_statuses(statuses)
+        validate_duration(fallback_older_than, field="fallback_older_than")
+        scope = parse_targets(targets)
+        count = parse_limit(limit, default=jobstate_settings.LIST_LIMIT)
+        if not wanted or scope == []:
+            return []
+        return self._list_expired_leases(wanted, fallback_older_than, scope, count)
+
+    def list_jobs_by_status(
+        self,
+        statuses: Iterable[str],
+        older_than: timedelta | None = None,
+        *,
+        targets: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        """Jobs in ``statuses`` (last written more than ``older_than`` ago when given),
+        oldest first, at most ``limit`` (default ``JOBSTATE['LIST_LIMIT']``). Empty
+        ``statuses`` -> ``[]``."""
+        wanted = parse_statuses(statuses)
+        if older_than is not None:
+            validate_duration(older_than, field="older_than")
+        scope = parse_targets(targets)
+        count = parse_limit(limit, default=jobstate_settings.LIST_LIMIT)
+        if not wanted or scope == []:
+            return []
+        return self._list_jobs_by_status(wanted, older_than, scope, count)
+
+    def expire_stale_queued(
+        self, ttl: timedelta | None = None, *, targets: Sequence[str] | None = None
+    ) -> int:
+        """Move ``queued`` jobs created more than ``ttl`` ago (default
+        ``JOBSTATE['QUEUED_TTL']``) to ``error`` with :data:`EXPIRED_QUEUED_ERROR`; a job
+        claimed meanwhile is left alone. Returns the jobs this call moved."""
+        duration = validate_duration(
+            jobstate_settings.QUEUED_TTL if ttl is None else ttl, field="ttl"
+        )
+        scope = parse_targets(targets)
+        return 0 if scope == [] else self._expire_stale_queued(duration, scope)
+
+    def count_inflight_by_thread(self, thread_id: int) -> int:
+        """How many jobs of the thread are queued, running or dispatched."""
+        return self._count_inflight(parse_thread_id(thread_id))
+
+    # --- audit ledger ----------------------------------------------------------------
+
+    def append_audit(
+        self,
+        *,
+        job: Job | JobId | None = None,
+        request_id: str = "",
+        event: str,
+        stage: str | None = None,
+        severity: str | None = None,
+        title: str = "",
+        summary: str = "",
+        detail: dict[str, Any] | None = None,
+        at: datetime | None = None,
+    ) -> AuditEntry:
+        """Append one entry and return it. Stage, severity, title and summary left out are
+        filled from the event (:func:`complete_audit_fields`); ``request_id`` defaults to
+        the job's. ``at`` is stored verbatim; without it the store's clock stamps the
+        entry."""
+        fields = complete_audit_fields(
+            event=event, stage=stage, severity=severity, title=title, summary=summary, detail=detail
+        )
+        subject = _audit_subject(job, request_id)
+        instant = None if at is None else validate_instant(at, field="at")
+        return self._append_audit_entry(subject, event, fields, instant)
+
+    def list_audit(
+        self,
+        *,
+        job: Job | JobId | None = None,
+        request_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[AuditEntry]:
+        """Entries of one job and/or request id, oldest first, at most ``limit``
+        (default ``JOBSTATE['LIST_LIMIT']``)."""
+        count = parse_limit(limit, default=jobstate_settings.LIST_LIMIT)
+        if job is None and request_id is None:
+            raise InvalidJobState("list_audit needs a job or a request_id to narrow to.")
+        job_id = None if job is None else _job_id(job)
+        if request_id is not None:
+            require_text(request_id, field="request_id")
+        return self._list_audit(job_id, request_id, count)
+
+    def prune_audit_older_than(self, cutoff: datetime, *, batch_size: int | None = None) -> int:
+        """Delete entries stamped before ``cutoff`` in batches of ``batch_size`` (default
+        ``JOBSTATE['AUDIT_PRUNE_BATCH_SIZE']``), each its own short transaction, and
+        return how many were deleted."""
+        instant = validate_instant(cutoff, field="cutoff")
+        batch = parse_limit(batch_size, default=jobstate_settings.AUDIT_PRUNE_BATCH_SIZE)
+        return self._prune_audit(instant, batch)
+
+    # --- runtime locks ---------------------------------------------------------------
+
+    def acquire_runtime_lock(self, lock_key: str, owner: str, ttl: timedelta) -> bool:
+        """Take or renew ``lock_key`` for ``owner`` until clock + ``ttl``. ``True`` when
+        the lock was free, expired or already ``owner``'s; ``False`` while another owner
+        holds it. Atomic: of concurrent callers for a free key exactly one wins."""
+        require_text(lock_key, field="lock_key")
+        require_text(owner, field="owner")
+        validate_duration(ttl, field="ttl", allow_zero=False)
+        return self._acquire_lock(lock_key, owner, ttl)
+
+    def release_runtime_lock(self, lock_key: str, owner: str) -> None:
+        """Release ``lock_key`` if ``owner`` holds it; otherwise do nothing."""
+        require_text(lock_key, field="lock_key")
+        require_text(owner, field="owner")
+        self._release_lock(lock_key, owner)
+
+
+def _result(applied: bool, job: Job | None) -> CompletionResult:
+    if applied:
+        return CompletionResult(CompletionOutcome.COMPLETED, job)
+    if job is None:
+        return CompletionResult(CompletionOutcome.NOT_FOUND, None)
+    return CompletionResult(CompletionOutcome.STALE_CLAIM, job)
+
+
+def _audit_subject(job: Job | JobId | None, request_id: str) -> AuditSubject:
+    """The job id and request id an audit entry names: a ``Job`` gives both (an explicit
+    ``request_id`` wins), an id gives the job only."""
+    if not isinstance(request_id, str) or len(request_id) > 200 or text_problem(request_id):
+        raise InvalidJobState("request_id must be a string of at most 200 characters, without NUL.")
+    if job is None:
+        return None, request_id
+    job_id = _job_id(job)
+    # Past _job_id, job is a Job or an id, and only a Job carries a request id.
+    return job_id, request_id or getattr(job, "request_id", "")
+
+
+def _job_id(job: Job | JobId) -> uuid.UUID:
+    # Imported here: the store contracts load before the app registry is ready.
+    from jobstate.models import Job
+
+    return job.id if isinstance(job, Job) else parse_uuid(job, field="job")

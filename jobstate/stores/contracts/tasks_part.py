@@ -1,0 +1,216 @@
+"""The state store's django.tasks capability (``supports_tasks``): enqueueing a task as a
+job, claiming tasks in priority order, and recovering the tasks of workers that died.
+
+A task is a job whose target is ``tasks:<backend alias>`` and whose ``task_path``,
+``queue_name``, ``priority``, ``max_attempts`` and ``attempt_log`` say what it is and how
+its attempts went (:mod:`jobstate.core.attempt_log`). Claims, fenced reports, lease renewal and
+the audit ledger are the job queue's own; what is here is what tasks add: their claim
+order, their attempt count and the recovery that records a lost attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from jobstate.core.attempt_log import (
+    AttemptOutcome,
+    TaskAttempt,
+    refused_settlement,
+    settle_attempt,
+)
+from jobstate.core.conf import jobstate_settings
+from jobstate.core.states import TASK_TARGET_PREFIX, NewTask, TaskRecovery
+from jobstate.exceptions import InvalidJobState, InvalidPatch, InvalidPayload, WorkerLost
+from jobstate.stores.contracts.audit import AuditSeverity
+from jobstate.stores.contracts.fleet_part import FleetStateStore
+from jobstate.stores.contracts.state_validation import (
+    JOB_REPORT_FIELDS,
+    parse_batch_limit,
+    task_job_fields,
+)
+from jobstate.stores.contracts.validation import (
+    clean_job_fields,
+    parse_limit,
+    require_text,
+    resolve_lease,
+)
+
+if TYPE_CHECKING:
+    from jobstate.models import Job
+
+__all__ = ["LOST_WORKER_MESSAGE", "TaskStateStore", "task_claim_order"]
+
+#: What a lost attempt's error says.
+LOST_WORKER_MESSAGE = (
+    "the worker running this attempt stopped renewing its lease (it was killed, hung or "
+    "lost its database), so the attempt was recovered; the task may have run partly"
+)
+
+_WORKER_LOST_PATH = f"{WorkerLost.__module__}.{WorkerLost.__qualname__}"
+
+
+def task_claim_order(job: Job) -> tuple[int, object, object, object]:
+    """The order tasks are claimed in: higher ``priority`` first, then the instant each
+    became due (its ``run_after``, or when it was enqueued), then enqueue order."""
+    due = job.run_after if job.run_after is not None else job.created_at
+    return (-job.priority, due, job.created_at, job.id)
+
+
+class TaskStateStore(FleetStateStore):
+    """The task operations of :class:`~jobstate.stores.contracts.state_store.StateStore`; see the
+    module docstring."""
+
+    def enqueue_task(self, task: NewTask) -> Job:
+        """Queue ``task`` as a job and return it as stored: ``queued`` (due at
+        ``run_after``, or at once), ``attempts`` 0, an empty attempt log, ``input`` =
+        ``{"args": ..., "kwargs": ...}``. Runs in the caller's transaction when there is
+        one, so a task enqueued in a transaction that rolls back never existed. On
+        PostgreSQL the database store also sends ``NOTIFY`` (delivered at commit) so
+        idle workers wake at once, unless ``JOBSTATE['LISTEN_NOTIFY']`` is False."""
+        self._require(self.supports_tasks, "supports_tasks", "enqueue_task")
+        return self._enqueue_task(task_job_fields(task))
+
+    def claim_tasks(
+        self,
+        *,
+        target: str,
+        queues: Sequence[str] | None,
+        worker_id: str,
+        lease: timedelta,
+        limit: int,
+    ) -> list[Job]:
+        """Claim up to ``limit`` ready queued tasks of ``target`` (``tasks:<alias>``) in
+        ``queues`` (``None``: any queue) for the in-process worker ``worker_id``, in
+        claim order (:func:`task_claim_order`): higher priority first, then the instant
+        each became due, then enqueue order. Tasks whose ``run_after`` is in the future
+        wait.
+
+        Each claimed task becomes ``running`` with ``executor_id = worker_id``,
+        ``claimed_at`` = the store's clock, ``lease_until`` = clock + ``lease``, a fresh
+        ``claim_token`` of its own, and ``attempts`` one higher (the claim starts an
+        attempt); ``run_after`` is kept. No task is claimed by two callers. Returns them
+        in claim order; ``[]`` when none is ready or ``queues`` is empty."""
+        self._require(self.supports_tasks, "supports_tasks", "claim_tasks")
+        require_text(target, field="target")
+        if not target.startswith(TASK_TARGET_PREFIX):
+            raise InvalidJobState(f"target must start with {TASK_TARGET_PREFIX!r}, got {target!r}.")
+        scope = None if queues is None else _queue_scope(queues)
+        owner = require_text(worker_id, field="worker_id")
+        duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
+        count = parse_batch_limit(limit)
+        if scope == []:
+            return []
+        return sorted(
+            self._claim_tasks(target, scope, owner, duration, count), key=task_claim_order
+        )
+
+    def recover_expired_tasks(self, *, limit: int | None = None) -> TaskRecovery:
+        """Recover up to ``limit`` (default ``JOBSTATE['SWEEP_BATCH_SIZE']``) running
+        tasks whose lease ran out: their worker died, hung or lost its database.
+
+        The lost attempt was counted when it was claimed; it is recorded in the attempt
+        log with a :class:`~jobstate.exceptions.WorkerLost` error. While ``attempts`` is
+        below ``max_attempts`` the task goes back to ``queued``, due at once; otherwise
+        it is ``error``. Each recovery is its own unit of work, fenced by the lost
+        claim's token with the job held and its lease re-checked, so a worker that
+        renews or reports at that moment either wins (nothing recovered) or finds its
+        claim gone; concurrent recoveries recover a task once. A ``recovered`` audit
+        entry is written with each."""
+        self._require(self.supports_tasks, "supports_tasks", "recover_expired_tasks")
+        count = parse_limit(limit, default=jobstate_settings.SWEEP_BATCH_SIZE)
+        requeued = failed = 0
+        for candidate in self._list_expired_tasks(count):
+            status = self._recover_task(candidate)
+            if status is None:
+                continue
+            if status == "queued":
+                requeued += 1
+            else:
+                failed += 1
+        return TaskRecovery(requeued=requeued, failed=failed)
+
+    def count_expired_tasks(self, *, limit: int | None = None) -> TaskRecovery:
+        """What :meth:`recover_expired_tasks` would do now with at most ``limit`` tasks
+        (``None``: no cap), writing nothing (a sweep's dry run)."""
+        self._require(self.supports_tasks, "supports_tasks", "count_expired_tasks")
+        count = parse_limit(limit, default=2**63 - 1)
+        candidates = self._list_expired_tasks(count)
+        failing = sum(1 for job in candidates if job.attempts >= (job.max_attempts or 1))
+        return TaskRecovery(requeued=len(candidates) - failing, failed=failing)
+
+    def _recover_task(self, candidate: Job) -> str | None:
+        """Recover one expired task; its new status, or ``None`` when it no longer
+        needed recovering."""
+        with self._atomic():
+            job = self._lock_job(candidate.pk, lease_ended=True)
+            if (
+                job is None
+                or job.task_path is None
+                or job.claim_token is None
+                or job.claim_token != candidate.claim_token
+            ):
+                return None
+            worker = job.executor_id or "unknown"
+            attempt = TaskAttempt(
+                worker_id=worker,
+                started_at=job.claimed_at,
+                finished_at=None,
+                outcome=AttemptOutcome.WORKER_LOST,
+                exception_class_path=_WORKER_LOST_PATH,
+                traceback=f"{_WORKER_LOST_PATH}: {LOST_WORKER_MESSAGE}\n",
+                message=LOST_WORKER_MESSAGE,
+            )
+            settlement = settle_attempt(
+                attempt_log=job.attempt_log,
+                attempts=job.attempts,
+                max_attempts=job.max_attempts,
+                attempt=attempt,
+            )
+            try:
+                cleaned = clean_job_fields(
+                    settlement.patch, allowed=JOB_REPORT_FIELDS, action="recover_expired_tasks"
+                )
+                applied, stored = self._complete_claimed(
+                    job.pk, job.claim_token, settlement.status, cleaned
+                )
+            # The log is bounded and its text storable, so only a store that checks more
+            # (before it writes) gets here: the task fails, naming the refusal, and the
+            # sweep goes on with the others.
+            except (InvalidPatch, InvalidPayload) as exc:
+                _record, settlement = refused_settlement(
+                    attempt_log=job.attempt_log, attempt=attempt, refusal=exc, what="recovery"
+                )
+                cleaned = clean_job_fields(
+                    settlement.patch, allowed=JOB_REPORT_FIELDS, action="recover_expired_tasks"
+                )
+                applied, stored = self._complete_claimed(
+                    job.pk, job.claim_token, settlement.status, cleaned
+                )
+            if not applied:
+                return None
+            self.append_audit(
+                job=stored or job,
+                event="recovered",
+                severity=AuditSeverity.WARNING if settlement.retrying else AuditSeverity.ERROR,
+                title="Requeued: worker lost" if settlement.retrying else "Failed: worker lost",
+                detail={
+                    "via": "task-lease-expired",
+                    "worker": worker,
+                    "task": job.task_path,
+                    "attempt": job.attempts,
+                    "max_attempts": job.max_attempts,
+                    "prev_status": job.status,
+                    "status": settlement.status.value,
+                },
+            )
+            return settlement.status.value
+
+
+def _queue_scope(queues: Sequence[str]) -> list[str]:
+    if isinstance(queues, str) or not isinstance(queues, Sequence):
+        raise InvalidJobState(f"queues must be a list of queue names or None, got {queues!r}.")
+    return [
+        require_text(name, field="queue name", max_length=100) for name in dict.fromkeys(queues)
+    ]

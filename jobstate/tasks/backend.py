@@ -1,0 +1,181 @@
+"""``JobStateBackend``: Django's task interface (``django.tasks``) over jobstate's queue.
+
+::
+
+    TASKS = {
+        "default": {
+            "BACKEND": "jobstate.tasks.backend.JobStateBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"MAX_ATTEMPTS": 3, "RETRY_BACKOFF": timedelta(seconds=5)},
+        }
+    }
+
+Every task is a ``Job`` of the configured state store (target ``tasks:<alias>``), so
+claims, leases, reaping, audit, metrics, retention and the admin serve tasks as they
+serve every other job. ``manage.py jobstate_worker`` runs them. ``enqueue`` writes the
+job in the caller's transaction: inside ``transaction.atomic()`` the task exists only if
+the transaction commits, and no worker sees it before. ``get_result`` reads the job from
+any process. The options are described in :mod:`jobstate.tasks.options`.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, cast
+
+from django.apps import apps
+from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ImproperlyConfigured
+
+from jobstate.core.states import NewTask, task_target
+from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, InvalidPayload
+from jobstate.stores import get_state_store
+from jobstate.stores.base import StateStore
+from jobstate.stores.contracts.validation import parse_uuid
+from jobstate.tasks.compat import (
+    BaseTaskBackend,
+    Task,
+    TaskResult,
+    TaskResultDoesNotExist,
+    normalize_json,
+    task_enqueued,
+)
+from jobstate.tasks.options import (
+    TaskOptions,
+    option_problems,
+    parse_task_options,
+    queue_problems,
+)
+from jobstate.tasks.results import task_result
+
+__all__ = ["JobStateBackend"]
+
+
+class JobStateBackend(BaseTaskBackend):
+    """A durable task backend: tasks are jobs in jobstate's table, run by
+    ``manage.py jobstate_worker`` with leases, retries, timeouts and crash recovery."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        #: The ``target`` of this backend's jobs.
+        self.target = task_target(alias)
+
+    @cached_property
+    def task_options(self) -> TaskOptions:
+        """The checked ``OPTIONS``; ``ImproperlyConfigured`` naming this alias when they
+        are bad (the system check reports the same problems at start-up)."""
+        try:
+            return parse_task_options(self.options)
+        except ImproperlyConfigured as exc:
+            raise ImproperlyConfigured(f"TASKS[{self.alias!r}]: {exc}") from exc
+
+    @property
+    def store(self) -> StateStore:
+        """The configured state store (``JOBSTATE['STATE_STORE']``) on the default
+        database, where this backend's tasks live."""
+        return get_state_store()
+
+    # --- Django's interface -------------------------------------------------------------
+
+    def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
+        """Queue ``task`` with ``args`` and ``kwargs`` (JSON: tuples become lists) and
+        return its ``READY`` result. Part of the caller's transaction, when there is
+        one. Arguments that are not JSON raise ``TypeError`` or ``ValueError``
+        (:class:`~jobstate.exceptions.InvalidPayload` among them, for a cycle or nesting
+        too deep to store too) and queue nothing."""
+        self.validate_task(task)
+        try:
+            # normalize_json returns JSON of the shape it is given: a list, a dict.
+            job_args = cast("list[Any]", normalize_json(list(args)))
+            job_kwargs = cast("dict[str, Any]", normalize_json(dict(kwargs)))
+        except RecursionError as exc:
+            raise InvalidPayload(
+                "the task's arguments are not strict JSON: they hold a cycle or are nested "
+                "too deeply."
+            ) from exc
+        job = self.store.enqueue_task(
+            NewTask(
+                target=self.target,
+                task_path=task.module_path,
+                queue_name=task.queue_name,
+                priority=task.priority,
+                args=job_args,
+                kwargs=job_kwargs,
+                max_attempts=self.task_options.max_attempts,
+                run_after=task.run_after,
+            )
+        )
+        result = task_result(job, self.alias, task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult[Any, Any]:
+        """The current result of the task with that id, from any process.
+        ``TaskResultDoesNotExist`` when the id is malformed or names no task of this
+        backend."""
+        try:
+            pk = parse_uuid(result_id, field="result_id")
+        except InvalidJobState as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
+        job = self.store.get_job(pk)
+        if job is None or job.task_path is None or job.target != self.target:
+            raise TaskResultDoesNotExist(result_id)
+        return task_result(job, self.alias)
+
+    def configuration_messages(self) -> list[CheckMessage]:
+        """jobstate's checks of this backend: the ``OPTIONS`` (``jobstate.E020``), the
+        ``QUEUES`` (``jobstate.E021``), the jobstate app the tasks' table belongs to
+        (``jobstate.E022``) and a configured state store that can hold tasks
+        (``jobstate.E024``). The system check :func:`jobstate.checks.check_task_backends`
+        runs them, whether or not ``django.tasks`` (whose own check calls
+        :meth:`check`) was imported; so :meth:`check` leaves them out rather than
+        report them twice."""
+        messages: list[CheckMessage] = []
+        where = f"TASKS[{self.alias!r}]"
+        if not apps.is_installed("jobstate"):
+            messages.append(
+                Error(
+                    f"{where} uses jobstate's task backend, but 'jobstate' is not in "
+                    "INSTALLED_APPS: its tasks are rows of jobstate's job table.",
+                    hint="Add 'jobstate' to INSTALLED_APPS and run manage.py migrate.",
+                    id="jobstate.E022",
+                )
+            )
+        else:
+            messages += self._store_messages(where)
+        messages += [
+            Error(f"{where}: {problem}", id="jobstate.E020")
+            for problem in option_problems(self.options)
+        ]
+        messages += [
+            Error(f"{where}: {problem}", id="jobstate.E021")
+            for problem in queue_problems(sorted(self.queues, key=str))
+        ]
+        return messages
+
+    def _store_messages(self, where: str) -> list[CheckMessage]:
+        """``jobstate.E024`` when the configured state store cannot hold tasks."""
+        try:
+            store = self.store
+        except ImproperlyConfigured:
+            # A bad JOBSTATE setting: jobstate.E001 names it.
+            return []
+        except ImproperlyConfiguredStore as exc:
+            return [Error(f"{where}: {exc}", id="jobstate.E024")]
+        if store.supports_tasks:
+            return []
+        return [
+            Error(
+                f"{where} uses jobstate's task backend, but JOBSTATE['STATE_STORE'] "
+                f"({type(store).__qualname__}) does not support tasks "
+                "(supports_tasks is False).",
+                hint="Use jobstate.stores.database.DatabaseStateStore, or a store that "
+                "implements the task primitives.",
+                id="jobstate.E024",
+            )
+        ]

@@ -1,0 +1,588 @@
+"""The worker: claims tasks of its queues, runs them in threads, reports how they ended.
+
+One control loop (the thread that calls :meth:`Worker.run`) does all the database work
+of the worker itself:
+
+- it claims tasks in batches of at most its free slots, so it never holds a task it
+  will not start, and hands each to an execution thread (:mod:`.execution`);
+- it settles ended attempts in batches (:mod:`.reports`);
+- it registers itself when it starts (host, pid, worker id, backend, queues,
+  concurrency, lease: the console's Workers page), and once per beat it renews the
+  leases of every task it holds, in one statement, and moves its own last beat; now and
+  then it recovers tasks whose worker died (their lease ran out). When it stops
+  gracefully it says so, so the console shows it stopped rather than lost;
+- it interrupts an attempt that runs past the backend's ``TIMEOUT`` and fails it once
+  its thread has stopped; when the thread does not stop within ``grace`` of the
+  interrupt, the worker stops (see :meth:`Worker._enforce_timeouts`);
+- it hands back, uncounted, a task whose dotted path it cannot import (its code is
+  older than the enqueuer's), for a worker with newer code, or fails it once it was
+  enqueued longer ago than ``UNKNOWN_TASK_TIMEOUT``;
+- it evaluates the periodic schedules (:mod:`jobstate.schedules`) when it starts and
+  again at each schedule's next slot (at least once a minute), so a deployment with
+  workers needs no other scheduler: however many workers evaluate a slot, it is
+  enqueued once;
+- between rounds it sleeps until an attempt ends, a notification names one of its
+  queues (:mod:`.waiter`, PostgreSQL), a timeout, beat or slot is due, or ``interval``
+  passes.
+
+A store failure that retrying can cure (the database restarting, a deadlock) is logged
+and retried with a growing wait, while the running tasks go on; any other failure ends
+the worker, after handing back the tasks it had not started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from django.utils.crypto import get_random_string
+
+from jobstate.core.conf import jobstate_settings
+from jobstate.core.states import WorkerKind, WorkerRegistration, task_notify_payload
+from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
+from jobstate.stores import get_state_store
+from jobstate.stores.base import StateStore
+from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.worker.coverage import unserved_queues_warning
+from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
+from jobstate.tasks.worker.reports import Reporter, interrupted
+from jobstate.tasks.worker.shutdown import stop_signals
+from jobstate.tasks.worker.unknown_tasks import UnknownTasks
+from jobstate.tasks.worker.waiter import NotificationListener, listen_notify_available
+
+__all__ = ["Worker", "WorkerConfig", "WorkerSummary", "default_worker_id"]
+
+logger = logging.getLogger("jobstate.worker")
+
+#: Longest wait after a retryable store failure (doubling from the interval).
+_RETRY_CAP = 30.0
+#: Recovery of lost tasks runs twice per lease, within these bounds.
+_RECOVERY_BOUNDS = (1.0, 60.0)
+
+#: What the worker calls between claims to evaluate the periodic schedules: it enqueues
+#: the due slots and returns how many it enqueued and the seconds until the next call.
+#: ``manage.py jobstate_worker`` passes :class:`jobstate.schedules.WorkerSchedulePass`;
+#: the schedules sit above this package, so the worker knows only this shape.
+ScheduleEvaluation = Callable[[], tuple[int, float]]
+
+
+def default_worker_id() -> str:
+    """``<host>:<pid>:<random>``: unique among running workers, even in containers where
+    every worker is pid 1, and new for each start of a process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{get_random_string(6)}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What ``manage.py jobstate_worker`` was asked to do (see its help)."""
+
+    backend: str = "default"
+    queues: tuple[str, ...] | None = ("default",)
+    """The queues to run; ``None``: every queue the backend allows."""
+    concurrency: int = 1
+    batch: bool = False
+    max_tasks: int | None = None
+    interval: float = 1.0
+    worker_id: str = field(default_factory=default_worker_id)
+    grace: float = 30.0
+    using: str = "default"
+    schedules: bool = True
+    """Evaluate the periodic schedules (``--no-schedules`` turns it off) with the
+    worker's ``schedule_pass``."""
+
+
+@dataclass
+class WorkerSummary:
+    """What a worker did before it stopped."""
+
+    worker_id: str
+    started: int = 0
+    succeeded: int = 0
+    retrying: int = 0
+    failed: int = 0
+    lost: int = 0
+    """Attempts whose result was dropped: their claim had been recovered elsewhere."""
+    handed_back: int = 0
+    interrupted: int = 0
+    """Attempts still running when ``--grace`` ran out, counted and handed back."""
+    stopped_by: str = ""
+    scheduled: int = 0
+    """Occurrences of periodic schedules this worker enqueued."""
+    stuck: int = 0
+    """Timed-out attempts whose thread did not stop within ``grace`` of the interrupt:
+    the worker stopped because of them (``jobstate_worker`` then exits with status 4)."""
+    unknown: int = 0
+    """Tasks handed back, uncounted, because this worker could not import them."""
+
+
+class Worker:
+    """One worker process's control loop; see the module docstring."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        backend: JobStateBackend,
+        schedule_pass: ScheduleEvaluation | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.options = backend.task_options
+        self.store: StateStore = get_state_store(using=config.using)
+        if not self.store.supports_tasks:
+            raise ImproperlyConfiguredStore(
+                f"JOBSTATE['STATE_STORE'] ({type(self.store).__qualname__}) does not support "
+                "tasks (supports_tasks is False); the worker has nothing to claim from."
+            )
+        self.reporter = Reporter(
+            self.store, using=config.using, options=self.options, sender=type(backend)
+        )
+        self.summary = WorkerSummary(worker_id=config.worker_id)
+        timeout = self.options.timeout
+        self._timeout_seconds = None if timeout is None else timeout.total_seconds()
+        self._wake = threading.Event()
+        self._stop_requested: str | None = None
+        self._ended: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._pending: list[Outcome] = []
+        self._active: dict[Any, Attempt] = {}
+        self._pool: ExecutionPool | None = None
+        self._listener: NotificationListener | None = None
+        self._schedule_pass = schedule_pass if config.schedules else None
+        self._next_schedules = time.monotonic()
+        #: Timed-out attempts whose thread did not stop (see _enforce_timeouts).
+        self._stuck: list[Attempt] = []
+        self._unknown = UnknownTasks(self.reporter, self.options)
+        #: The queues claimed from: ``None`` when the backend allows any queue and the
+        #: worker was asked for every queue.
+        self.queues: tuple[str, ...] | None = config.queues
+        if self.queues is None and backend.queues:
+            self.queues = tuple(sorted(backend.queues))
+        self._accepted = self._payloads()
+
+    # --- public ----------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Stop claiming; finish (within ``grace``) what runs. Safe from any thread and
+        from a signal handler."""
+        if self._stop_requested is None:
+            self._stop_requested = reason
+        self._wake.set()
+
+    def run(self) -> WorkerSummary:
+        """Work until ``--batch`` or ``--max-tasks`` says the work is done, or a stop
+        is requested; then let the running tasks finish (up to ``grace``), hand back the
+        rest and return what was done."""
+        with stop_signals(lambda signum: self.request_stop(_signal_name(signum))):
+            self._pool = ExecutionPool(
+                self.config.concurrency,
+                self._attempt_ended,
+                name="jobstate-task",
+                timeout=self.options.timeout,
+            )
+            self._start_listener()
+            try:
+                self._register()
+                self._banner()
+                self._work()
+            finally:
+                self._wind_down()
+        return self.summary
+
+    # --- the loop --------------------------------------------------------------------
+
+    def _work(self) -> None:
+        options = self.options
+        beat = options.beat.total_seconds()
+        low, high = _RECOVERY_BOUNDS
+        recovery_every = min(max(options.lease.total_seconds() / 2, low), high)
+        next_beat = time.monotonic() + beat
+        next_recovery = time.monotonic()
+        failures = 0
+        while True:
+            self._wake.clear()
+            try:
+                self._enforce_timeouts()
+                self._settle_ended()
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._beat()
+                    next_beat = now + beat
+                if now >= next_recovery:
+                    self._recover_lost_tasks()
+                    next_recovery = now + recovery_every
+                if self._stop_requested is not None:
+                    return
+                if self._schedule_pass is not None and now >= self._next_schedules:
+                    self._next_schedules = now + self._evaluate_schedules()
+                if self._done():
+                    return
+                free, claimed = self._claim()
+            except StoreError as exc:
+                if not exc.retryable:
+                    raise
+                failures += 1
+                wait = min(self.config.interval * 2 ** min(failures - 1, 10), _RETRY_CAP)
+                logger.warning("The database failed (%s); trying again in %.1f s", exc, wait)
+                self._wake.wait(wait)
+                continue
+            failures = 0
+            if free and claimed == free:
+                # Every free slot got a task: more may be ready, so claim again at once.
+                continue
+            if free and not claimed and self.config.batch and not self._running():
+                self._stop_requested = "--batch: no task ready"
+                return
+            self._wake.wait(self._sleep_seconds(next_beat))
+
+    def _claim(self) -> tuple[int, int]:
+        """Claim up to the free slots (and what ``--max-tasks`` still allows) and start
+        what was claimed: ``(room, claimed)``."""
+        free = self.config.concurrency - self._running()
+        if self.config.max_tasks is not None:
+            free = min(free, self.config.max_tasks - self.summary.started)
+        if free <= 0:
+            return 0, 0
+        jobs = self.store.claim_tasks(
+            target=self.backend.target,
+            queues=self.queues,
+            worker_id=self.config.worker_id,
+            lease=self.options.lease,
+            limit=free,
+        )
+        assert self._pool is not None
+        for job in jobs:
+            attempt = Attempt(
+                job=job,
+                alias=self.backend.alias,
+                worker_id=self.config.worker_id,
+                sender=type(self.backend),
+                timeout=self._timeout_seconds,
+            )
+            self._active[job.id] = attempt
+            self.summary.started += 1
+            self._pool.submit(attempt)
+        return free, len(jobs)
+
+    def _done(self) -> bool:
+        """``--max-tasks`` reached and every task it started settled."""
+        if self.config.max_tasks is None or self.summary.started < self.config.max_tasks:
+            return False
+        if self._active:
+            return False
+        self._stop_requested = f"--max-tasks {self.config.max_tasks} reached"
+        return True
+
+    def _running(self) -> int:
+        return len(self._active)
+
+    def _attempt_ended(self, outcome: Outcome) -> None:
+        """Called by an execution thread: queue the outcome for the control loop."""
+        self._ended.put(outcome)
+        self._wake.set()
+
+    def _settle_ended(self) -> None:
+        """Report every attempt that has ended. What a failed report leaves stays in
+        ``_pending`` for the next round: an attempt is never dropped unreported."""
+        while True:
+            try:
+                self._pending.append(self._ended.get_nowait())
+            except queue.Empty:
+                break
+        left, back = self._unknown.hand_back(self._pending)
+        for attempt in back:
+            self._active.pop(attempt.job.id, None)
+            self.summary.started -= 1
+            self.summary.unknown += 1
+        self._pending = left
+        if not self._pending:
+            return
+        settled = self.reporter.settle(self._pending)
+        self._pending = []
+        for item in settled:
+            self._active.pop(item.outcome.attempt.job.id, None)
+            if not item.written:
+                self.summary.lost += 1
+            elif item.settlement.retrying:
+                self.summary.retrying += 1
+            elif item.outcome.record.failed:
+                self.summary.failed += 1
+            else:
+                self.summary.succeeded += 1
+
+    def _enforce_timeouts(self) -> None:
+        """Interrupt the attempts past their timeout; they end, as timed out, once their
+        thread has stopped, so no other attempt of the task starts anywhere meanwhile
+        (the worker keeps their leases). An interrupted attempt whose thread has not
+        stopped ``grace`` later (it catches the interrupt, or is blocked in C code) makes
+        the worker stop: a thread cannot be killed, only the process. The attempt keeps
+        its lease while the worker winds down and is settled last, its retry due no
+        sooner than a lease later, by when the process and its thread are gone."""
+        if self.options.timeout is None:
+            return
+        now = time.monotonic()
+        for attempt in list(self._active.values()):
+            deadline = attempt.deadline
+            if deadline is not None and now >= deadline and attempt.interrupt():
+                how = (
+                    "interrupted it (TaskTimeLimitExceeded raised in its thread)"
+                    if attempt.interruptible
+                    else "an async task cannot be interrupted"
+                )
+                logger.warning(
+                    "Task %s %s ran past its timeout of %s: %s; it ends once its thread "
+                    "has stopped",
+                    attempt.job.task_path,
+                    attempt.job.id,
+                    self.options.timeout,
+                    how,
+                )
+            elif (
+                attempt.interrupted
+                and attempt.interrupted_at is not None
+                and now >= attempt.interrupted_at + self.config.grace
+                and attempt not in self._stuck
+            ):
+                self._stuck.append(attempt)
+                self.summary.stuck += 1
+                logger.error(
+                    "Task %s %s ran past its timeout of %s and its thread did not stop "
+                    "within %g s of the interrupt: worker %s stops claiming, hands back "
+                    "what it has not started and exits with status 4 so that its "
+                    "supervisor restarts it; the task is retried only after this process "
+                    "has ended",
+                    attempt.job.task_path,
+                    attempt.job.id,
+                    self.options.timeout,
+                    self.config.grace,
+                    self.config.worker_id,
+                )
+                self.request_stop("a timed-out task did not stop")
+
+    def _register(self) -> None:
+        if not self.store.supports_worker_registry:
+            return
+        self.store.register_worker(
+            WorkerRegistration(
+                worker_id=self.config.worker_id,
+                kind=WorkerKind.TASKS,
+                host=socket.gethostname() or "unknown",
+                pid=os.getpid(),
+                lease=self.options.lease,
+                backend=self.backend.alias,
+                queues=self.queues,
+                concurrency=self.config.concurrency,
+            )
+        )
+
+    def _beat(self) -> None:
+        """The worker's beat: renew the leases it holds and move its own last beat, so
+        the console sees it live for as long as its tasks' leases are kept. A row the
+        retention sweep forgot (a beat silent for that long) is written again."""
+        self._renew_leases()
+        if self.store.supports_worker_registry and not self.store.beat_worker(
+            worker_id=self.config.worker_id
+        ):
+            self._register()
+
+    def _say_stopped(self) -> None:
+        if not self.store.supports_worker_registry:
+            return
+        reason = self.summary.stopped_by or self._stop_requested or "error"
+        try:
+            self.store.stop_worker(worker_id=self.config.worker_id, reason=reason)
+        except StoreError as exc:
+            # The console then shows the worker lost once its lease has passed.
+            logger.error("Could not record that worker %s stopped: %s", self.config.worker_id, exc)
+
+    def _renew_leases(self) -> None:
+        held = [attempt for attempt in self._active.values() if not attempt.claim_lost]
+        claims = [
+            (attempt.job.id, attempt.job.claim_token)
+            for attempt in held
+            if attempt.job.claim_token is not None
+        ]
+        if not claims:
+            return
+        renewed = set(self.store.extend_claim_leases(claims, self.options.lease))
+        for attempt in held:
+            if attempt.job.id not in renewed:
+                attempt.claim_lost = True
+                logger.warning(
+                    "Lost the claim of task %s %s: its lease ran out and it was recovered "
+                    "elsewhere; what this attempt returns will be dropped",
+                    attempt.job.task_path,
+                    attempt.job.id,
+                )
+
+    def _recover_lost_tasks(self) -> None:
+        recovery = self.store.recover_expired_tasks()
+        if recovery.total:
+            logger.warning(
+                "Recovered %d task(s) of workers that stopped renewing their leases: "
+                "%d requeued, %d failed (no attempt left)",
+                recovery.total,
+                recovery.requeued,
+                recovery.failed,
+            )
+
+    def _evaluate_schedules(self) -> float:
+        """Enqueue the due slots of the schedules; the seconds until the next pass."""
+        assert self._schedule_pass is not None
+        enqueued, wait = self._schedule_pass()
+        self.summary.scheduled += enqueued
+        return wait
+
+    def _sleep_seconds(self, next_beat: float) -> float:
+        now = time.monotonic()
+        wake_at = min(now + self.config.interval, next_beat)
+        if self._schedule_pass is not None and self._stop_requested is None:
+            wake_at = min(wake_at, self._next_schedules)
+        for attempt in self._active.values():
+            if attempt.interrupted_at is not None:
+                wake_at = min(wake_at, attempt.interrupted_at + self.config.grace)
+            elif attempt.deadline is not None:
+                wake_at = min(wake_at, attempt.deadline)
+        return max(wake_at - now, 0.0)
+
+    # --- start and stop --------------------------------------------------------------
+
+    def _payloads(self) -> frozenset[str] | None:
+        if self.queues is None:
+            return None
+        return frozenset(task_notify_payload(self.backend.target, name) for name in self.queues)
+
+    def _accepts(self, payload: str) -> bool:
+        """Whether a notification names one of this worker's queues."""
+        if self._accepted is not None:
+            return payload in self._accepted
+        try:
+            target, _queue = json.loads(payload)
+        except (ValueError, TypeError):
+            return False
+        return bool(target == self.backend.target)
+
+    def _start_listener(self) -> None:
+        # A --batch worker ends once the queue is empty, so a new task need not wake it.
+        if self.config.batch or not (
+            jobstate_settings.LISTEN_NOTIFY and listen_notify_available(self.config.using)
+        ):
+            return
+        self._listener = NotificationListener(
+            self.config.using, accepts=self._accepts, wake=self._wake.set
+        )
+        self._listener.start()
+
+    def _banner(self) -> None:
+        queues = "every queue" if self.queues is None else ", ".join(self.queues)
+        if self._listener is not None:
+            wake = f"LISTEN/NOTIFY, polling every {self.config.interval:g} s as a fallback"
+        else:
+            wake = f"polling every {self.config.interval:g} s"
+        timeout = self.options.timeout or "none"
+        logger.info(
+            "jobstate_worker %s started: backend %r, queues %s, concurrency %d, wake-up by "
+            "%s; max attempts %d, lease %s, timeout %s",
+            self.config.worker_id,
+            self.backend.alias,
+            queues,
+            self.config.concurrency,
+            wake,
+            self.options.max_attempts,
+            self.options.lease,
+            timeout,
+        )
+        if self.queues is not None and self.store.supports_worker_registry:
+            warning = unserved_queues_warning(
+                target=self.backend.target,
+                alias=self.backend.alias,
+                queues=self.queues,
+                using=self.config.using,
+            )
+            if warning is not None:
+                logger.warning(warning)
+
+    def _wind_down(self) -> None:
+        """Claim nothing more; hand back what no thread started; let the running tasks
+        finish within ``grace`` (renewing their leases meanwhile); count and hand back
+        the ones still running; stop the threads."""
+        assert self._pool is not None
+        if self._listener is not None:
+            self._listener.stop()
+        unstarted = [attempt for attempt in self._active.values() if attempt.hand_back()]
+        try:
+            if unstarted:
+                self.summary.handed_back += self.reporter.hand_back(unstarted)
+                for attempt in unstarted:
+                    self._active.pop(attempt.job.id, None)
+            self._finish_running()
+        except StoreError as exc:
+            # Stopping anyway: the leases of what could not be reported run out, and the
+            # tasks are recovered as lost attempts.
+            logger.error("Could not report the tasks still held while stopping: %s", exc)
+        finally:
+            self._pool.stop()
+        self._say_stopped()
+        logger.info(
+            "jobstate_worker %s stopped (%s): %d started, %d succeeded, %d retrying, "
+            "%d failed, %d handed back, %d interrupted",
+            self.config.worker_id,
+            self.summary.stopped_by or self._stop_requested or "error",
+            self.summary.started,
+            self.summary.succeeded,
+            self.summary.retrying,
+            self.summary.failed,
+            self.summary.handed_back,
+            self.summary.interrupted,
+        )
+
+    def _finish_running(self) -> None:
+        self.summary.stopped_by = self._stop_requested or "error"
+        deadline = time.monotonic() + self.config.grace
+        next_beat = time.monotonic() + self.options.beat.total_seconds()
+        if self._waiting():
+            logger.info(
+                "Waiting up to %g s for %d running task(s) to finish",
+                self.config.grace,
+                sum(1 for attempt in self._active.values() if attempt not in self._stuck),
+            )
+        while self._waiting() and time.monotonic() < deadline:
+            self._wake.clear()
+            self._enforce_timeouts()
+            self._settle_ended()
+            if time.monotonic() >= next_beat:
+                self._beat()
+                next_beat = time.monotonic() + self.options.beat.total_seconds()
+            if self._waiting():
+                self._wake.wait(min(self._sleep_seconds(next_beat), deadline - time.monotonic()))
+        # The threads still running end with this process, which exits right after these
+        # reports: a retry of theirs is not due before a lease has passed, as after a
+        # crash, so it cannot start while one of them still runs.
+        hold = self.options.lease
+        late = [attempt for attempt in self._active.values() if attempt.abandon()]
+        why = f"the worker stopped and its grace of {self.config.grace:g} s ran out"
+        for attempt in late:
+            if attempt.interrupted_at is None:
+                self.summary.interrupted += 1
+                self._ended.put(replace(interrupted(attempt, why), retry_hold=hold))
+                continue
+            note = "its thread did not stop after the interrupt; the worker exited"
+            record = timed_out(attempt, self.options.timeout, note=note)
+            ran = time.monotonic() - (attempt.started_at or time.monotonic())
+            self._ended.put(Outcome(attempt, record, duration=ran, retry_hold=hold))
+        self._settle_ended()
+
+    def _waiting(self) -> bool:
+        """Attempts are running that may still end by themselves (not stuck ones)."""
+        return any(attempt not in self._stuck for attempt in self._active.values())
+
+
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name

@@ -1,0 +1,320 @@
+"""Settling ended attempts: one fenced report per attempt, written in batches.
+
+An attempt that succeeded is ``done`` with its return value. One that failed, timed out
+or was interrupted goes back to the queue after the backend's backoff while attempts
+remain, else it is ``error``; either way its error is kept in the attempt log, and a
+``retry_scheduled`` or ``finished`` audit entry is written in the same transaction as the
+report. A claimed task the worker never started is handed back as it was, its claim not
+counted as an attempt.
+
+Every report is fenced by the attempt's claim token: if the worker lost the claim (its
+lease ran out and a sweep recovered the task), the report writes nothing and the
+attempt's result is dropped, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobstate.core.attempt_log import (
+    AttemptOutcome,
+    Settlement,
+    TaskAttempt,
+    refused_settlement,
+    settle_attempt,
+)
+from jobstate.core.states import ClaimReport, JobStatus
+from jobstate.exceptions import (
+    InvalidPatch,
+    InvalidPayload,
+    TaskReportRefused,
+    TaskTimedOut,
+    WorkerLost,
+)
+from jobstate.stores.base import CompletionResult, StateStore
+from jobstate.tasks.compat import task_finished
+from jobstate.tasks.options import TaskOptions
+from jobstate.tasks.results import task_result
+from jobstate.tasks.worker.execution import Attempt, Outcome, class_path, ended_by_worker
+
+if TYPE_CHECKING:
+    from jobstate.models import Job
+
+__all__ = ["Reporter", "Settled", "interrupted"]
+
+logger = logging.getLogger("jobstate.worker")
+
+#: What a store raises when it refuses a report's values (before writing anything).
+_REFUSALS = (InvalidPatch, InvalidPayload)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What settling one attempt did."""
+
+    outcome: Outcome
+    settlement: Settlement
+    written: bool
+    """``False``: the claim was gone, nothing was written."""
+
+
+def interrupted(attempt: Attempt, why: str) -> Outcome:
+    """The outcome of an attempt the worker stopped waiting for (``why``): counted as
+    an attempt whose worker was lost, since the task may have done part of its work."""
+    record = ended_by_worker(attempt, AttemptOutcome.WORKER_LOST, WorkerLost, why)
+    return Outcome(attempt, record)
+
+
+#: The errors the worker records itself (the task raised none of them), by class path.
+_WORKER_ERRORS = {class_path(cls): cls for cls in (TaskTimedOut, WorkerLost, TaskReportRefused)}
+
+
+def _worker_error(record: TaskAttempt) -> BaseException | None:
+    """The exception an attempt that ended without one of the task's own (it timed out,
+    its worker stopped waiting for it) is recorded as, for ``task_finished``'s
+    receivers; ``None`` for a successful attempt."""
+    cls = _WORKER_ERRORS.get(record.exception_class_path)
+    return None if cls is None else cls(record.message)
+
+
+class Reporter:
+    """Writes the reports of one worker's attempts to ``store`` on database ``using``."""
+
+    def __init__(
+        self, store: StateStore, *, using: str, options: TaskOptions, sender: type
+    ) -> None:
+        self.store = store
+        self.using = using
+        self.options = options
+        self.sender = sender
+
+    def settle(self, outcomes: Sequence[Outcome]) -> list[Settled]:
+        """Report every outcome; return what each report did, in order. A report the
+        store refuses (a value it cannot keep) settles its task as failed with
+        :class:`~jobstate.exceptions.TaskReportRefused` instead, and the others are
+        written as they are."""
+        if not outcomes:
+            return []
+        outcomes = list(outcomes)
+        settlements = [self._settlement(outcome) for outcome in outcomes]
+        try:
+            results = self._report(outcomes, settlements)
+        except _REFUSALS as exc:
+            if len(outcomes) > 1:
+                # Every report of a batch is checked before any is written: find the
+                # refused one by settling each alone.
+                return [item for outcome in outcomes for item in self.settle([outcome])]
+            outcomes, settlements, results = self._settle_refused(outcomes[0], exc)
+        settled = [
+            Settled(outcome, settlement, result.completed)
+            for outcome, settlement, result in zip(outcomes, settlements, results, strict=True)
+        ]
+        for item, result in zip(settled, results, strict=True):
+            self._log(item)
+            if item.written and not item.settlement.retrying and result.job is not None:
+                self._finished(item.outcome, result.job)
+        for outcome in outcomes:
+            # The exception holds the task's frames (and their locals): let them go.
+            outcome.exception = None
+        return settled
+
+    def _report(
+        self, outcomes: Sequence[Outcome], settlements: Sequence[Settlement]
+    ) -> list[CompletionResult]:
+        reports = [
+            ClaimReport(
+                job_id=outcome.attempt.job.id,
+                claim_token=outcome.attempt.job.claim_token or "",
+                status=settlement.status,
+                patch=settlement.patch,
+            )
+            for outcome, settlement in zip(outcomes, settlements, strict=True)
+        ]
+        if all(outcome.record.outcome is AttemptOutcome.SUCCESSFUL for outcome in outcomes):
+            # Successes write no audit entry: the batch is one statement on its own.
+            results = self.store.complete_claimed_jobs(reports)
+        else:
+            with transaction.atomic(using=self.using):
+                results = self.store.complete_claimed_jobs(reports)
+                for outcome, settlement, result in zip(outcomes, settlements, results, strict=True):
+                    if result.completed and outcome.record.failed:
+                        self._audit(outcome, settlement, result)
+        return results
+
+    def _settle_refused(
+        self, outcome: Outcome, refusal: Exception
+    ) -> tuple[list[Outcome], list[Settlement], list[CompletionResult]]:
+        """Settle a task whose report was refused as failed, naming the refusal; should
+        its log be refused too, with the ``error`` alone."""
+        job = outcome.attempt.job
+        logger.error(
+            "The store refused the report of task %s %s attempt %d (%s); the task is "
+            "settled as failed",
+            job.task_path,
+            job.id,
+            job.attempts,
+            refusal,
+        )
+        try:
+            return self._report_refused(outcome, refusal, with_log=True)
+        except _REFUSALS:
+            return self._report_refused(outcome, refusal, with_log=False)
+
+    def _report_refused(
+        self, outcome: Outcome, refusal: Exception, *, with_log: bool
+    ) -> tuple[list[Outcome], list[Settlement], list[CompletionResult]]:
+        record, settlement = refused_settlement(
+            attempt_log=outcome.attempt.job.attempt_log,
+            attempt=outcome.record,
+            refusal=refusal,
+            what="report",
+            with_log=with_log,
+        )
+        replaced = Outcome(
+            outcome.attempt, record, duration=outcome.duration, exception=outcome.exception
+        )
+        return [replaced], [settlement], self._report([replaced], [settlement])
+
+    def hand_back(self, attempts: Sequence[Attempt], *, run_after: datetime | None = None) -> int:
+        """Give back claimed tasks no thread started, as they were before the claim
+        (their attempt count too), due at once or at ``run_after``. Returns how many were
+        given back."""
+        if not attempts:
+            return 0
+        patch: dict[str, Any] = {} if run_after is None else {"run_after": run_after}
+        reports = [
+            ClaimReport(
+                job_id=attempt.job.id,
+                claim_token=attempt.job.claim_token or "",
+                status=JobStatus.QUEUED,
+                patch={**patch, "attempts": max(attempt.job.attempts - 1, 0)},
+            )
+            for attempt in attempts
+        ]
+        results = self.store.complete_claimed_jobs(reports)
+        return sum(1 for result in results if result.completed)
+
+    def _finished(self, outcome: Outcome, job: Job) -> None:
+        """Send ``task_finished`` for a task that reached its final status, while the
+        exception the task raised (if it raised) is being handled, as Django's own
+        backends do: its receivers (Django's log of the task among them) read it from
+        ``sys.exc_info()``. A task that did not import has no ``Task`` to build a result
+        of, so it sends nothing; a receiver that raises is logged and does not stop the
+        worker."""
+        attempt = outcome.attempt
+        if attempt.task is None:
+            return
+        result = task_result(job, attempt.alias, attempt.task)
+        error = outcome.exception
+        if error is None:
+            error = _worker_error(outcome.record)
+        if error is None:
+            self._send_finished(result, job)
+            return
+        frames = error.__traceback__
+        try:
+            raise error
+        except BaseException:  # the task's own exception, raised just above
+            # Raising added this frame to its traceback: give receivers the task's own.
+            error.__traceback__ = frames
+            self._send_finished(result, job)
+        finally:
+            del error, frames
+
+    def _send_finished(self, result: Any, job: Job) -> None:
+        for receiver, response in task_finished.send_robust(self.sender, task_result=result):
+            if isinstance(response, Exception):
+                logger.error(
+                    "A task_finished receiver (%r) raised for task %s: %r",
+                    receiver,
+                    job.id,
+                    response,
+                    exc_info=response,
+                )
+
+    def _settlement(self, outcome: Outcome) -> Settlement:
+        job = outcome.attempt.job
+        retry_at = None
+        if outcome.record.failed:
+            retry_at = timezone.now() + max(
+                self.options.retry_delay(job.attempts), outcome.retry_hold or timedelta(0)
+            )
+        return settle_attempt(
+            attempt_log=job.attempt_log,
+            attempts=job.attempts,
+            max_attempts=job.attempts if outcome.final else job.max_attempts,
+            attempt=outcome.record,
+            return_value=outcome.return_value,
+            retry_at=retry_at,
+        )
+
+    def _audit(self, outcome: Outcome, settlement: Settlement, result: CompletionResult) -> None:
+        job = outcome.attempt.job
+        detail: dict[str, Any] = {
+            "task": job.task_path,
+            "attempt": job.attempts,
+            "max_attempts": job.max_attempts,
+            "outcome": outcome.record.outcome.value,
+            "error": outcome.record.exception_class_path,
+            "worker": outcome.attempt.worker_id,
+            "status": settlement.status.value,
+        }
+        if settlement.retrying:
+            detail["retry_at"] = _retry_at(settlement)
+        self.store.append_audit(
+            job=result.job or job,
+            event="retry_scheduled" if settlement.retrying else "finished",
+            detail=detail,
+        )
+
+    def _log(self, item: Settled) -> None:
+        outcome, settlement = item.outcome, item.settlement
+        job = outcome.attempt.job
+        duration_ms = outcome.duration * 1000
+        if not item.written:
+            logger.warning(
+                "Task %s %s attempt %d %s after %.0f ms, but its claim was lost (its lease "
+                "ran out and it was recovered): the result is dropped",
+                job.task_path,
+                job.id,
+                job.attempts,
+                outcome.record.outcome.value,
+                duration_ms,
+            )
+            return
+        what = outcome.record.outcome.value
+        if outcome.record.failed:
+            what = f"{what} ({settlement.patch.get('error')})"
+        what = f"{what} in {duration_ms:.0f} ms"
+        if settlement.retrying:
+            what = f"{what}; retry in {_wait(settlement).total_seconds():.1f} s"
+        elif outcome.record.failed:
+            what = f"{what}; no attempt left"
+        logger.log(
+            logging.WARNING if outcome.record.failed else logging.INFO,
+            "Task %s %s attempt %d/%d %s",
+            job.task_path,
+            job.id,
+            job.attempts,
+            job.max_attempts or 1,
+            what,
+        )
+
+
+def _retry_at(settlement: Settlement) -> str | None:
+    run_after = settlement.patch.get("run_after")
+    return None if run_after is None else run_after.isoformat()
+
+
+def _wait(settlement: Settlement) -> timedelta:
+    run_after = settlement.patch.get("run_after")
+    if run_after is None:
+        return timedelta(0)
+    return max(run_after - timezone.now(), timedelta(0))
