@@ -56,7 +56,7 @@ DATABASES = {
 # backend runs beside it as "jobstate" (python -m bench tasks).
 TASKS = {
     "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
-    "jobstate": {"BACKEND": "jobstate.tasks.backend.JobStateBackend"},
+    "jobstate": {"BACKEND": "jobstate.tasks.JobStateBackend"},
 }
 if not _postgres:
     # procrastinate's schema is PostgreSQL's; the peers are measured there only.

@@ -224,8 +224,15 @@ def _server_guards(alias: str) -> list[CheckMessage]:
     ]
 
 
-#: The task backend's dotted path, as ``TASKS[...]["BACKEND"]`` names it.
-TASK_BACKEND_PATH = "jobstate.tasks.backend.JobStateBackend"
+#: The task backend's dotted paths, as ``TASKS[...]["BACKEND"]`` may name it: its public
+#: name, the module it lives in, and the path it had before release 0.2 (deprecated).
+TASK_BACKEND_PATHS = frozenset(
+    {
+        "jobstate.tasks.JobStateBackend",
+        "jobstate.tasks.backend.JobStateBackend",
+        "jobstate.tasks_backend.JobStateBackend",
+    }
+)
 
 
 @register(JobStateTags.tasks)
@@ -243,7 +250,7 @@ def check_task_backends(**kwargs: Any) -> list[CheckMessage]:
         from jobstate.tasks.compat import task_backends
     except ImproperlyConfigured as exc:
         named = any(
-            isinstance(params, dict) and params.get("BACKEND") == TASK_BACKEND_PATH
+            isinstance(params, dict) and params.get("BACKEND") in TASK_BACKEND_PATHS
             for params in tasks.values()
         )
         return [Error(str(exc), id="jobstate.E023")] if named else []

@@ -1,4 +1,4 @@
-"""Module paths that moved when the package was organised by feature (release 0.2), kept
+"""Module paths that moved when the package was organised by feature, kept
 importable for one release with a :class:`DeprecationWarning`.
 
 ``import jobstate.tasks_backend`` (or a dotted path such as

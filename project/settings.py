@@ -133,7 +133,7 @@ if _beat_every := env.float("CELERY_BEAT_EVERY", default=0):
 # with manage.py jobstate_worker --queue-name '*'.
 TASKS = {
     "default": {
-        "BACKEND": "jobstate.tasks.backend.JobStateBackend",
+        "BACKEND": "jobstate.tasks.JobStateBackend",
         "QUEUES": ["default", "emails", "reports"],
         "OPTIONS": {
             "MAX_ATTEMPTS": 3,

@@ -60,7 +60,7 @@ JOBSTATE = {
 # few kills of the workers running it.
 TASKS = {
     "default": {
-        "BACKEND": "jobstate.tasks.backend.JobStateBackend",
+        "BACKEND": "jobstate.tasks.JobStateBackend",
         "QUEUES": ["default"],
         "OPTIONS": {
             "MAX_ATTEMPTS": int(os.environ.get(ENV_TASK_ATTEMPTS, "5")),

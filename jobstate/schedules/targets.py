@@ -66,7 +66,7 @@ def _task(definition: ScheduleDefinition) -> Task[Any, Any]:
         raise ScheduleError(
             f"{where}: TASKS[{definition.backend!r}] is {type(backend).__module__}."
             f"{type(backend).__qualname__}; a schedule needs "
-            "jobstate.tasks.backend.JobStateBackend, whose enqueue is part of the "
+            "jobstate.tasks.JobStateBackend, whose enqueue is part of the "
             "transaction that records the occurrence."
         )
     return task

@@ -12,6 +12,7 @@ The backend lives in :mod:`.backend`, its ``OPTIONS`` in :mod:`.options`, a job 
 Importing this package imports no models: :class:`JobStateBackend` loads on first use.
 """
 
+import warnings
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,30 @@ __all__ = ["JobStateBackend"]
 
 _LAZY = {"JobStateBackend": "jobstate.tasks.backend"}
 
+# Until the package was organised by feature, jobstate.tasks held the Celery tasks; their
+# names keep importing from here for one release (named by string, so the import contract
+# does not see this package reach up to contrib).
+_CELERY_TASKS = "jobstate.contrib.celery.celery_tasks"
+_MOVED_CELERY_TASKS = frozenset(
+    {
+        "deliver_notifications_task",
+        "enqueue_due_schedules_task",
+        "prune_task",
+        "reap_stale_task",
+        "run_operations_job_task",
+    }
+)
+
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
+    if name in _MOVED_CELERY_TASKS:
+        warnings.warn(
+            f"jobstate.tasks.{name} moved to {_CELERY_TASKS}.{name}; the old name goes "
+            f"away in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(import_module(_CELERY_TASKS), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,7 @@
 
     TASKS = {
         "default": {
-            "BACKEND": "jobstate.tasks.backend.JobStateBackend",
+            "BACKEND": "jobstate.tasks.JobStateBackend",
             "QUEUES": ["default", "emails"],
             "OPTIONS": {"MAX_ATTEMPTS": 3, "RETRY_BACKOFF": timedelta(seconds=5)},
         }

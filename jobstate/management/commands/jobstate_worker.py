@@ -219,7 +219,7 @@ class Command(JobStateCommand):
         if not isinstance(backend, JobStateBackend):
             raise CommandError(
                 f"TASKS[{options['backend']!r}] is {type(backend).__module__}."
-                f"{type(backend).__qualname__}, not jobstate.tasks.backend.JobStateBackend; "
+                f"{type(backend).__qualname__}, not jobstate.tasks.JobStateBackend; "
                 "jobstate_worker runs only jobstate's tasks.",
                 returncode=EXIT_USAGE,
             )
