@@ -7,19 +7,20 @@ from typing import Any
 from django.contrib import admin
 from django.db import transaction
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobstate.admin.common import (
     ActionRow,
     ActionSpec,
     ReadOnlyAdmin,
+    confirmed_action,
+    counted,
     database_now,
     relative_time,
-    run_confirmed_action,
     with_database_now,
 )
 from jobstate.admin.filters import LockStateFilter
@@ -78,14 +79,11 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
     def has_force_release_lock_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "force_release_lock")
 
-    @admin.action(
+    force_release_locks = confirmed_action(
+        "release_spec",
         description=gettext_lazy("Force-release selected locks…"),
-        permissions=["force_release_lock"],
+        permission="force_release_lock",
     )
-    def force_release_locks(
-        self, request: HttpRequest, queryset: QuerySet[RuntimeLock]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.release_spec(request))
 
     def release_spec(self, request: HttpRequest) -> ActionSpec:
         by = self.operator(request)
@@ -142,8 +140,8 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
                 "audit entry naming you and the owner."
             ),
             confirm_label=_("Yes, force-release"),
-            done=lambda n: (
-                ngettext("Released %(count)d lock.", "Released %(count)d locks.", n) % {"count": n}
+            done=counted(
+                ngettext_lazy("Released %(count)d lock.", "Released %(count)d locks.", "count")
             ),
             row=row,
             perform=perform,

@@ -7,12 +7,12 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext, ngettext_lazy
 
 from jobstate.admin.common import (
     ActionRow,
@@ -21,10 +21,11 @@ from jobstate.admin.common import (
     ReadOnlyInline,
     admin_change_url,
     choice_badge,
+    confirmed_action,
+    counted,
     exact_search,
     json_block,
     row_redactor,
-    run_confirmed_action,
     text_block,
 )
 from jobstate.admin.filters import ChannelFilter
@@ -167,14 +168,11 @@ class NotificationAdmin(ReadOnlyAdmin):
     def has_replay_notification_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "replay_notification")
 
-    @admin.action(
+    replay_dead_letters = confirmed_action(
+        "replay_spec",
         description=gettext_lazy("Replay selected dead letters once…"),
-        permissions=["replay_notification"],
+        permission="replay_notification",
     )
-    def replay_dead_letters(
-        self, request: HttpRequest, queryset: QuerySet[Notification]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.replay_spec(request))
 
     def replay_spec(self, request: HttpRequest) -> ActionSpec:
         by = self.operator(request)
@@ -224,9 +222,10 @@ class NotificationAdmin(ReadOnlyAdmin):
                 "confirm twice; a “dlq_resend_ok” audit entry names you."
             ),
             confirm_label=_("Yes, replay"),
-            done=lambda n: (
-                ngettext("Replayed %(count)d dead letter.", "Replayed %(count)d dead letters.", n)
-                % {"count": n}
+            done=counted(
+                ngettext_lazy(
+                    "Replayed %(count)d dead letter.", "Replayed %(count)d dead letters.", "count"
+                )
             ),
             row=row,
             perform=perform,

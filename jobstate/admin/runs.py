@@ -7,22 +7,23 @@ from typing import Any
 from django.contrib import admin
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobstate.admin.common import (
     ActionRow,
     ActionSpec,
     ReadOnlyAdmin,
     choice_badge,
+    confirmed_action,
+    counted,
     database_now,
     exact_search,
     json_block,
     relative_time,
-    run_confirmed_action,
     text_block,
     with_database_now,
 )
@@ -133,13 +134,11 @@ class JobRunAdmin(ReadOnlyAdmin):
     def has_reap_runs_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "reap_runs")
 
-    @admin.action(
-        description=gettext_lazy("Reap selected stale runs now…"), permissions=["reap_runs"]
+    reap_stale_runs = confirmed_action(
+        "reap_spec",
+        description=gettext_lazy("Reap selected stale runs now…"),
+        permission="reap_runs",
     )
-    def reap_stale_runs(
-        self, request: HttpRequest, queryset: QuerySet[JobRun]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.reap_spec(request))
 
     def reap_spec(self, request: HttpRequest) -> ActionSpec:
         stale_after = jobstate_settings.STALE_RUN_AFTER
@@ -209,9 +208,7 @@ class JobRunAdmin(ReadOnlyAdmin):
             )
             % {"stale": stale_after},
             confirm_label=_("Yes, reap"),
-            done=lambda n: (
-                ngettext("Reaped %(count)d run.", "Reaped %(count)d runs.", n) % {"count": n}
-            ),
+            done=counted(ngettext_lazy("Reaped %(count)d run.", "Reaped %(count)d runs.", "count")),
             row=row,
             perform=perform,
         )
