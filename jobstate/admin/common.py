@@ -16,7 +16,8 @@ address the pages import what they share from.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -124,12 +125,9 @@ class ActionRow:
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """An operator action: who may run it, what it applies to and what it does."""
+    """An operator action: what it applies to and what it does. Who may run it and
+    under which name come from its :class:`confirmed_action` declaration."""
 
-    name: str
-    """The action's method name on the ModelAdmin (the ``action`` POST value)."""
-    permission: str
-    """The ModelAdmin permission suffix: ``has_<permission>_permission``."""
     title: str | Promise
     intro: str | Promise
     confirm_label: str | Promise
@@ -140,6 +138,10 @@ class ActionSpec:
     """Change one eligible row through the store; ``None`` when done, else why not."""
     form_class: type[forms.Form] | None = None
     """Extra inputs shown on the confirmation page (a reason, a comment)."""
+    name: str = ""
+    """The action's attribute name on the ModelAdmin (the ``action`` POST value)."""
+    permission: str = ""
+    """The ModelAdmin permission suffix: ``has_<permission>_permission``."""
 
 
 def counted(message: str | Promise) -> Callable[[int], str]:
@@ -148,23 +150,39 @@ def counted(message: str | Promise) -> Callable[[int], str]:
     return lambda count: str(message % {"count": count})
 
 
-def confirmed_action(
-    spec: str, *, description: StrOrPromise, permission: str
-) -> Callable[[Any, HttpRequest, QuerySet[Any]], HttpResponse | None]:
-    """A ModelAdmin action that runs the action its ``spec`` method (the method's name,
-    called with the request) describes, through :func:`run_confirmed_action`; Django
-    offers it only to users with ``has_<permission>_permission``."""
+class confirmed_action:
+    """A ModelAdmin action, declared on the class as ``requeue_jobs =
+    confirmed_action("requeue_spec", description=..., permission="requeue")``: it runs,
+    through :func:`run_confirmed_action`, the action its ``spec`` method (called with
+    the request) describes, under the attribute's name; Django offers it only to users
+    with ``has_<permission>_permission``."""
 
-    def action(
-        model_admin: Any, request: HttpRequest, queryset: QuerySet[Any]
-    ) -> HttpResponse | None:
-        build: Callable[[HttpRequest], ActionSpec] = getattr(model_admin, spec)
-        return run_confirmed_action(model_admin, request, queryset, build(request))
+    def __init__(self, spec: str, *, description: StrOrPromise, permission: str) -> None:
+        self.spec = spec
+        self.description = description
+        self.permission = permission
+        self.name = ""
 
-    decorated: Callable[[Any, HttpRequest, QuerySet[Any]], HttpResponse | None] = admin.action(
-        description=description, permissions=[permission]
-    )(action)
-    return decorated
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def bound_spec(self, model_admin: Any, request: HttpRequest) -> ActionSpec:
+        """The action's spec for ``request``, with this declaration's name and permission."""
+        build: Callable[[HttpRequest], ActionSpec] = getattr(model_admin, self.spec)
+        return replace(build(request), name=self.name, permission=self.permission)
+
+    def __get__(self, model_admin: Any, owner: type | None = None) -> Callable[..., Any]:
+        def action(
+            model_admin: Any, request: HttpRequest, queryset: QuerySet[Any]
+        ) -> HttpResponse | None:
+            spec = self.bound_spec(model_admin, request)
+            return run_confirmed_action(model_admin, request, queryset, spec)
+
+        action.__name__ = self.name
+        decorated: Callable[..., Any] = admin.action(
+            description=self.description, permissions=[self.permission]
+        )(action)
+        return decorated if model_admin is None else partial(decorated, model_admin)
 
 
 def _named(items: list[tuple[str, str]]) -> str:

@@ -98,8 +98,6 @@ def requeue_spec(by: str) -> ActionSpec:
         return None if refired is not None else _now_status(job)
 
     return ActionSpec(
-        name="requeue_jobs",
-        permission="requeue",
         title=_("Requeue jobs"),
         intro=_(
             "Finished jobs (done, error, rejected) and running or dispatched jobs whose "
@@ -128,8 +126,6 @@ def reject_spec(by: str) -> ActionSpec:
         return None if rejected is not None else _now_status(job)
 
     return ActionSpec(
-        name="reject_jobs",
-        permission="reject",
         title=_("Reject queued jobs"),
         intro=_(
             "Queued jobs become rejected and are never claimed. Each gets a “rejected” "
@@ -174,8 +170,6 @@ def approve_spec(by: str) -> ActionSpec:
         return None if outcome is ApprovalRequeueOutcome.REQUEUED else reasons[outcome]
 
     return ActionSpec(
-        name="approve_and_requeue_jobs",
-        permission="approve",
         title=_("Approve and requeue jobs"),
         intro=_(
             "Records your approval of each finished job (a permanent decision marker "

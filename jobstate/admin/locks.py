@@ -130,8 +130,6 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
             return None
 
         return ActionSpec(
-            name="force_release_locks",
-            permission="force_release_lock",
             title=_("Force-release runtime locks"),
             intro=_(
                 "The locks are deleted whoever holds them, so the next caller can take "

@@ -212,8 +212,6 @@ class NotificationAdmin(ReadOnlyAdmin):
             return None if outcome is DeliveryRequeueOutcome.REQUEUED else reasons[outcome]
 
         return ActionSpec(
-            name="replay_dead_letters",
-            permission="replay_notification",
             title=_("Replay dead letters"),
             intro=_(
                 "Each dead notification goes back to pending, due at once, with its "

@@ -197,8 +197,6 @@ class JobRunAdmin(ReadOnlyAdmin):
             return None
 
         return ActionSpec(
-            name="reap_stale_runs",
-            permission="reap_runs",
             title=_("Reap stale runs"),
             intro=_(
                 "RUNNING runs whose heartbeat is older than %(stale)s are assumed dead: they "

@@ -293,8 +293,6 @@ class ScheduleAdmin(ReadOnlyAdmin):
             return None
 
         return ActionSpec(
-            name="run_schedules_now",
-            permission="run",
             title=_("Run schedules now"),
             intro=_(
                 "Each schedule enqueues one extra occurrence now, paused or not; its cron "
@@ -338,8 +336,6 @@ class ScheduleAdmin(ReadOnlyAdmin):
             return _("already paused") if pause else _("not paused")
 
         return ActionSpec(
-            name="pause_schedules" if pause else "resume_schedules",
-            permission="pause",
             title=_("Pause schedules") if pause else _("Resume schedules"),
             intro=_(
                 "A paused schedule enqueues nothing until it is resumed; a slot being "
