@@ -5,16 +5,26 @@ module as a command.)"""
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.checks import MAINTENANCE_CHECKS
-from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, StoreError
+from jobstate.exceptions import (
+    ImproperlyConfiguredStore,
+    InvalidJobState,
+    JobStateError,
+    StoreError,
+)
 from jobstate.stores.contracts.validation import BIGINT_MAX, DURATION_LIMIT, require_text
+
+if TYPE_CHECKING:
+    from jobstate.maintenance import SweepReport
 
 #: Exit status of a maintenance command when the store or database failed.
 EXIT_FAILED = 1
@@ -188,12 +198,45 @@ def add_sweep_options(
     parser.add_argument(
         "--dry-run", action="store_true", help=f"Count what would be {would}; write nothing."
     )
-    parser.add_argument("--json", action="store_true", help="Print every count as one JSON object.")
+    add_output_options(parser, json="Print every count as one JSON object.")
+
+
+def add_output_options(
+    parser: argparse.ArgumentParser, *, json: str, holding: str = "jobstate's tables"
+) -> None:
+    """``--json`` (``json`` says what it prints) and ``--database`` (the database
+    ``holding`` what the command reads and writes)."""
+    parser.add_argument("--json", action="store_true", help=json)
     parser.add_argument(
         "--database",
         default=DEFAULT_DB_ALIAS,
-        help="The database holding jobstate's tables (default: %(default)s).",
+        help=f"The database holding {holding} (default: %(default)s).",
     )
+
+
+def run_sweep_command(
+    command: BaseCommand,
+    options: dict[str, Any],
+    *,
+    action: str,
+    sweeps: Callable[[ProgressLine], SweepReport],
+    lines: Callable[[SweepReport], list[str]],
+) -> None:
+    """What a sweep command does once its options are read: run ``sweeps`` (given the
+    progress line, shown on stderr as ``action``), turn a failure into its exit status,
+    and print the report as one JSON object (``--json``) or as ``lines``."""
+    progress = ProgressLine(command.stderr, action=action)
+    try:
+        report = sweeps(progress)
+    except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
+        raise command_error(exc) from exc
+    finally:
+        progress.clear()
+    if options["json"]:
+        command.stdout.write(json.dumps(report.as_dict()))
+        return
+    for line in lines(report):
+        command.stdout.write(line)
 
 
 def _database_failure(exc: BaseException) -> bool:

@@ -16,23 +16,18 @@ the next run), 1 the database or store failed, 2 invalid options or settings.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandParser
-from django.db import DatabaseError
 
-from jobstate.exceptions import JobStateError
-from jobstate.maintenance import SweepResult, run_retention_sweeps
+from jobstate.maintenance import SweepReport, SweepResult, run_retention_sweeps
 
 from ._common import (
     JobStateCommand,
-    ProgressLine,
     add_sweep_options,
-    command_error,
     known_database,
     positive_days,
+    run_sweep_command,
 )
 
 _NOUNS: dict[str, tuple[str, str]] = {
@@ -50,6 +45,15 @@ def describe(result: SweepResult) -> str:
     if result.dry_run:
         return f"Would delete {result.count} {noun} (dry run: nothing was written)."
     return f"Deleted {result.count} {noun}."
+
+
+def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
+    """One line per sweep that deleted something (every sweep at verbosity 2 or more),
+    and a note when a sweep stopped at its time budget."""
+    lines = [describe(r) for r in report.results if r.count or verbosity >= 2]
+    if not report.complete:
+        lines.append("Some sweeps stopped at their time budget; the next run continues.")
+    return lines
 
 
 class Command(JobStateCommand):
@@ -75,25 +79,17 @@ class Command(JobStateCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        progress = ProgressLine(self.stderr, action="Pruning")
-        try:
-            report = run_retention_sweeps(
+        run_sweep_command(
+            self,
+            options,
+            action="Pruning",
+            sweeps=lambda progress: run_retention_sweeps(
                 options["older_than"],
                 options["batch_size"],
                 options["dry_run"],
                 using=known_database(options["database"]),
                 time_budget=options["time_budget"],
                 on_batch=progress,
-            )
-        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
-            raise command_error(exc) from exc
-        finally:
-            progress.clear()
-        if options["json"]:
-            self.stdout.write(json.dumps(report.as_dict()))
-            return
-        for result in report.results:
-            if result.count or options["verbosity"] >= 2:
-                self.stdout.write(describe(result))
-        if not report.complete:
-            self.stdout.write("Some sweeps stopped at their time budget; the next run continues.")
+            ),
+            lines=lambda report: report_lines(report, verbosity=options["verbosity"]),
+        )

@@ -15,24 +15,19 @@ or settings.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandParser
-from django.db import DatabaseError
 
-from jobstate.exceptions import JobStateError
 from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
 
 from ._common import (
     JobStateCommand,
-    ProgressLine,
     add_sweep_options,
-    command_error,
     known_database,
     positive_int,
     positive_seconds,
+    run_sweep_command,
 )
 
 #: How each sweep's count reads: (one, many, done verb, dry-run verb, what moved).
@@ -136,9 +131,11 @@ class Command(JobStateCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        progress = ProgressLine(self.stderr, action="Reaping")
-        try:
-            report = run_reaping_sweeps(
+        run_sweep_command(
+            self,
+            options,
+            action="Reaping",
+            sweeps=lambda progress: run_reaping_sweeps(
                 using=known_database(options["database"]),
                 stale_after=options["stale_after"],
                 limit=options["limit"],
@@ -146,13 +143,6 @@ class Command(JobStateCommand):
                 time_budget=options["time_budget"],
                 dry_run=options["dry_run"],
                 on_batch=progress,
-            )
-        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
-            raise command_error(exc) from exc
-        finally:
-            progress.clear()
-        if options["json"]:
-            self.stdout.write(json.dumps(report.as_dict()))
-            return
-        for line in report_lines(report, verbosity=options["verbosity"]):
-            self.stdout.write(line)
+            ),
+            lines=lambda report: report_lines(report, verbosity=options["verbosity"]),
+        )
