@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, OutputWrapper
+from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.checks import MAINTENANCE_CHECKS
@@ -214,31 +213,6 @@ def add_output_options(
     )
 
 
-def run_sweep_command(
-    command: BaseCommand,
-    options: dict[str, Any],
-    *,
-    action: str,
-    sweeps: Callable[[ProgressLine], SweepReport],
-    lines: Callable[[SweepReport], list[str]],
-) -> None:
-    """What a sweep command does once its options are read: run ``sweeps`` (given the
-    progress line, shown on stderr as ``action``), turn a failure into its exit status,
-    and print the report as one JSON object (``--json``) or as ``lines``."""
-    progress = ProgressLine(command.stderr, action=action)
-    try:
-        report = sweeps(progress)
-    except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
-        raise command_error(exc) from exc
-    finally:
-        progress.clear()
-    if options["json"]:
-        command.stdout.write(json.dumps(report.as_dict()))
-        return
-    for line in lines(report):
-        command.stdout.write(line)
-
-
 def _database_failure(exc: BaseException) -> bool:
     """Whether a database error is ``exc`` or among its causes."""
     seen: set[int] = set()
@@ -299,3 +273,49 @@ class JobStateCommand(BaseCommand):
             if unmigrated is None:
                 raise
             raise unmigrated from exc
+
+
+class SweepCommand(JobStateCommand):
+    """The base of the sweep commands (``reap_stale``, ``prune_jobstate``): the shared
+    options, a progress line on stderr while the sweeps run, a failure turned into its
+    exit status, and the report printed as one JSON object (``--json``) or as lines.
+    A subclass says what it sweeps."""
+
+    #: The progress line's verb ("Reaping").
+    action = ""
+    #: What one batch is, what a dry run counts and the setting of the batch's default
+    #: size (see :func:`add_sweep_options`).
+    rows = ""
+    would = ""
+    batch_setting = ""
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        self.add_sweep_arguments(parser)
+        add_sweep_options(
+            parser, rows=self.rows, would=self.would, batch_setting=self.batch_setting
+        )
+
+    def add_sweep_arguments(self, parser: CommandParser) -> None:
+        """The command's own options, listed before the shared ones."""
+
+    def sweep(self, options: dict[str, Any], on_batch: ProgressLine) -> SweepReport:
+        """Run the sweeps as ``options`` say, reporting each batch to ``on_batch``."""
+        raise NotImplementedError
+
+    def report_lines(self, report: SweepReport, *, verbosity: int) -> list[str]:
+        """What the command prints of ``report`` without ``--json``."""
+        raise NotImplementedError
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        progress = ProgressLine(self.stderr, action=self.action)
+        try:
+            report = self.sweep(options, progress)
+        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
+            raise command_error(exc) from exc
+        finally:
+            progress.clear()
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_dict()))
+            return
+        for line in self.report_lines(report, verbosity=options["verbosity"]):
+            self.stdout.write(line)

@@ -23,11 +23,10 @@ from django.core.management.base import CommandParser
 from jobstate.maintenance import SweepReport, SweepResult, run_retention_sweeps
 
 from ._common import (
-    JobStateCommand,
-    add_sweep_options,
+    ProgressLine,
+    SweepCommand,
     known_database,
     positive_days,
-    run_sweep_command,
 )
 
 _NOUNS: dict[str, tuple[str, str]] = {
@@ -56,7 +55,7 @@ def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
     return lines
 
 
-class Command(JobStateCommand):
+class Command(SweepCommand):
     help = (
         "Delete audit entries, finished jobs, finished job runs, delivered notifications "
         "and registered workers past their retention (JOBSTATE['AUDIT_RETENTION'], "
@@ -66,7 +65,12 @@ class Command(JobStateCommand):
         "Exit status: 0 done, 1 database or store failure, 2 invalid options or settings."
     )
 
-    def add_arguments(self, parser: CommandParser) -> None:
+    action = "Pruning"
+    rows = "Rows per DELETE"
+    would = "deleted"
+    batch_setting = "RETENTION_BATCH_SIZE"
+
+    def add_sweep_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than",
             type=positive_days,
@@ -74,22 +78,16 @@ class Command(JobStateCommand):
             help="Delete what is older than DAYS days (fractions allowed), instead of each "
             "kind's retention setting.",
         )
-        add_sweep_options(
-            parser, rows="Rows per DELETE", would="deleted", batch_setting="RETENTION_BATCH_SIZE"
+
+    def sweep(self, options: dict[str, Any], on_batch: ProgressLine) -> SweepReport:
+        return run_retention_sweeps(
+            options["older_than"],
+            options["batch_size"],
+            options["dry_run"],
+            using=known_database(options["database"]),
+            time_budget=options["time_budget"],
+            on_batch=on_batch,
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        run_sweep_command(
-            self,
-            options,
-            action="Pruning",
-            sweeps=lambda progress: run_retention_sweeps(
-                options["older_than"],
-                options["batch_size"],
-                options["dry_run"],
-                using=known_database(options["database"]),
-                time_budget=options["time_budget"],
-                on_batch=progress,
-            ),
-            lines=lambda report: report_lines(report, verbosity=options["verbosity"]),
-        )
+    def report_lines(self, report: SweepReport, *, verbosity: int) -> list[str]:
+        return report_lines(report, verbosity=verbosity)

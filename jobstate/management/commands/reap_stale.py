@@ -22,12 +22,11 @@ from django.core.management.base import CommandParser
 from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
 
 from ._common import (
-    JobStateCommand,
-    add_sweep_options,
+    ProgressLine,
+    SweepCommand,
     known_database,
     positive_int,
     positive_seconds,
-    run_sweep_command,
 )
 
 #: How each sweep's count reads: (one, many, done verb, dry-run verb, what moved).
@@ -100,7 +99,7 @@ def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
     return lines
 
 
-class Command(JobStateCommand):
+class Command(SweepCommand):
     help = (
         "Settle work whose owner is gone: stale job runs -> TIMED_OUT, queued jobs past "
         "QUEUED_TTL -> error, dispatched jobs of silent executors -> queued, expired "
@@ -112,7 +111,12 @@ class Command(JobStateCommand):
         "options or settings."
     )
 
-    def add_arguments(self, parser: CommandParser) -> None:
+    action = "Reaping"
+    rows = "Rows per statement"
+    would = "reaped"
+    batch_setting = "SWEEP_BATCH_SIZE"
+
+    def add_sweep_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--stale-after",
             type=positive_seconds,
@@ -126,23 +130,17 @@ class Command(JobStateCommand):
             help="Move at most N rows per sweep in this run (default: no cap beyond the "
             "time budget).",
         )
-        add_sweep_options(
-            parser, rows="Rows per statement", would="reaped", batch_setting="SWEEP_BATCH_SIZE"
+
+    def sweep(self, options: dict[str, Any], on_batch: ProgressLine) -> SweepReport:
+        return run_reaping_sweeps(
+            using=known_database(options["database"]),
+            stale_after=options["stale_after"],
+            limit=options["limit"],
+            batch_size=options["batch_size"],
+            time_budget=options["time_budget"],
+            dry_run=options["dry_run"],
+            on_batch=on_batch,
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        run_sweep_command(
-            self,
-            options,
-            action="Reaping",
-            sweeps=lambda progress: run_reaping_sweeps(
-                using=known_database(options["database"]),
-                stale_after=options["stale_after"],
-                limit=options["limit"],
-                batch_size=options["batch_size"],
-                time_budget=options["time_budget"],
-                dry_run=options["dry_run"],
-                on_batch=progress,
-            ),
-            lines=lambda report: report_lines(report, verbosity=options["verbosity"]),
-        )
+    def report_lines(self, report: SweepReport, *, verbosity: int) -> list[str]:
+        return report_lines(report, verbosity=verbosity)
