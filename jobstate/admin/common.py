@@ -50,6 +50,7 @@ from jobstate.admin.page_bases import (
     admin_change_url,
     database_now,
     exact_search,
+    redacted_field,
     row_redactor,
     with_database_now,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "database_now",
     "exact_search",
     "json_block",
+    "redacted_field",
     "relative_time",
     "row_redactor",
     "run_confirmed_action",

@@ -24,8 +24,8 @@ from jobstate.admin.common import (
     confirmed_action,
     database_now,
     json_block,
+    redacted_field,
     relative_time,
-    text_block,
     with_database_now,
 )
 from jobstate.admin.dashboard import (
@@ -216,33 +216,13 @@ class JobAdmin(TaskFieldsAdmin):
             return format_html('<strong style="color:#cf222e">{}</strong>', text)
         return text
 
-    @admin.display(description=gettext_lazy("input"))
-    def input_json(self, job: Job) -> SafeString | str:
-        return json_block(job.input, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("result"))
-    def result_json(self, job: Job) -> SafeString | str:
-        return json_block(job.result, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("report"))
-    def report_json(self, job: Job) -> SafeString | str:
-        return json_block(job.report, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("usage"))
-    def usage_json(self, job: Job) -> SafeString | str:
-        return json_block(job.usage, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("metadata"))
-    def metadata_json(self, job: Job) -> SafeString | str:
-        return json_block(job.metadata, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("input preview"))
-    def input_preview_text(self, job: Job) -> SafeString | str:
-        return text_block(job.input_preview, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("error"))
-    def error_text(self, job: Job) -> SafeString | str:
-        return text_block(job.error, self.redactor_for(job))
+    input_json = redacted_field("input", gettext_lazy("input"))
+    result_json = redacted_field("result", gettext_lazy("result"))
+    report_json = redacted_field("report", gettext_lazy("report"))
+    usage_json = redacted_field("usage", gettext_lazy("usage"))
+    metadata_json = redacted_field("metadata", gettext_lazy("metadata"))
+    input_preview_text = redacted_field("input_preview", gettext_lazy("input preview"), text=True)
+    error_text = redacted_field("error", gettext_lazy("error"), text=True)
 
     # --- permissions -----------------------------------------------------------------
 

@@ -24,9 +24,8 @@ from jobstate.admin.common import (
     confirmed_action,
     counted,
     exact_search,
-    json_block,
+    redacted_field,
     row_redactor,
-    text_block,
 )
 from jobstate.admin.filters import ChannelFilter
 from jobstate.admin.redaction import Redactor, redactor
@@ -157,13 +156,8 @@ class NotificationAdmin(ReadOnlyAdmin):
         job = notification.job
         return format_html('<a href="{}">{}</a>', url, job.request_id if job else "—")
 
-    @admin.display(description=gettext_lazy("payload"))
-    def payload_json(self, notification: Notification) -> SafeString | str:
-        return json_block(notification.payload, self.redactor_for(notification))
-
-    @admin.display(description=gettext_lazy("last error"))
-    def last_error_text(self, notification: Notification) -> SafeString | str:
-        return text_block(notification.last_error, self.redactor_for(notification))
+    payload_json = redacted_field("payload", gettext_lazy("payload"))
+    last_error_text = redacted_field("last_error", gettext_lazy("last error"), text=True)
 
     def has_replay_notification_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "replay_notification")

@@ -8,7 +8,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
@@ -18,13 +18,18 @@ from django.db.models import Model, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from jobstate.admin.display import json_block, text_block
 from jobstate.admin.list_input import unapplied, unreadable_parameter
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.redaction import Redactor
 from jobstate.admin.redaction import redactor as make_redactor
 from jobstate.console.job_search import unreadable_text
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 __all__ = [
     "DATABASE_NOW",
@@ -35,6 +40,7 @@ __all__ = [
     "admin_change_url",
     "database_now",
     "exact_search",
+    "redacted_field",
     "row_redactor",
     "with_database_now",
 ]
@@ -261,3 +267,20 @@ class ReadOnlyInline(admin.TabularInline):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+def redacted_field(
+    name: str, description: StrOrPromise, *, text: bool = False
+) -> Callable[[ScaledAdmin, Any], SafeString | str]:
+    """A read-only field of a :class:`ScaledAdmin` showing the row's ``name`` as JSON
+    (with ``text``: as long text), redacted by the row's redactor and folded when long;
+    declared on the class as ``input_json = redacted_field("input", gettext_lazy("input"))``."""
+    render = text_block if text else json_block
+
+    def show(model_admin: ScaledAdmin, obj: Any) -> SafeString | str:
+        return render(getattr(obj, name), model_admin.redactor_for(obj))
+
+    shown: Callable[[ScaledAdmin, Any], SafeString | str] = admin.display(description=description)(
+        show
+    )
+    return shown

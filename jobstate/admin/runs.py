@@ -22,9 +22,8 @@ from jobstate.admin.common import (
     counted,
     database_now,
     exact_search,
-    json_block,
+    redacted_field,
     relative_time,
-    text_block,
     with_database_now,
 )
 from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
@@ -119,17 +118,9 @@ class JobRunAdmin(ReadOnlyAdmin):
             return f"{run.trigger_source} ({run.triggered_by})"
         return run.trigger_source
 
-    @admin.display(description=gettext_lazy("input"))
-    def input_json(self, run: JobRun) -> SafeString | str:
-        return json_block(run.input, self.redactor_for(run))
-
-    @admin.display(description=gettext_lazy("summary"))
-    def summary_json(self, run: JobRun) -> SafeString | str:
-        return json_block(run.summary, self.redactor_for(run))
-
-    @admin.display(description=gettext_lazy("error"))
-    def error_text(self, run: JobRun) -> SafeString | str:
-        return text_block(run.error, self.redactor_for(run))
+    input_json = redacted_field("input", gettext_lazy("input"))
+    summary_json = redacted_field("summary", gettext_lazy("summary"))
+    error_text = redacted_field("error", gettext_lazy("error"), text=True)
 
     def has_reap_runs_permission(self, request: HttpRequest) -> bool:
         return self.user_can(request, "reap_runs")
