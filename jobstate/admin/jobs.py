@@ -24,6 +24,7 @@ from jobstate.admin.common import (
     confirmed_action,
     database_now,
     json_block,
+    permission_check,
     redacted_field,
     relative_time,
     with_database_now,
@@ -226,17 +227,10 @@ class JobAdmin(TaskFieldsAdmin):
 
     # --- permissions -----------------------------------------------------------------
 
-    def has_requeue_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "requeue_job")
-
-    def has_reject_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "reject_job")
-
-    def has_approve_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "approve_job")
-
-    def has_delete_finished_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "delete_finished_job")
+    has_requeue_permission = permission_check("requeue_job")
+    has_reject_permission = permission_check("reject_job")
+    has_approve_permission = permission_check("approve_job")
+    has_delete_finished_permission = permission_check("delete_finished_job")
 
     # --- actions ---------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from jobstate.admin.common import (
     confirmed_action,
     counted,
     database_now,
+    permission_check,
     relative_time,
     with_database_now,
 )
@@ -76,8 +77,7 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
             )
         return _("held, ends %(when)s") % {"when": when}
 
-    def has_force_release_lock_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "force_release_lock")
+    has_force_release_lock_permission = permission_check("force_release_lock")
 
     force_release_locks = confirmed_action(
         "release_spec",

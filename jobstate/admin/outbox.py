@@ -24,6 +24,7 @@ from jobstate.admin.common import (
     confirmed_action,
     counted,
     exact_search,
+    permission_check,
     redacted_field,
     row_redactor,
 )
@@ -159,8 +160,7 @@ class NotificationAdmin(ReadOnlyAdmin):
     payload_json = redacted_field("payload", gettext_lazy("payload"))
     last_error_text = redacted_field("last_error", gettext_lazy("last error"), text=True)
 
-    def has_replay_notification_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "replay_notification")
+    has_replay_notification_permission = permission_check("replay_notification")
 
     replay_dead_letters = confirmed_action(
         "replay_spec",

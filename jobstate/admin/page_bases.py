@@ -40,6 +40,7 @@ __all__ = [
     "admin_change_url",
     "database_now",
     "exact_search",
+    "permission_check",
     "redacted_field",
     "row_redactor",
     "with_database_now",
@@ -284,3 +285,13 @@ def redacted_field(
         show
     )
     return shown
+
+
+def permission_check(codename: str) -> Callable[[ScaledAdmin, HttpRequest], bool]:
+    """A ``has_<name>_permission`` method of a :class:`ScaledAdmin`: whether the user
+    holds the app's permission ``codename``."""
+
+    def check(model_admin: ScaledAdmin, request: HttpRequest) -> bool:
+        return model_admin.user_can(request, codename)
+
+    return check

@@ -22,6 +22,7 @@ from jobstate.admin.common import (
     counted,
     database_now,
     exact_search,
+    permission_check,
     redacted_field,
     relative_time,
     with_database_now,
@@ -122,8 +123,7 @@ class JobRunAdmin(ReadOnlyAdmin):
     summary_json = redacted_field("summary", gettext_lazy("summary"))
     error_text = redacted_field("error", gettext_lazy("error"), text=True)
 
-    def has_reap_runs_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "reap_runs")
+    has_reap_runs_permission = permission_check("reap_runs")
 
     reap_stale_runs = confirmed_action(
         "reap_spec",

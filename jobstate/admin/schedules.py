@@ -29,6 +29,7 @@ from jobstate.admin.common import (
     counted,
     database_now,
     json_block,
+    permission_check,
     relative_time,
     status_badge,
     with_database_now,
@@ -252,11 +253,8 @@ class ScheduleAdmin(ReadOnlyAdmin):
 
     # --- permissions -----------------------------------------------------------------
 
-    def has_run_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "run_schedule")
-
-    def has_pause_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "pause_schedule")
+    has_run_permission = permission_check("run_schedule")
+    has_pause_permission = permission_check("pause_schedule")
 
     # --- actions ---------------------------------------------------------------------
 
