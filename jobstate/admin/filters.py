@@ -114,44 +114,39 @@ def _recent_job_values(request: HttpRequest, field: str) -> list[str]:
     return cache[field]
 
 
-class TargetFilter(JobChoicesFilter):
+class RecentJobValuesFilter(JobChoicesFilter):
+    """A jobs list filter offering the values of its ``field`` among the newest jobs."""
+
+    def choices_for(self, request: HttpRequest) -> Sequence[str]:
+        return _recent_job_values(request, self.field)
+
+
+class TargetFilter(RecentJobValuesFilter):
     title = _("target")
     parameter_name = "target"
     field = "target"
 
-    def choices_for(self, request: HttpRequest) -> Sequence[str]:
-        return _recent_job_values(request, "target")
 
-
-class SourceFilter(JobChoicesFilter):
+class SourceFilter(RecentJobValuesFilter):
     title = _("source")
     parameter_name = "source"
     field = "source"
 
-    def choices_for(self, request: HttpRequest) -> Sequence[str]:
-        return _recent_job_values(request, "source")
 
-
-class TaskFilter(JobChoicesFilter):
+class TaskFilter(RecentJobValuesFilter):
     """django.tasks tasks by their dotted path."""
 
     title = _("task")
     parameter_name = "task"
     field = "task_path"
 
-    def choices_for(self, request: HttpRequest) -> Sequence[str]:
-        return _recent_job_values(request, "task_path")
 
-
-class QueueFilter(JobChoicesFilter):
+class QueueFilter(RecentJobValuesFilter):
     """django.tasks tasks by their queue."""
 
     title = _("queue")
     parameter_name = "queue"
     field = "queue_name"
-
-    def choices_for(self, request: HttpRequest) -> Sequence[str]:
-        return _recent_job_values(request, "queue_name")
 
 
 class ExpiredLeaseFilter(admin.SimpleListFilter):

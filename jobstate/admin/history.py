@@ -20,7 +20,7 @@ from jobstate.admin.common import (
     admin_change_url,
     choice_badge,
     exact_search,
-    json_block,
+    redacted_field,
 )
 from jobstate.admin.filters import AuditEventFilter
 from jobstate.admin.redaction import Redactor
@@ -144,9 +144,7 @@ class AuditEntryAdmin(LedgerAdmin):
     def job_link(self, entry: AuditEntry) -> Any:
         return self.link(Job, entry.job_id)
 
-    @admin.display(description=gettext_lazy("detail"))
-    def detail_json(self, entry: AuditEntry) -> SafeString | str:
-        return json_block(entry.detail, self.redactor_for(entry))
+    detail_json = redacted_field("detail", gettext_lazy("detail"))
 
 
 _APPROVAL_DECISION_FIELDS: tuple[str, ...] = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -15,20 +14,19 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy
 
 from jobstate.admin.bulk_actions import bulk_links, bulk_urls
 from jobstate.admin.common import (
     REDACTOR_ATTRIBUTE,
-    ActionRow,
     ActionSpec,
-    RejectForm,
     choice_badge,
+    confirmed_action,
     database_now,
     json_block,
+    permission_check,
+    redacted_field,
     relative_time,
-    run_confirmed_action,
-    text_block,
     with_database_now,
 )
 from jobstate.admin.dashboard import (
@@ -45,37 +43,22 @@ from jobstate.admin.filters import (
     TargetFilter,
     TaskFilter,
 )
+from jobstate.admin.job_actions import approve_spec, lease_text, reject_spec, requeue_spec
 from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
 from jobstate.admin.timeline import job_timeline
 from jobstate.console.job_search import SEARCH_FIELDS, SearchError, parse_search
-from jobstate.models import ApprovalDecision, AuditEntry, Job, Notification
+from jobstate.models import AuditEntry, Job, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
     CLAIMED_JOB_STATUSES,
-    TERMINAL_JOB_STATUSES,
-    ApprovalRequeueOutcome,
     JobStatus,
 )
-from jobstate.stores.contracts.state_validation import APPROVAL_COMMENT_LIMIT
 
 __all__ = ["JobAdmin"]
-
-#: The ``via`` of the audit entries the admin's requeues write.
-ADMIN_VIA = "admin"
 
 #: How many audit entries and notifications the job page shows.
 TRAIL_LIMIT = 200
 NOTIFICATIONS_LIMIT = 50
-
-
-class ApproveForm(forms.Form):
-    comment = forms.CharField(
-        label=gettext_lazy("Comment"),
-        required=False,
-        max_length=APPROVAL_COMMENT_LIMIT,
-        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-        help_text=gettext_lazy("Kept on the approval decision and in the audit entry."),
-    )
 
 
 #: The job page: every field, read-only, JSON pretty-printed.
@@ -114,38 +97,6 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
         ("result_json", "report_json", "usage_json", "error_text", "metadata_json"),
     ),
 ]
-
-
-def _job_label(job: Job) -> str:
-    return job.request_id
-
-
-def _now_status(job: Job) -> str:
-    """Why a store call found nothing to do: the job's status as it is now."""
-    status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
-    if status is None:
-        return _("no longer exists")
-    return _("now %(status)s") % {"status": JobStatus(status).label}
-
-
-def _lease_text(job: Job, now: Any) -> str:
-    if job.status in CLAIMED_JOB_STATUSES:
-        if job.lease_until is None:
-            return _("no lease")
-        if job.lease_until < now:
-            return _("expired %(when)s") % {"when": relative_time(job.lease_until, now)}
-        return _("ends %(when)s") % {"when": relative_time(job.lease_until, now)}
-    if job.status == JobStatus.QUEUED and job.run_after is not None and job.run_after > now:
-        return _("runs %(when)s") % {"when": relative_time(job.run_after, now)}
-    return ""
-
-
-def _describe(job: Job, now: Any) -> str:
-    parts = [str(JobStatus(job.status).label), job.target or "—"]
-    lease = _lease_text(job, now)
-    if lease:
-        parts.append(lease)
-    return " · ".join(parts)
 
 
 @admin.register(Job)
@@ -254,7 +205,7 @@ class JobAdmin(TaskFieldsAdmin):
     @admin.display(description=gettext_lazy("lease"))
     def lease(self, job: Job) -> SafeString | str:
         now = database_now(job)
-        text = _lease_text(job, now)
+        text = lease_text(job, now)
         if not text:
             return "—"
         expired = (
@@ -266,197 +217,47 @@ class JobAdmin(TaskFieldsAdmin):
             return format_html('<strong style="color:#cf222e">{}</strong>', text)
         return text
 
-    @admin.display(description=gettext_lazy("input"))
-    def input_json(self, job: Job) -> SafeString | str:
-        return json_block(job.input, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("result"))
-    def result_json(self, job: Job) -> SafeString | str:
-        return json_block(job.result, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("report"))
-    def report_json(self, job: Job) -> SafeString | str:
-        return json_block(job.report, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("usage"))
-    def usage_json(self, job: Job) -> SafeString | str:
-        return json_block(job.usage, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("metadata"))
-    def metadata_json(self, job: Job) -> SafeString | str:
-        return json_block(job.metadata, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("input preview"))
-    def input_preview_text(self, job: Job) -> SafeString | str:
-        return text_block(job.input_preview, self.redactor_for(job))
-
-    @admin.display(description=gettext_lazy("error"))
-    def error_text(self, job: Job) -> SafeString | str:
-        return text_block(job.error, self.redactor_for(job))
+    input_json = redacted_field("input", gettext_lazy("input"))
+    result_json = redacted_field("result", gettext_lazy("result"))
+    report_json = redacted_field("report", gettext_lazy("report"))
+    usage_json = redacted_field("usage", gettext_lazy("usage"))
+    metadata_json = redacted_field("metadata", gettext_lazy("metadata"))
+    input_preview_text = redacted_field("input_preview", gettext_lazy("input preview"), text=True)
+    error_text = redacted_field("error", gettext_lazy("error"), text=True)
 
     # --- permissions -----------------------------------------------------------------
 
-    def has_requeue_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "requeue_job")
-
-    def has_reject_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "reject_job")
-
-    def has_approve_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "approve_job")
-
-    def has_delete_finished_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "delete_finished_job")
+    has_requeue_permission = permission_check("requeue_job")
+    has_reject_permission = permission_check("reject_job")
+    has_approve_permission = permission_check("approve_job")
+    has_delete_finished_permission = permission_check("delete_finished_job")
 
     # --- actions ---------------------------------------------------------------------
 
-    @admin.action(description=gettext_lazy("Requeue selected jobs…"), permissions=["requeue"])
-    def requeue_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.requeue_spec(request))
-
-    @admin.action(
-        description=gettext_lazy("Reject (cancel) selected queued jobs…"), permissions=["reject"]
+    requeue_jobs = confirmed_action(
+        "requeue_spec",
+        description=gettext_lazy("Requeue selected jobs…"),
+        permission="requeue",
     )
-    def reject_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.reject_spec(request))
-
-    @admin.action(
+    reject_jobs = confirmed_action(
+        "reject_spec",
+        description=gettext_lazy("Reject (cancel) selected queued jobs…"),
+        permission="reject",
+    )
+    approve_and_requeue_jobs = confirmed_action(
+        "approve_spec",
         description=gettext_lazy("Approve and requeue selected jobs once…"),
-        permissions=["approve"],
+        permission="approve",
     )
-    def approve_and_requeue_jobs(
-        self, request: HttpRequest, queryset: QuerySet[Job]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.approve_spec(request))
 
     def requeue_spec(self, request: HttpRequest) -> ActionSpec:
-        by = self.operator(request)
-
-        def row(job: Job) -> ActionRow:
-            now = database_now(job)
-            why: str | None = None
-            if job.status == JobStatus.QUEUED:
-                why = _("already queued")
-            elif job.status in CLAIMED_JOB_STATUSES and (
-                job.lease_until is None or job.lease_until >= now
-            ):
-                why = _("%(status)s and its lease has not expired") % {
-                    "status": JobStatus(job.status).label
-                }
-            return ActionRow(job, _job_label(job), _describe(job, now), why)
-
-        def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
-            store = get_state_store()
-            if job.status in TERMINAL_JOB_STATUSES:
-                refired = store.requeue_job(
-                    job.pk, from_statuses=[job.status], by=by, via=ADMIN_VIA
-                )
-            else:
-                refired = store.requeue_expired_lease_job(job.pk, by=by, via=ADMIN_VIA)
-            return None if refired is not None else _now_status(job)
-
-        return ActionSpec(
-            name="requeue_jobs",
-            permission="requeue",
-            title=_("Requeue jobs"),
-            intro=_(
-                "Finished jobs (done, error, rejected) and running or dispatched jobs whose "
-                "lease has expired go back to the queue: attempts reset, delay, error and "
-                "claim cleared. Each gets a “rerun” audit entry naming you. A job that "
-                "changes before you confirm is left alone."
-            ),
-            confirm_label=_("Yes, requeue"),
-            done=lambda n: (
-                ngettext("Requeued %(count)d job.", "Requeued %(count)d jobs.", n) % {"count": n}
-            ),
-            row=row,
-            perform=perform,
-        )
+        return requeue_spec(self.operator(request))
 
     def reject_spec(self, request: HttpRequest) -> ActionSpec:
-        by = self.operator(request)
-
-        def row(job: Job) -> ActionRow:
-            now = database_now(job)
-            why = None if job.status == JobStatus.QUEUED else _("not queued")
-            return ActionRow(job, _job_label(job), _describe(job, now), why)
-
-        def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
-            rejected = get_state_store().reject_queued_job(
-                job.pk, by=by, reason=inputs.get("reason", "")
-            )
-            return None if rejected is not None else _now_status(job)
-
-        return ActionSpec(
-            name="reject_jobs",
-            permission="reject",
-            title=_("Reject queued jobs"),
-            intro=_(
-                "Queued jobs become rejected and are never claimed. Each gets a “rejected” "
-                "audit entry naming you and the reason. A job claimed before you confirm "
-                "is left alone."
-            ),
-            confirm_label=_("Yes, reject"),
-            done=lambda n: (
-                ngettext("Rejected %(count)d job.", "Rejected %(count)d jobs.", n) % {"count": n}
-            ),
-            row=row,
-            perform=perform,
-            form_class=RejectForm,
-        )
+        return reject_spec(self.operator(request))
 
     def approve_spec(self, request: HttpRequest) -> ActionSpec:
-        by = self.operator(request)
-        reasons = {
-            ApprovalRequeueOutcome.ALREADY_REQUEUED: _("this approval already requeued it"),
-            ApprovalRequeueOutcome.DECISION_CONFLICT: _("decision id already used"),
-            ApprovalRequeueOutcome.JOB_IN_FLIGHT: _("in flight now; it will use the approval"),
-            ApprovalRequeueOutcome.NOT_FOUND: _("no longer exists"),
-        }
-
-        def row(job: Job) -> ActionRow:
-            now = database_now(job)
-            why = (
-                None
-                if job.status in TERMINAL_JOB_STATUSES
-                else _("in flight; it will use the approval itself")
-            )
-            return ActionRow(job, _job_label(job), _describe(job, now), why)
-
-        def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
-            # One decision per approval round of the job: two operators confirming the
-            # same round at once share the id, so the store requeues only once.
-            rounds = ApprovalDecision.objects.filter(job_id=job.pk).count()
-            outcome = get_state_store().requeue_approved_job_once(
-                job_id=job.pk,
-                decision_id=f"admin:{job.pk}:{rounds + 1}",
-                approver=by,
-                comment=inputs.get("comment", ""),
-            )
-            return None if outcome is ApprovalRequeueOutcome.REQUEUED else reasons[outcome]
-
-        return ActionSpec(
-            name="approve_and_requeue_jobs",
-            permission="approve",
-            title=_("Approve and requeue jobs"),
-            intro=_(
-                "Records your approval of each finished job (a permanent decision marker "
-                "with your name and comment) and requeues it, exactly once per approval: "
-                "confirming twice, or two operators at once, requeues a job only once."
-            ),
-            confirm_label=_("Yes, approve and requeue"),
-            done=lambda n: (
-                ngettext(
-                    "Approved and requeued %(count)d job.",
-                    "Approved and requeued %(count)d jobs.",
-                    n,
-                )
-                % {"count": n}
-            ),
-            row=row,
-            perform=perform,
-            form_class=ApproveForm,
-        )
+        return approve_spec(self.operator(request))
 
     # --- the job page ----------------------------------------------------------------
 

@@ -7,19 +7,21 @@ from typing import Any
 from django.contrib import admin
 from django.db import transaction
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobstate.admin.common import (
     ActionRow,
     ActionSpec,
     ReadOnlyAdmin,
+    confirmed_action,
+    counted,
     database_now,
+    permission_check,
     relative_time,
-    run_confirmed_action,
     with_database_now,
 )
 from jobstate.admin.filters import LockStateFilter
@@ -75,17 +77,13 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
             )
         return _("held, ends %(when)s") % {"when": when}
 
-    def has_force_release_lock_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "force_release_lock")
+    has_force_release_lock_permission = permission_check("force_release_lock")
 
-    @admin.action(
+    force_release_locks = confirmed_action(
+        "release_spec",
         description=gettext_lazy("Force-release selected locks…"),
-        permissions=["force_release_lock"],
+        permission="force_release_lock",
     )
-    def force_release_locks(
-        self, request: HttpRequest, queryset: QuerySet[RuntimeLock]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.release_spec(request))
 
     def release_spec(self, request: HttpRequest) -> ActionSpec:
         by = self.operator(request)
@@ -132,8 +130,6 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
             return None
 
         return ActionSpec(
-            name="force_release_locks",
-            permission="force_release_lock",
             title=_("Force-release runtime locks"),
             intro=_(
                 "The locks are deleted whoever holds them, so the next caller can take "
@@ -142,8 +138,8 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
                 "audit entry naming you and the owner."
             ),
             confirm_label=_("Yes, force-release"),
-            done=lambda n: (
-                ngettext("Released %(count)d lock.", "Released %(count)d locks.", n) % {"count": n}
+            done=counted(
+                ngettext_lazy("Released %(count)d lock.", "Released %(count)d locks.", "count")
             ),
             row=row,
             perform=perform,

@@ -7,12 +7,12 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext, ngettext_lazy
 
 from jobstate.admin.common import (
     ActionRow,
@@ -21,11 +21,12 @@ from jobstate.admin.common import (
     ReadOnlyInline,
     admin_change_url,
     choice_badge,
+    confirmed_action,
+    counted,
     exact_search,
-    json_block,
+    permission_check,
+    redacted_field,
     row_redactor,
-    run_confirmed_action,
-    text_block,
 )
 from jobstate.admin.filters import ChannelFilter
 from jobstate.admin.redaction import Redactor, redactor
@@ -156,25 +157,16 @@ class NotificationAdmin(ReadOnlyAdmin):
         job = notification.job
         return format_html('<a href="{}">{}</a>', url, job.request_id if job else "—")
 
-    @admin.display(description=gettext_lazy("payload"))
-    def payload_json(self, notification: Notification) -> SafeString | str:
-        return json_block(notification.payload, self.redactor_for(notification))
+    payload_json = redacted_field("payload", gettext_lazy("payload"))
+    last_error_text = redacted_field("last_error", gettext_lazy("last error"), text=True)
 
-    @admin.display(description=gettext_lazy("last error"))
-    def last_error_text(self, notification: Notification) -> SafeString | str:
-        return text_block(notification.last_error, self.redactor_for(notification))
+    has_replay_notification_permission = permission_check("replay_notification")
 
-    def has_replay_notification_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "replay_notification")
-
-    @admin.action(
+    replay_dead_letters = confirmed_action(
+        "replay_spec",
         description=gettext_lazy("Replay selected dead letters once…"),
-        permissions=["replay_notification"],
+        permission="replay_notification",
     )
-    def replay_dead_letters(
-        self, request: HttpRequest, queryset: QuerySet[Notification]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.replay_spec(request))
 
     def replay_spec(self, request: HttpRequest) -> ActionSpec:
         by = self.operator(request)
@@ -214,8 +206,6 @@ class NotificationAdmin(ReadOnlyAdmin):
             return None if outcome is DeliveryRequeueOutcome.REQUEUED else reasons[outcome]
 
         return ActionSpec(
-            name="replay_dead_letters",
-            permission="replay_notification",
             title=_("Replay dead letters"),
             intro=_(
                 "Each dead notification goes back to pending, due at once, with its "
@@ -224,9 +214,10 @@ class NotificationAdmin(ReadOnlyAdmin):
                 "confirm twice; a “dlq_resend_ok” audit entry names you."
             ),
             confirm_label=_("Yes, replay"),
-            done=lambda n: (
-                ngettext("Replayed %(count)d dead letter.", "Replayed %(count)d dead letters.", n)
-                % {"count": n}
+            done=counted(
+                ngettext_lazy(
+                    "Replayed %(count)d dead letter.", "Replayed %(count)d dead letters.", "count"
+                )
             ),
             row=row,
             perform=perform,

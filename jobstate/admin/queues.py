@@ -30,7 +30,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext as _
 
-from jobstate.admin.common import ReadOnlyAdmin, short_duration
+from jobstate.admin.common import ReadOnlyAdmin, permission_check, short_duration
 from jobstate.console.queue_stats import QueueRow, queue_rows
 from jobstate.core.states import NO_QUEUE
 from jobstate.exceptions import InvalidJobState
@@ -49,8 +49,7 @@ _ACTIONS = ("pause", "resume")
 class QueuePauseAdmin(ReadOnlyAdmin):
     """The Queues page and its pause and resume pages."""
 
-    def has_pause_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "pause_queue")
+    has_pause_permission = permission_check("pause_queue")
 
     def get_urls(self) -> list[URLPattern]:
         wrap = self.admin_site.admin_view

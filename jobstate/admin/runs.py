@@ -7,23 +7,24 @@ from typing import Any
 from django.contrib import admin
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobstate.admin.common import (
     ActionRow,
     ActionSpec,
     ReadOnlyAdmin,
     choice_badge,
+    confirmed_action,
+    counted,
     database_now,
     exact_search,
-    json_block,
+    permission_check,
+    redacted_field,
     relative_time,
-    run_confirmed_action,
-    text_block,
     with_database_now,
 )
 from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
@@ -118,28 +119,17 @@ class JobRunAdmin(ReadOnlyAdmin):
             return f"{run.trigger_source} ({run.triggered_by})"
         return run.trigger_source
 
-    @admin.display(description=gettext_lazy("input"))
-    def input_json(self, run: JobRun) -> SafeString | str:
-        return json_block(run.input, self.redactor_for(run))
+    input_json = redacted_field("input", gettext_lazy("input"))
+    summary_json = redacted_field("summary", gettext_lazy("summary"))
+    error_text = redacted_field("error", gettext_lazy("error"), text=True)
 
-    @admin.display(description=gettext_lazy("summary"))
-    def summary_json(self, run: JobRun) -> SafeString | str:
-        return json_block(run.summary, self.redactor_for(run))
+    has_reap_runs_permission = permission_check("reap_runs")
 
-    @admin.display(description=gettext_lazy("error"))
-    def error_text(self, run: JobRun) -> SafeString | str:
-        return text_block(run.error, self.redactor_for(run))
-
-    def has_reap_runs_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "reap_runs")
-
-    @admin.action(
-        description=gettext_lazy("Reap selected stale runs now…"), permissions=["reap_runs"]
+    reap_stale_runs = confirmed_action(
+        "reap_spec",
+        description=gettext_lazy("Reap selected stale runs now…"),
+        permission="reap_runs",
     )
-    def reap_stale_runs(
-        self, request: HttpRequest, queryset: QuerySet[JobRun]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.reap_spec(request))
 
     def reap_spec(self, request: HttpRequest) -> ActionSpec:
         stale_after = jobstate_settings.STALE_RUN_AFTER
@@ -198,8 +188,6 @@ class JobRunAdmin(ReadOnlyAdmin):
             return None
 
         return ActionSpec(
-            name="reap_stale_runs",
-            permission="reap_runs",
             title=_("Reap stale runs"),
             intro=_(
                 "RUNNING runs whose heartbeat is older than %(stale)s are assumed dead: they "
@@ -209,9 +197,7 @@ class JobRunAdmin(ReadOnlyAdmin):
             )
             % {"stale": stale_after},
             confirm_label=_("Yes, reap"),
-            done=lambda n: (
-                ngettext("Reaped %(count)d run.", "Reaped %(count)d runs.", n) % {"count": n}
-            ),
+            done=counted(ngettext_lazy("Reaped %(count)d run.", "Reaped %(count)d runs.", "count")),
             row=row,
             perform=perform,
         )

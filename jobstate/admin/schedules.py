@@ -18,17 +18,19 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobstate.admin.common import (
     ActionRow,
     ActionSpec,
     ReadOnlyAdmin,
     admin_change_url,
+    confirmed_action,
+    counted,
     database_now,
     json_block,
+    permission_check,
     relative_time,
-    run_confirmed_action,
     status_badge,
     with_database_now,
 )
@@ -251,31 +253,22 @@ class ScheduleAdmin(ReadOnlyAdmin):
 
     # --- permissions -----------------------------------------------------------------
 
-    def has_run_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "run_schedule")
-
-    def has_pause_permission(self, request: HttpRequest) -> bool:
-        return self.user_can(request, "pause_schedule")
+    has_run_permission = permission_check("run_schedule")
+    has_pause_permission = permission_check("pause_schedule")
 
     # --- actions ---------------------------------------------------------------------
 
-    @admin.action(description=gettext_lazy("Run selected schedules now…"), permissions=["run"])
-    def run_schedules_now(
-        self, request: HttpRequest, queryset: QuerySet[Schedule]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.run_spec(request))
+    run_schedules_now = confirmed_action(
+        "run_spec", description=gettext_lazy("Run selected schedules now…"), permission="run"
+    )
 
-    @admin.action(description=gettext_lazy("Pause selected schedules…"), permissions=["pause"])
-    def pause_schedules(
-        self, request: HttpRequest, queryset: QuerySet[Schedule]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.pause_spec(request))
+    pause_schedules = confirmed_action(
+        "pause_spec", description=gettext_lazy("Pause selected schedules…"), permission="pause"
+    )
 
-    @admin.action(description=gettext_lazy("Resume selected schedules…"), permissions=["pause"])
-    def resume_schedules(
-        self, request: HttpRequest, queryset: QuerySet[Schedule]
-    ) -> HttpResponse | None:
-        return run_confirmed_action(self, request, queryset, self.resume_spec(request))
+    resume_schedules = confirmed_action(
+        "resume_spec", description=gettext_lazy("Resume selected schedules…"), permission="pause"
+    )
 
     def _row(self, schedule: Schedule, why: str | None) -> ActionRow:
         detail = f"{_state_label(_state(schedule))} · {schedule.cron} ({schedule.timezone})"
@@ -298,8 +291,6 @@ class ScheduleAdmin(ReadOnlyAdmin):
             return None
 
         return ActionSpec(
-            name="run_schedules_now",
-            permission="run",
             title=_("Run schedules now"),
             intro=_(
                 "Each schedule enqueues one extra occurrence now, paused or not; its cron "
@@ -307,73 +298,61 @@ class ScheduleAdmin(ReadOnlyAdmin):
                 "you, on the job it enqueued."
             ),
             confirm_label=_("Yes, run now"),
-            done=lambda n: (
-                ngettext("Enqueued %(count)d schedule.", "Enqueued %(count)d schedules.", n)
-                % {"count": n}
+            done=counted(
+                ngettext_lazy(
+                    "Enqueued %(count)d schedule.", "Enqueued %(count)d schedules.", "count"
+                )
             ),
             row=row,
             perform=perform,
         )
 
     def pause_spec(self, request: HttpRequest) -> ActionSpec:
+        return self._switch_spec(request, pause=True)
+
+    def resume_spec(self, request: HttpRequest) -> ActionSpec:
+        return self._switch_spec(request, pause=False)
+
+    def _switch_spec(self, request: HttpRequest, *, pause: bool) -> ActionSpec:
+        """Pausing (``pause``) or resuming: the rows each applies to, its store call and
+        its texts."""
         by = self.operator(request)
+        applies_to = "active" if pause else "paused"
+        switch = pause_schedule if pause else resume_schedule
 
         def row(schedule: Schedule) -> ActionRow:
             state = _state(schedule)
-            return self._row(schedule, None if state == "active" else _state_label(state))
+            return self._row(schedule, None if state == applies_to else _state_label(state))
 
         def perform(request: HttpRequest, schedule: Schedule, inputs: dict[str, Any]) -> str | None:
             try:
-                changed = pause_schedule(schedule.key, by=by)
+                changed = switch(schedule.key, by=by)
             except UnknownSchedule:
                 return _("removed from settings")
-            return None if changed else _("already paused")
+            if changed:
+                return None
+            return _("already paused") if pause else _("not paused")
 
         return ActionSpec(
-            name="pause_schedules",
-            permission="pause",
-            title=_("Pause schedules"),
+            title=_("Pause schedules") if pause else _("Resume schedules"),
             intro=_(
                 "A paused schedule enqueues nothing until it is resumed; a slot being "
                 "enqueued as you confirm is the last. Each gets a “schedule_paused” audit "
                 "entry naming you."
-            ),
-            confirm_label=_("Yes, pause"),
-            done=lambda n: (
-                ngettext("Paused %(count)d schedule.", "Paused %(count)d schedules.", n)
-                % {"count": n}
-            ),
-            row=row,
-            perform=perform,
-        )
-
-    def resume_spec(self, request: HttpRequest) -> ActionSpec:
-        by = self.operator(request)
-
-        def row(schedule: Schedule) -> ActionRow:
-            state = _state(schedule)
-            return self._row(schedule, None if state == "paused" else _state_label(state))
-
-        def perform(request: HttpRequest, schedule: Schedule, inputs: dict[str, Any]) -> str | None:
-            try:
-                changed = resume_schedule(schedule.key, by=by)
-            except UnknownSchedule:
-                return _("removed from settings")
-            return None if changed else _("not paused")
-
-        return ActionSpec(
-            name="resume_schedules",
-            permission="pause",
-            title=_("Resume schedules"),
-            intro=_(
+            )
+            if pause
+            else _(
                 "Each schedule runs again from its next slot; the slots it missed while "
                 "paused are not caught up. Each gets a “schedule_resumed” audit entry "
                 "naming you."
             ),
-            confirm_label=_("Yes, resume"),
-            done=lambda n: (
-                ngettext("Resumed %(count)d schedule.", "Resumed %(count)d schedules.", n)
-                % {"count": n}
+            confirm_label=_("Yes, pause") if pause else _("Yes, resume"),
+            done=counted(
+                ngettext_lazy("Paused %(count)d schedule.", "Paused %(count)d schedules.", "count")
+                if pause
+                else ngettext_lazy(
+                    "Resumed %(count)d schedule.", "Resumed %(count)d schedules.", "count"
+                )
             ),
             row=row,
             perform=perform,

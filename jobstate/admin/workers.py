@@ -108,7 +108,8 @@ class WorkerChangeList(ChangeList):
             worker.running_count = counts.get(worker.worker_id, 0)
 
 
-_WORKER_FIELDS = (
+#: What a worker is and where it runs: the first columns of the list and of its page.
+_IDENTITY = (
     "worker_id",
     "state_display",
     "kind",
@@ -117,6 +118,10 @@ _WORKER_FIELDS = (
     "backend",
     "queues_display",
     "concurrency",
+)
+
+_WORKER_FIELDS = (
+    *_IDENTITY,
     "lease",
     "started_at",
     "heartbeat_at",
@@ -130,14 +135,7 @@ class WorkerAdmin(ReadOnlyAdmin):
     """Registered workers: who runs, where, on which queues, and what each runs now."""
 
     list_display = [
-        "worker_id",
-        "state_display",
-        "kind",
-        "host",
-        "pid",
-        "backend",
-        "queues_display",
-        "concurrency",
+        *_IDENTITY,
         "started_display",
         "last_beat",
         "running_now",

@@ -237,56 +237,73 @@ class AuditEventDefaults:
     title: str
 
 
+def _events_of(
+    stage: AuditStage, **events: tuple[AuditSeverity, str]
+) -> dict[str, AuditEventDefaults]:
+    """The defaults of ``stage``'s known events, given as ``name=(severity, title)``."""
+    return {
+        name: AuditEventDefaults(stage, severity, title)
+        for name, (severity, title) in events.items()
+    }
+
+
+_INFO, _WARNING, _ERROR = AuditSeverity.INFO, AuditSeverity.WARNING, AuditSeverity.ERROR
+
 #: Known audit events. An unknown event is stored as stage ``system``, severity ``info``
 #: and its own name as the title.
 AUDIT_EVENTS: dict[str, AuditEventDefaults] = {
-    "received": AuditEventDefaults(AuditStage.LAUNCH, AuditSeverity.INFO, "Request received"),
-    "started": AuditEventDefaults(AuditStage.EXECUTION, AuditSeverity.INFO, "Started"),
-    "finished": AuditEventDefaults(AuditStage.SUMMARY, AuditSeverity.INFO, "Finished"),
-    "rejected": AuditEventDefaults(AuditStage.LAUNCH, AuditSeverity.WARNING, "Rejected"),
-    "recovered": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.WARNING, "Recovered"),
-    "rerun": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.INFO, "Rerun requested"),
-    "retry_scheduled": AuditEventDefaults(
-        AuditStage.RECOVERY, AuditSeverity.WARNING, "Retry scheduled"
+    **_events_of(
+        AuditStage.LAUNCH,
+        received=(_INFO, "Request received"),
+        rejected=(_WARNING, "Rejected"),
     ),
-    "expired": AuditEventDefaults(AuditStage.RECOVERY, AuditSeverity.WARNING, "Expired"),
-    "deleted": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.WARNING, "Deleted"),
-    "tool_result": AuditEventDefaults(AuditStage.TOOL, AuditSeverity.INFO, "Tool result"),
-    "tool_approved": AuditEventDefaults(AuditStage.APPROVAL, AuditSeverity.INFO, "Tool approved"),
-    "tool_approved_external": AuditEventDefaults(
-        AuditStage.APPROVAL, AuditSeverity.INFO, "Tool approved externally"
+    **_events_of(
+        AuditStage.EXECUTION,
+        started=(_INFO, "Started"),
     ),
-    "tool_denied": AuditEventDefaults(AuditStage.APPROVAL, AuditSeverity.WARNING, "Tool denied"),
-    "tool_denied_external": AuditEventDefaults(
-        AuditStage.APPROVAL, AuditSeverity.WARNING, "Tool denied externally"
+    **_events_of(
+        AuditStage.SUMMARY,
+        finished=(_INFO, "Finished"),
     ),
-    "delivery_queued": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.INFO, "Delivery queued"
+    **_events_of(
+        AuditStage.RECOVERY,
+        recovered=(_WARNING, "Recovered"),
+        rerun=(_INFO, "Rerun requested"),
+        retry_scheduled=(_WARNING, "Retry scheduled"),
+        expired=(_WARNING, "Expired"),
     ),
-    "delivery_skipped": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.INFO, "Delivery skipped"
+    **_events_of(
+        AuditStage.SYSTEM,
+        deleted=(_WARNING, "Deleted"),
+        ledger_error=(_ERROR, "Ledger error"),
+        queue_paused=(_WARNING, "Queue paused"),
+        queue_resumed=(_INFO, "Queue resumed"),
     ),
-    "delivery_error": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.ERROR, "Delivery failed"
+    **_events_of(
+        AuditStage.TOOL,
+        tool_result=(_INFO, "Tool result"),
     ),
-    "dlq_resend_ok": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.INFO, "Dead letter resent"
+    **_events_of(
+        AuditStage.APPROVAL,
+        tool_approved=(_INFO, "Tool approved"),
+        tool_approved_external=(_INFO, "Tool approved externally"),
+        tool_denied=(_WARNING, "Tool denied"),
+        tool_denied_external=(_WARNING, "Tool denied externally"),
     ),
-    "dlq_resend_failed": AuditEventDefaults(
-        AuditStage.DELIVERY, AuditSeverity.ERROR, "Dead letter resend failed"
+    **_events_of(
+        AuditStage.DELIVERY,
+        delivery_queued=(_INFO, "Delivery queued"),
+        delivery_skipped=(_INFO, "Delivery skipped"),
+        delivery_error=(_ERROR, "Delivery failed"),
+        dlq_resend_ok=(_INFO, "Dead letter resent"),
+        dlq_resend_failed=(_ERROR, "Dead letter resend failed"),
     ),
-    "channel_delivered": AuditEventDefaults(
-        AuditStage.CHANNEL, AuditSeverity.INFO, "Delivered to channel"
+    **_events_of(
+        AuditStage.CHANNEL,
+        channel_delivered=(_INFO, "Delivered to channel"),
+        channel_delivery_error=(_ERROR, "Channel delivery failed"),
+        channel_delivery_skipped=(_INFO, "Channel delivery skipped"),
     ),
-    "channel_delivery_error": AuditEventDefaults(
-        AuditStage.CHANNEL, AuditSeverity.ERROR, "Channel delivery failed"
-    ),
-    "channel_delivery_skipped": AuditEventDefaults(
-        AuditStage.CHANNEL, AuditSeverity.INFO, "Channel delivery skipped"
-    ),
-    "ledger_error": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.ERROR, "Ledger error"),
-    "queue_paused": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.WARNING, "Queue paused"),
-    "queue_resumed": AuditEventDefaults(AuditStage.SYSTEM, AuditSeverity.INFO, "Queue resumed"),
 }
 
 

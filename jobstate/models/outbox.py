@@ -3,6 +3,8 @@ approval markers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
@@ -112,18 +114,26 @@ class DeliveryAttempt(models.Model):
         return f"attempt {self.number} of {self.notification_id}"
 
 
+def _marker_of(
+    to: type[models.Model], verbose_name: Any, *, related_name: str
+) -> models.ForeignKey[Any, Any]:
+    """The link of a permanent marker to the row it marks: no database constraint and
+    nothing done on delete, so the marker outlives the row's pruning."""
+    return models.ForeignKey(
+        to,
+        verbose_name=verbose_name,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name=related_name,
+    )
+
+
 class DeliveryReplay(models.Model):
     """Permanent marker: the dead letter ``dlq_key`` was replayed once. Kept even after
     the notification is pruned (no database constraint), so a key can never replay twice."""
 
     dlq_key = models.CharField(_("dead-letter key"), max_length=200, primary_key=True)
-    notification = models.ForeignKey(
-        Notification,
-        verbose_name=_("notification"),
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        related_name="replays",
-    )
+    notification = _marker_of(Notification, _("notification"), related_name="replays")
     requested_by = models.CharField(_("requested by"), max_length=200)
     created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)
 
@@ -144,13 +154,7 @@ class ApprovalDecision(models.Model):
     the job is pruned (no database constraint), so a decision can never requeue twice."""
 
     decision_id = models.CharField(_("decision id"), max_length=200, primary_key=True)
-    job = models.ForeignKey(
-        Job,
-        verbose_name=_("job"),
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        related_name="approval_decisions",
-    )
+    job = _marker_of(Job, _("job"), related_name="approval_decisions")
     approver = models.CharField(_("approver"), max_length=200)
     comment = models.TextField(_("comment"), blank=True, default="")
     created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)

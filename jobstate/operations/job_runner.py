@@ -31,26 +31,25 @@ run in the run store (:class:`jobstate.stores.base.JobRunStore`):
 Every run ends in exactly one :class:`JobExecutionResult`; ``execute`` raises only for
 an unknown job, rejected input, a call inside a transaction, or a failing store.
 
-This module holds :class:`JobRunner`; the body's view of its run lives in
-:mod:`jobstate.operations.run_context`, the outcome types in :mod:`jobstate.operations.outcomes`
-and the
-registry in :mod:`jobstate.operations.job_registry`. Their public names are importable from here.
+This module holds :class:`JobRunner`; its settings-backed options are read in
+:mod:`jobstate.operations.runner_options`, the body's view of its run lives in
+:mod:`jobstate.operations.run_context`, the outcome types in
+:mod:`jobstate.operations.outcomes` and the registry in
+:mod:`jobstate.operations.job_registry`. Their public names are importable from here.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 import uuid
 from datetime import datetime, timedelta
-from typing import Any, Literal, cast, get_args
+from typing import Any
 
 from django.db import connections
 
 from jobstate.core.clock import Clock, SystemClock
-from jobstate.core.conf import jobstate_settings
 from jobstate.core.jsonvalues import ensure_json
 from jobstate.exceptions import (
     InvalidJobState,
@@ -72,6 +71,12 @@ from jobstate.operations.outcomes import (
     truncate_error_text,
 )
 from jobstate.operations.run_context import RunContext, RunExecution, discard_connection
+from jobstate.operations.runner_options import (
+    FROM_SETTINGS,
+    FromSettings,
+    ReapScope,
+    runner_options,
+)
 from jobstate.stores import get_run_store
 from jobstate.stores.base import (
     JobRunStatus,
@@ -79,10 +84,8 @@ from jobstate.stores.base import (
     Trigger,
 )
 from jobstate.stores.contracts.validation import (
-    validate_duration,
     validate_instant,
     validate_reap_limit,
-    validate_stale_run_after,
 )
 
 __all__ = [
@@ -100,8 +103,6 @@ __all__ = [
 
 logger = logging.getLogger("jobstate.runner")
 
-ReapScope = Literal["overlap-key", "all", "off"]
-
 #: The trigger ``execute`` records when the caller names none.
 CLI_TRIGGER = Trigger("CLI")
 
@@ -109,14 +110,6 @@ CLI_TRIGGER = Trigger("CLI")
 # (a dropped connection comes back at once), never long enough to overshoot the budget.
 _COMPLETE_RETRY_FIRST_SECONDS = 0.2
 _COMPLETE_RETRY_MAX_SECONDS = 2.0
-
-
-class _FromSettings(enum.Enum):
-    FROM_SETTINGS = enum.auto()
-
-
-#: Default of every :class:`JobRunner` option that falls back to a ``JOBSTATE`` setting.
-FROM_SETTINGS = _FromSettings.FROM_SETTINGS
 
 
 class JobRunner:
@@ -142,50 +135,30 @@ class JobRunner:
         store: JobRunStore | None = None,
         registry: Registry = registry,
         clock: Clock | None = None,
-        heartbeat_interval: timedelta | _FromSettings = FROM_SETTINGS,
-        stale_run_after: timedelta | _FromSettings = FROM_SETTINGS,
-        default_timeout: timedelta | _FromSettings = FROM_SETTINGS,
-        reap_scope: ReapScope | _FromSettings = FROM_SETTINGS,
-        reap_limit: int | _FromSettings | None = FROM_SETTINGS,
-        error_text_limit: int | _FromSettings = FROM_SETTINGS,
-        service_revision: str | _FromSettings | None = FROM_SETTINGS,
+        heartbeat_interval: timedelta | FromSettings = FROM_SETTINGS,
+        stale_run_after: timedelta | FromSettings = FROM_SETTINGS,
+        default_timeout: timedelta | FromSettings = FROM_SETTINGS,
+        reap_scope: ReapScope | FromSettings = FROM_SETTINGS,
+        reap_limit: int | FromSettings | None = FROM_SETTINGS,
+        error_text_limit: int | FromSettings = FROM_SETTINGS,
+        service_revision: str | FromSettings | None = FROM_SETTINGS,
     ) -> None:
-        s = jobstate_settings
-        self.heartbeat_interval = _positive_duration(
-            s.HEARTBEAT_INTERVAL if heartbeat_interval is FROM_SETTINGS else heartbeat_interval,
-            "heartbeat_interval",
+        options = runner_options(
+            heartbeat_interval=heartbeat_interval,
+            stale_run_after=stale_run_after,
+            default_timeout=default_timeout,
+            reap_scope=reap_scope,
+            reap_limit=reap_limit,
+            error_text_limit=error_text_limit,
+            service_revision=service_revision,
         )
-        self.stale_run_after = validate_stale_run_after(
-            s.STALE_RUN_AFTER if stale_run_after is FROM_SETTINGS else stale_run_after,
-            heartbeat_interval=self.heartbeat_interval,
-        )
-        self.default_timeout = _positive_duration(
-            s.DEFAULT_JOB_TIMEOUT if default_timeout is FROM_SETTINGS else default_timeout,
-            "default_timeout",
-        )
-        scope = s.REAP_SCOPE if reap_scope is FROM_SETTINGS else reap_scope
-        if scope not in get_args(ReapScope):
-            raise InvalidRunnerConfiguration(
-                f"reap_scope must be 'overlap-key', 'all' or 'off', got {scope!r}."
-            )
-        self.reap_scope = cast(ReapScope, scope)
-        limit = s.REAP_LIMIT if reap_limit is FROM_SETTINGS else reap_limit
-        try:
-            self.reap_limit: int | None = validate_reap_limit(limit)
-        except InvalidJobState as exc:
-            raise InvalidRunnerConfiguration(f"reap_limit: {exc}") from exc
-        text_limit = s.ERROR_TEXT_LIMIT if error_text_limit is FROM_SETTINGS else error_text_limit
-        if isinstance(text_limit, bool) or not isinstance(text_limit, int) or text_limit < 1:
-            raise InvalidRunnerConfiguration(
-                f"error_text_limit must be a positive int, got {text_limit!r}."
-            )
-        self.error_text_limit: int = text_limit
-        revision = s.SERVICE_REVISION if service_revision is FROM_SETTINGS else service_revision
-        if revision is not None and not isinstance(revision, str):
-            raise InvalidRunnerConfiguration(
-                f"service_revision must be a string or None, got {revision!r}."
-            )
-        self.service_revision: str | None = revision
+        self.heartbeat_interval = options.heartbeat_interval
+        self.stale_run_after = options.stale_run_after
+        self.default_timeout = options.default_timeout
+        self.reap_scope: ReapScope = options.reap_scope
+        self.reap_limit: int | None = options.reap_limit
+        self.error_text_limit: int = options.error_text_limit
+        self.service_revision: str | None = options.service_revision
         if not isinstance(registry, Registry):
             raise InvalidRunnerConfiguration(f"registry must be a Registry, got {registry!r}.")
         self.registry = registry
@@ -516,10 +489,3 @@ def _run_body(execution: RunExecution, job: OperationsJob, ctx: RunContext, valu
             execution.body_finished(value=result)
     finally:
         connections.close_all()
-
-
-def _positive_duration(value: object, name: str) -> timedelta:
-    try:
-        return validate_duration(cast(timedelta, value), field=name, allow_zero=False)
-    except InvalidJobState as exc:
-        raise InvalidRunnerConfiguration(str(exc)) from exc

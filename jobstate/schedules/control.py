@@ -14,7 +14,7 @@ one transaction with its audit entry, which names who made it.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.functions import Now
@@ -95,6 +95,22 @@ def run_schedule_now(
     return EnqueuedOccurrence(key, slot, result_id, manual=True)
 
 
+def _switch(
+    row: Schedule, key: str, *, using: str, by: str, via: str, paused: bool, **fields: Any
+) -> None:
+    """Pause or resume ``row`` (writing ``fields`` too) and audit it as done by ``by``."""
+    Schedule.objects.using(using).filter(pk=row.pk).update(paused=paused, **fields)
+    done = "paused" if paused else "resumed"
+    _audit(
+        using,
+        event=f"schedule_{done}",
+        title=f"Schedule {done}",
+        summary=f"{key} {done} by {by}",
+        detail={"schedule": key, "by": by, "via": via},
+        job=None,
+    )
+
+
 def pause_schedule(key: str, *, by: str, via: str = "admin", using: str = DEFAULT_DB_ALIAS) -> bool:
     """Pause schedule ``key``; ``False`` when it already was (nothing written). A
     ``schedule_paused`` audit entry names ``by``."""
@@ -103,16 +119,8 @@ def pause_schedule(key: str, *, by: str, via: str = "admin", using: str = DEFAUL
         row = _locked(key, using)
         if row.paused:
             return False
-        Schedule.objects.using(using).filter(pk=row.pk).update(
-            paused=True, paused_at=_clock(row), paused_by=by
-        )
-        _audit(
-            using,
-            event="schedule_paused",
-            title="Schedule paused",
-            summary=f"{key} paused by {by}",
-            detail={"schedule": key, "by": by, "via": via},
-            job=None,
+        _switch(
+            row, key, using=using, by=by, via=via, paused=True, paused_at=_clock(row), paused_by=by
         )
     return True
 
@@ -130,15 +138,16 @@ def resume_schedule(
             return False
         now = _clock(row)
         upcoming = row_definition(row).slots().next_after(now)
-        Schedule.objects.using(using).filter(pk=row.pk).update(
-            paused=False, paused_at=None, paused_by="", effective_from=now, next_slot=upcoming
-        )
-        _audit(
-            using,
-            event="schedule_resumed",
-            title="Schedule resumed",
-            summary=f"{key} resumed by {by}",
-            detail={"schedule": key, "by": by, "via": via},
-            job=None,
+        _switch(
+            row,
+            key,
+            using=using,
+            by=by,
+            via=via,
+            paused=False,
+            paused_at=None,
+            paused_by="",
+            effective_from=now,
+            next_slot=upcoming,
         )
     return True

@@ -34,17 +34,26 @@ connections: under pytest-django use ``django_db(transaction=True)``.
 
 from __future__ import annotations
 
-import json
-import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar, cast, get_args
+from datetime import timedelta
+from typing import Any, cast, get_args
 
-from jobstate.stores.base import JobRunStore, Trigger
+from jobstate.stores.base import JobRunStore
 from jobstate.testing.fake_clock import T0
 from jobstate.testing.memory_runs import StoredJobRun
+from jobstate.testing.run_contract_support import (
+    TRIGGER,
+    ContractViolation,
+    JobRunStoreObligation,
+    bind,
+    claim_or_fail,
+    ms,
+    run_concurrently,
+    same_json,
+    store_factory,
+)
 
 __all__ = [
     "ContractViolation",
@@ -54,27 +63,10 @@ __all__ = [
     "job_run_store_contract_cases",
 ]
 
-JobRunStoreObligation = Literal["S1", "S2", "S3", "S4", "S5", "S6", "S7"]
 _OBLIGATIONS: tuple[str, ...] = get_args(JobRunStoreObligation)
-_STORE_METHODS = ("claim", "heartbeat", "complete", "record_skipped", "reap_stale")
 
-TRIGGER = Trigger(source="SCHEDULER", triggered_by=None)
 ONE_HOUR = timedelta(hours=1)
 NO_TIME = timedelta(0)
-
-#: How long a concurrent case waits for its threads before it calls the store hung.
-THREAD_TIMEOUT_SECONDS = 60.0
-
-_T = TypeVar("_T")
-
-
-class ContractViolation(AssertionError):
-    """A store broke an obligation. The message starts with ``[JobRunStore S<n>]`` and
-    says how stores usually go wrong there."""
-
-    def __init__(self, obligation: JobRunStoreObligation, message: str) -> None:
-        super().__init__(f"[JobRunStore {obligation}] {message}")
-        self.obligation = obligation
 
 
 @dataclass(frozen=True)
@@ -118,7 +110,7 @@ def job_run_store_contract_cases(
     threads claim one key at once, so a database store needs that many connections.
     ``skip`` drops every case of the named obligations.
     """
-    store_factory = _store_factory(store_or_factory)
+    factory = store_factory(store_or_factory)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 2:
         raise ValueError(f"concurrency must be an int of at least 2, got {concurrency!r}.")
     if isinstance(skip, str):
@@ -164,7 +156,7 @@ def job_run_store_contract_cases(
                 started_at=T0,
             )
 
-        outcomes = _run_concurrently("S1", [claim] * concurrency)
+        outcomes = run_concurrently("S1", [claim] * concurrency)
         raised = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
         if raised:
             raise ContractViolation(
@@ -188,14 +180,14 @@ def job_run_store_contract_cases(
 
     @case("S1", "S1: the overlap key is free again once the run is settled")
     def free_again(store: JobRunStore) -> None:
-        run_id = _claim_or_fail(store, "S1", key("reclaim"), key("reclaim"))
-        store.complete(run_id=run_id, status="SUCCEEDED", finished_at=_ms(10), duration_ms=10)
+        run_id = claim_or_fail(store, "S1", key("reclaim"), key("reclaim"))
+        store.complete(run_id=run_id, status="SUCCEEDED", finished_at=ms(10), duration_ms=10)
         second = store.claim(
             job_key=key("reclaim"),
             overlap_key=key("reclaim"),
             trigger=TRIGGER,
             input=None,
-            started_at=_ms(20),
+            started_at=ms(20),
         )
         if second is None:
             raise ContractViolation(
@@ -208,13 +200,13 @@ def job_run_store_contract_cases(
 
     @case("S1", "S1: distinct overlap keys do not block one another")
     def distinct_keys(store: JobRunStore) -> None:
-        _claim_or_fail(store, "S1", key("allow"), f"{key('allow')}#1")
-        _claim_or_fail(store, "S1", key("allow"), f"{key('allow')}#2")
+        claim_or_fail(store, "S1", key("allow"), f"{key('allow')}#1")
+        claim_or_fail(store, "S1", key("allow"), f"{key('allow')}#2")
 
     @case("S2", "S2: a heartbeat on a settled run writes nothing and answers false")
     def heartbeat_settled(store: JobRunStore) -> None:
-        run_id = _claim_or_fail(store, "S2", key("beat"), key("beat"))
-        store.complete(run_id=run_id, status="SUCCEEDED", finished_at=_ms(5), duration_ms=5)
+        run_id = claim_or_fail(store, "S2", key("beat"), key("beat"))
+        store.complete(run_id=run_id, status="SUCCEEDED", finished_at=ms(5), duration_ms=5)
         if store.heartbeat(run_id=run_id, progress={"processed": 99}):
             raise ContractViolation(
                 "S2", "heartbeat() answered True for a run that is no longer RUNNING."
@@ -222,7 +214,7 @@ def job_run_store_contract_cases(
 
     @case("S2", "S2: an accepted heartbeat advances the liveness watermark and never rewinds it")
     def heartbeat_advances(store: JobRunStore) -> None:
-        run_id = _claim_or_fail(store, "S2", key("beat2"), key("beat2"))
+        run_id = claim_or_fail(store, "S2", key("beat2"), key("beat2"))
         if not store.heartbeat(run_id=run_id):
             raise ContractViolation("S2", "heartbeat() answered False for a RUNNING run.")
         if not store.heartbeat(run_id=run_id, progress={"processed": 1}):
@@ -239,14 +231,14 @@ def job_run_store_contract_cases(
 
     @case("S3", "S3: completing twice writes once and answers false the second time")
     def complete_twice(store: JobRunStore) -> None:
-        run_id = _claim_or_fail(store, "S3", key("done"), key("done"))
-        first = store.complete(run_id=run_id, status="SUCCEEDED", finished_at=_ms(7), duration_ms=7)
+        run_id = claim_or_fail(store, "S3", key("done"), key("done"))
+        first = store.complete(run_id=run_id, status="SUCCEEDED", finished_at=ms(7), duration_ms=7)
         if not first:
             raise ContractViolation("S3", "the first complete() of a RUNNING run answered False.")
         second = store.complete(
             run_id=run_id,
             status="FAILED",
-            finished_at=_ms(9),
+            finished_at=ms(9),
             duration_ms=9,
             error="second write must not land",
         )
@@ -258,15 +250,13 @@ def job_run_store_contract_cases(
 
     @case("S3", "S3: a run the reaper already settled refuses a late completion")
     def complete_after_reap(store: JobRunStore) -> None:
-        run_id = _claim_or_fail(store, "S3", key("reaped"), key("reaped"))
+        run_id = claim_or_fail(store, "S3", key("reaped"), key("reaped"))
         reaped = store.reap_stale(stale_after=NO_TIME, overlap_key=key("reaped"))
         if reaped != 1:
             raise ContractViolation(
                 "S3", f"reap_stale(stale_after=0) should have moved 1 row, it moved {reaped}."
             )
-        late = store.complete(
-            run_id=run_id, status="SUCCEEDED", finished_at=_ms(11), duration_ms=11
-        )
+        late = store.complete(run_id=run_id, status="SUCCEEDED", finished_at=ms(11), duration_ms=11)
         if late:
             raise ContractViolation(
                 "S3", "a late complete() overwrote a run the reaper had already settled."
@@ -275,12 +265,12 @@ def job_run_store_contract_cases(
     @case("S4", "S4: two concurrent reaps of three stale rows report three moves in total")
     def concurrent_reaps(store: JobRunStore) -> None:
         for suffix in ("a", "b", "c"):
-            _claim_or_fail(store, "S4", key("sweep"), f"{key('sweep')}#{suffix}")
+            claim_or_fail(store, "S4", key("sweep"), f"{key('sweep')}#{suffix}")
 
         def reap() -> int:
             return store.reap_stale(stale_after=NO_TIME, job_key=key("sweep"))
 
-        left, right = _run_concurrently("S4", [reap, reap])
+        left, right = run_concurrently("S4", [reap, reap])
         for outcome in (left, right):
             if isinstance(outcome, BaseException):
                 raise ContractViolation(
@@ -300,7 +290,7 @@ def job_run_store_contract_cases(
 
     @case("S4", "S4: a fresh RUNNING row survives a generous liveness budget")
     def fresh_survives(store: JobRunStore) -> None:
-        _claim_or_fail(store, "S4", key("fresh"), key("fresh"))
+        claim_or_fail(store, "S4", key("fresh"), key("fresh"))
         # Narrowed on purpose: an unscoped reap would time out a host's real runs that
         # happen to be an hour old.
         reaped = store.reap_stale(stale_after=ONE_HOUR, job_key=key("fresh"))
@@ -312,8 +302,8 @@ def job_run_store_contract_cases(
     @case("S4", "S4: reap narrowed to one overlap key leaves other keys alone")
     def narrowed_reap(store: JobRunStore) -> None:
         kept, swept = f"{key('narrow')}#kept", f"{key('narrow')}#swept"
-        _claim_or_fail(store, "S4", key("narrow"), kept)
-        _claim_or_fail(store, "S4", key("narrow"), swept)
+        claim_or_fail(store, "S4", key("narrow"), kept)
+        claim_or_fail(store, "S4", key("narrow"), swept)
         reaped = store.reap_stale(stale_after=NO_TIME, overlap_key=swept)
         if reaped != 1:
             raise ContractViolation(
@@ -324,7 +314,7 @@ def job_run_store_contract_cases(
             overlap_key=kept,
             trigger=TRIGGER,
             input=None,
-            started_at=_ms(1),
+            started_at=ms(1),
         )
         if blocked is not None:
             raise ContractViolation(
@@ -333,16 +323,16 @@ def job_run_store_contract_cases(
 
     @case("S4", "S4: limit caps how many rows one reap may move")
     def limited_reap(store: JobRunStore) -> None:
-        _claim_or_fail(store, "S4", key("limit"), f"{key('limit')}#1")
-        _claim_or_fail(store, "S4", key("limit"), f"{key('limit')}#2")
+        claim_or_fail(store, "S4", key("limit"), f"{key('limit')}#1")
+        claim_or_fail(store, "S4", key("limit"), f"{key('limit')}#2")
         reaped = store.reap_stale(stale_after=NO_TIME, job_key=key("limit"), limit=1)
         if reaped != 1:
             raise ContractViolation("S4", f"a reap with limit=1 moved {reaped} rows.")
 
     @case("S5", "S5: every claimed and skipped run gets a distinct id")
     def distinct_ids(store: JobRunStore) -> None:
-        first = _claim_or_fail(store, "S5", key("ids"), f"{key('ids')}#1")
-        second = _claim_or_fail(store, "S5", key("ids"), f"{key('ids')}#2")
+        first = claim_or_fail(store, "S5", key("ids"), f"{key('ids')}#1")
+        second = claim_or_fail(store, "S5", key("ids"), f"{key('ids')}#2")
         skipped = store.record_skipped(
             job_key=key("ids"), trigger=TRIGGER, input=None, at=T0, reason="overlap"
         )
@@ -355,7 +345,7 @@ def job_run_store_contract_cases(
 
     @case("S6", "S6: claim initialises the liveness watermark from the store clock")
     def watermark_initialised(store: JobRunStore) -> None:
-        _claim_or_fail(store, "S6", key("live"), key("live"))
+        claim_or_fail(store, "S6", key("live"), key("live"))
         reaped = store.reap_stale(stale_after=NO_TIME, overlap_key=key("live"))
         if reaped != 1:
             raise ContractViolation(
@@ -370,7 +360,7 @@ def job_run_store_contract_cases(
             overlap_key=key("live"),
             trigger=TRIGGER,
             input=None,
-            started_at=_ms(1),
+            started_at=ms(1),
         )
         if second is None:
             raise ContractViolation("S6", "the overlap key stayed held after its run was reaped.")
@@ -380,9 +370,9 @@ def job_run_store_contract_cases(
 
         @case("S6", "S6: recording instants are stored verbatim from the runner clock")
         def instants_verbatim(store: JobRunStore) -> None:
-            started_at = _ms(12_345)
+            started_at = ms(12_345)
             finished_at = started_at + timedelta(milliseconds=250)
-            run_id = _claim_or_fail(store, "S6", key("stamps"), key("stamps"), started_at)
+            run_id = claim_or_fail(store, "S6", key("stamps"), key("stamps"), started_at)
             store.complete(
                 run_id=run_id, status="SUCCEEDED", finished_at=finished_at, duration_ms=250
             )
@@ -414,18 +404,18 @@ def job_run_store_contract_cases(
             store.complete(
                 run_id=run_id,
                 status="SUCCEEDED",
-                finished_at=_ms(1),
+                finished_at=ms(1),
                 duration_ms=1,
                 summary=given_summary,
             )
             row = read(run_id)
             if row is None:
                 raise ContractViolation("S7", "inspect() found no row for a completed run.")
-            if not _same_json(row.input, given_input):
+            if not same_json(row.input, given_input):
                 raise ContractViolation(
                     "S7", f"the stored input did not round-trip: got {row.input!r}."
                 )
-            if not _same_json(row.summary, given_summary):
+            if not same_json(row.summary, given_summary):
                 raise ContractViolation(
                     "S7", f"the stored summary did not round-trip: got {row.summary!r}."
                 )
@@ -449,129 +439,7 @@ def job_run_store_contract_cases(
             )
 
     return [
-        JobRunStoreContractCase(name=name, obligation=obligation, _run=_bind(check, store_factory))
+        JobRunStoreContractCase(name=name, obligation=obligation, _run=bind(check, factory))
         for name, obligation, check in cases
         if obligation not in skipped
     ]
-
-
-def _bind(
-    check: Callable[[JobRunStore], None], store_factory: Callable[[], JobRunStore]
-) -> Callable[[], None]:
-    def run() -> None:
-        check(_checked_store(store_factory()))
-
-    return run
-
-
-def _store_factory(
-    store_or_factory: JobRunStore | Callable[[], JobRunStore],
-) -> Callable[[], JobRunStore]:
-    # A class has the store methods as attributes too, so it is treated as a factory.
-    if not isinstance(store_or_factory, type) and _looks_like_store(store_or_factory):
-        store = cast(JobRunStore, store_or_factory)
-        return lambda: store
-    if callable(store_or_factory):
-        return store_or_factory
-    raise TypeError(
-        "job_run_store_contract_cases() takes a JobRunStore or a callable returning one, "
-        f"got {type(store_or_factory).__name__}."
-    )
-
-
-def _looks_like_store(candidate: object) -> bool:
-    return isinstance(candidate, JobRunStore) or all(
-        callable(getattr(candidate, method, None)) for method in _STORE_METHODS
-    )
-
-
-def _checked_store(candidate: object) -> JobRunStore:
-    if isinstance(candidate, type) or not _looks_like_store(candidate):
-        raise TypeError(
-            f"the store factory returned {type(candidate).__name__}, which lacks the "
-            f"JobRunStore methods {', '.join(_STORE_METHODS)}."
-        )
-    return cast(JobRunStore, candidate)
-
-
-def _claim_or_fail(
-    store: JobRunStore,
-    obligation: JobRunStoreObligation,
-    job_key: str,
-    overlap_key: str,
-    started_at: datetime = T0,
-) -> str:
-    run_id = store.claim(
-        job_key=job_key,
-        overlap_key=overlap_key,
-        trigger=TRIGGER,
-        input=None,
-        started_at=started_at,
-    )
-    if run_id is None:
-        raise ContractViolation(
-            obligation, f"claim({overlap_key!r}) returned None on a key no RUNNING row holds."
-        )
-    return run_id
-
-
-def _ms(milliseconds: int) -> datetime:
-    return T0 + timedelta(milliseconds=milliseconds)
-
-
-def _same_json(stored: Any, given: Any) -> bool:
-    # Compared as canonical JSON text: key order carries no meaning (PostgreSQL's jsonb
-    # reorders keys), but True vs 1 and 1 vs 1.0 do, and Python's == would blur them.
-    try:
-        return json.dumps(stored, sort_keys=True, allow_nan=False) == json.dumps(
-            given, sort_keys=True, allow_nan=False
-        )
-    except (TypeError, ValueError):
-        return False
-
-
-def _run_concurrently(
-    obligation: JobRunStoreObligation, calls: Sequence[Callable[[], _T]]
-) -> list[_T | BaseException]:
-    """Run ``calls`` in as many threads, released together by a barrier; return each
-    call's result or the exception it raised, in order."""
-    barrier = threading.Barrier(len(calls))
-    outcomes: list[_T | BaseException | None] = [None] * len(calls)
-
-    def worker(index: int) -> None:
-        try:
-            barrier.wait(THREAD_TIMEOUT_SECONDS)
-            outcomes[index] = calls[index]()
-        except BaseException as exc:  # handed back to the calling thread, never lost
-            outcomes[index] = exc
-        finally:
-            _close_thread_connections()
-
-    threads = [
-        threading.Thread(target=worker, args=(index,), name=f"jobstate-contract-{index}")
-        for index in range(len(calls))
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(THREAD_TIMEOUT_SECONDS)
-    hung = sum(thread.is_alive() for thread in threads)
-    if hung:
-        raise ContractViolation(
-            obligation,
-            f"{hung} of {len(calls)} concurrent calls did not return within "
-            f"{THREAD_TIMEOUT_SECONDS:g} s; the store deadlocked or waits on a lock forever.",
-        )
-    return cast(list[_T | BaseException], outcomes)
-
-
-def _close_thread_connections() -> None:
-    # Django opens one connection per thread and never closes a worker thread's on its
-    # own; left open they would outlive the test and block dropping the test database.
-    # Imported here so the cases also drive stores that have nothing to do with Django.
-    from django.conf import settings
-
-    if settings.configured:
-        from django.db import connections
-
-        connections.close_all()

@@ -5,16 +5,25 @@ module as a command.)"""
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, OutputWrapper
+from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.checks import MAINTENANCE_CHECKS
-from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, StoreError
+from jobstate.exceptions import (
+    ImproperlyConfiguredStore,
+    InvalidJobState,
+    JobStateError,
+    StoreError,
+)
 from jobstate.stores.contracts.validation import BIGINT_MAX, DURATION_LIMIT, require_text
+
+if TYPE_CHECKING:
+    from jobstate.maintenance import SweepReport
 
 #: Exit status of a maintenance command when the store or database failed.
 EXIT_FAILED = 1
@@ -188,11 +197,19 @@ def add_sweep_options(
     parser.add_argument(
         "--dry-run", action="store_true", help=f"Count what would be {would}; write nothing."
     )
-    parser.add_argument("--json", action="store_true", help="Print every count as one JSON object.")
+    add_output_options(parser, json="Print every count as one JSON object.")
+
+
+def add_output_options(
+    parser: argparse.ArgumentParser, *, json: str, holding: str = "jobstate's tables"
+) -> None:
+    """``--json`` (``json`` says what it prints) and ``--database`` (the database
+    ``holding`` what the command reads and writes)."""
+    parser.add_argument("--json", action="store_true", help=json)
     parser.add_argument(
         "--database",
         default=DEFAULT_DB_ALIAS,
-        help="The database holding jobstate's tables (default: %(default)s).",
+        help=f"The database holding {holding} (default: %(default)s).",
     )
 
 
@@ -256,3 +273,49 @@ class JobStateCommand(BaseCommand):
             if unmigrated is None:
                 raise
             raise unmigrated from exc
+
+
+class SweepCommand(JobStateCommand):
+    """The base of the sweep commands (``reap_stale``, ``prune_jobstate``): the shared
+    options, a progress line on stderr while the sweeps run, a failure turned into its
+    exit status, and the report printed as one JSON object (``--json``) or as lines.
+    A subclass says what it sweeps."""
+
+    #: The progress line's verb ("Reaping").
+    action = ""
+    #: What one batch is, what a dry run counts and the setting of the batch's default
+    #: size (see :func:`add_sweep_options`).
+    rows = ""
+    would = ""
+    batch_setting = ""
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        self.add_sweep_arguments(parser)
+        add_sweep_options(
+            parser, rows=self.rows, would=self.would, batch_setting=self.batch_setting
+        )
+
+    def add_sweep_arguments(self, parser: CommandParser) -> None:
+        """The command's own options, listed before the shared ones."""
+
+    def sweep(self, options: dict[str, Any], on_batch: ProgressLine) -> SweepReport:
+        """Run the sweeps as ``options`` say, reporting each batch to ``on_batch``."""
+        raise NotImplementedError
+
+    def report_lines(self, report: SweepReport, *, verbosity: int) -> list[str]:
+        """What the command prints of ``report`` without ``--json``."""
+        raise NotImplementedError
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        progress = ProgressLine(self.stderr, action=self.action)
+        try:
+            report = self.sweep(options, progress)
+        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
+            raise command_error(exc) from exc
+        finally:
+            progress.clear()
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_dict()))
+            return
+        for line in self.report_lines(report, verbosity=options["verbosity"]):
+            self.stdout.write(line)

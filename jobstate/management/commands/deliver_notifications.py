@@ -48,7 +48,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import WorkerKind, WorkerRegistration
@@ -61,6 +61,7 @@ from ._common import (
     EXIT_USAGE,
     JobStateCommand,
     ProgressLine,
+    add_output_options,
     command_error,
     interval_seconds,
     known_database,
@@ -127,15 +128,9 @@ class Command(JobStateCommand):
             help="The name this relay records in the rows and their attempts; it must be "
             "unique among running relays (default: <host>:<pid>:<random>, new each pass).",
         )
-        parser.add_argument(
-            "--json",
-            action="store_true",
-            help="Print the pass's counts (with --loop: the totals at exit) as one JSON object.",
-        )
-        parser.add_argument(
-            "--database",
-            default=DEFAULT_DB_ALIAS,
-            help="The database holding jobstate's tables (default: %(default)s).",
+        add_output_options(
+            parser,
+            json="Print the pass's counts (with --loop: the totals at exit) as one JSON object.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -22,12 +22,12 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from jobstate.exceptions import InvalidJobState, JobStateError
 from jobstate.schedules import evaluate_schedules, sync_schedules
 
-from ._common import EXIT_FAILED, JobStateCommand, command_error, known_database
+from ._common import EXIT_FAILED, JobStateCommand, add_output_options, command_error, known_database
 
 
 class Command(JobStateCommand):
@@ -39,14 +39,7 @@ class Command(JobStateCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--json", action="store_true", help="Print what was enqueued as one JSON object."
-        )
-        parser.add_argument(
-            "--database",
-            default=DEFAULT_DB_ALIAS,
-            help="The database holding jobstate's tables (default: %(default)s).",
-        )
+        add_output_options(parser, json="Print what was enqueued as one JSON object.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = known_database(options["database"])

@@ -16,13 +16,13 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from jobstate.exceptions import JobStateError
 from jobstate.observability.metrics import render_metrics
 from jobstate.stores import get_state_store
 
-from ._common import JobStateCommand, command_error, known_database
+from ._common import JobStateCommand, add_output_options, command_error, known_database
 
 
 class Command(JobStateCommand):
@@ -34,14 +34,7 @@ class Command(JobStateCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--json", action="store_true", help="Print the snapshot as one JSON object."
-        )
-        parser.add_argument(
-            "--database",
-            default=DEFAULT_DB_ALIAS,
-            help="The database holding jobstate's tables (default: %(default)s).",
-        )
+        add_output_options(parser, json="Print the snapshot as one JSON object.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

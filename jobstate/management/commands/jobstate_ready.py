@@ -18,13 +18,12 @@ from typing import Any
 
 from django.core.checks import run_checks
 from django.core.management.base import CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS
 
 from jobstate.checks import JOBSTATE_CHECKS
 from jobstate.stores import get_state_store
 from jobstate.stores.base import Readiness
 
-from ._common import EXIT_FAILED, JobStateCommand
+from ._common import EXIT_FAILED, JobStateCommand, add_output_options
 
 
 def check_errors() -> list[str]:
@@ -75,14 +74,7 @@ class Command(JobStateCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--json", action="store_true", help="Print the readiness as one JSON object."
-        )
-        parser.add_argument(
-            "--database",
-            default=DEFAULT_DB_ALIAS,
-            help="The database holding jobstate's tables (default: %(default)s).",
-        )
+        add_output_options(parser, json="Print the readiness as one JSON object.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         readiness = check_readiness(options["database"])

@@ -16,21 +16,15 @@ the next run), 1 the database or store failed, 2 invalid options or settings.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandParser
-from django.db import DatabaseError
 
-from jobstate.exceptions import JobStateError
-from jobstate.maintenance import SweepResult, run_retention_sweeps
+from jobstate.maintenance import SweepReport, SweepResult, run_retention_sweeps
 
 from ._common import (
-    JobStateCommand,
     ProgressLine,
-    add_sweep_options,
-    command_error,
+    SweepCommand,
     known_database,
     positive_days,
 )
@@ -52,7 +46,16 @@ def describe(result: SweepResult) -> str:
     return f"Deleted {result.count} {noun}."
 
 
-class Command(JobStateCommand):
+def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
+    """One line per sweep that deleted something (every sweep at verbosity 2 or more),
+    and a note when a sweep stopped at its time budget."""
+    lines = [describe(r) for r in report.results if r.count or verbosity >= 2]
+    if not report.complete:
+        lines.append("Some sweeps stopped at their time budget; the next run continues.")
+    return lines
+
+
+class Command(SweepCommand):
     help = (
         "Delete audit entries, finished jobs, finished job runs, delivered notifications "
         "and registered workers past their retention (JOBSTATE['AUDIT_RETENTION'], "
@@ -62,7 +65,12 @@ class Command(JobStateCommand):
         "Exit status: 0 done, 1 database or store failure, 2 invalid options or settings."
     )
 
-    def add_arguments(self, parser: CommandParser) -> None:
+    action = "Pruning"
+    rows = "Rows per DELETE"
+    would = "deleted"
+    batch_setting = "RETENTION_BATCH_SIZE"
+
+    def add_sweep_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than",
             type=positive_days,
@@ -70,30 +78,16 @@ class Command(JobStateCommand):
             help="Delete what is older than DAYS days (fractions allowed), instead of each "
             "kind's retention setting.",
         )
-        add_sweep_options(
-            parser, rows="Rows per DELETE", would="deleted", batch_setting="RETENTION_BATCH_SIZE"
+
+    def sweep(self, options: dict[str, Any], on_batch: ProgressLine) -> SweepReport:
+        return run_retention_sweeps(
+            options["older_than"],
+            options["batch_size"],
+            options["dry_run"],
+            using=known_database(options["database"]),
+            time_budget=options["time_budget"],
+            on_batch=on_batch,
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        progress = ProgressLine(self.stderr, action="Pruning")
-        try:
-            report = run_retention_sweeps(
-                options["older_than"],
-                options["batch_size"],
-                options["dry_run"],
-                using=known_database(options["database"]),
-                time_budget=options["time_budget"],
-                on_batch=progress,
-            )
-        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
-            raise command_error(exc) from exc
-        finally:
-            progress.clear()
-        if options["json"]:
-            self.stdout.write(json.dumps(report.as_dict()))
-            return
-        for result in report.results:
-            if result.count or options["verbosity"] >= 2:
-                self.stdout.write(describe(result))
-        if not report.complete:
-            self.stdout.write("Some sweeps stopped at their time budget; the next run continues.")
+    def report_lines(self, report: SweepReport, *, verbosity: int) -> list[str]:
+        return report_lines(report, verbosity=verbosity)

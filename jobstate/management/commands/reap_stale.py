@@ -15,21 +15,15 @@ or settings.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandParser
-from django.db import DatabaseError
 
-from jobstate.exceptions import JobStateError
 from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
 
 from ._common import (
-    JobStateCommand,
     ProgressLine,
-    add_sweep_options,
-    command_error,
+    SweepCommand,
     known_database,
     positive_int,
     positive_seconds,
@@ -105,7 +99,7 @@ def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
     return lines
 
 
-class Command(JobStateCommand):
+class Command(SweepCommand):
     help = (
         "Settle work whose owner is gone: stale job runs -> TIMED_OUT, queued jobs past "
         "QUEUED_TTL -> error, dispatched jobs of silent executors -> queued, expired "
@@ -117,7 +111,12 @@ class Command(JobStateCommand):
         "options or settings."
     )
 
-    def add_arguments(self, parser: CommandParser) -> None:
+    action = "Reaping"
+    rows = "Rows per statement"
+    would = "reaped"
+    batch_setting = "SWEEP_BATCH_SIZE"
+
+    def add_sweep_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--stale-after",
             type=positive_seconds,
@@ -131,28 +130,17 @@ class Command(JobStateCommand):
             help="Move at most N rows per sweep in this run (default: no cap beyond the "
             "time budget).",
         )
-        add_sweep_options(
-            parser, rows="Rows per statement", would="reaped", batch_setting="SWEEP_BATCH_SIZE"
+
+    def sweep(self, options: dict[str, Any], on_batch: ProgressLine) -> SweepReport:
+        return run_reaping_sweeps(
+            using=known_database(options["database"]),
+            stale_after=options["stale_after"],
+            limit=options["limit"],
+            batch_size=options["batch_size"],
+            time_budget=options["time_budget"],
+            dry_run=options["dry_run"],
+            on_batch=on_batch,
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        progress = ProgressLine(self.stderr, action="Reaping")
-        try:
-            report = run_reaping_sweeps(
-                using=known_database(options["database"]),
-                stale_after=options["stale_after"],
-                limit=options["limit"],
-                batch_size=options["batch_size"],
-                time_budget=options["time_budget"],
-                dry_run=options["dry_run"],
-                on_batch=progress,
-            )
-        except (JobStateError, ImproperlyConfigured, DatabaseError) as exc:
-            raise command_error(exc) from exc
-        finally:
-            progress.clear()
-        if options["json"]:
-            self.stdout.write(json.dumps(report.as_dict()))
-            return
-        for line in report_lines(report, verbosity=options["verbosity"]):
-            self.stdout.write(line)
+    def report_lines(self, report: SweepReport, *, verbosity: int) -> list[str]:
+        return report_lines(report, verbosity=verbosity)

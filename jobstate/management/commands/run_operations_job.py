@@ -14,7 +14,6 @@ import json
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS
 
 from jobstate.core.jsonvalues import ensure_json
 from jobstate.exceptions import (
@@ -33,6 +32,7 @@ from ._common import (
     EXIT_FAILED,
     EXIT_USAGE,
     JobStateCommand,
+    add_output_options,
     checked_name,
     known_database,
     require_migrated,
@@ -77,13 +77,8 @@ class Command(JobStateCommand):
             metavar="WHO",
             help="Who started the run (stored on the row; at most 200 characters).",
         )
-        parser.add_argument(
-            "--json", action="store_true", help="Print the result (or the job list) as JSON."
-        )
-        parser.add_argument(
-            "--database",
-            default=DEFAULT_DB_ALIAS,
-            help="The database holding the run records (default: %(default)s).",
+        add_output_options(
+            parser, json="Print the result (or the job list) as JSON.", holding="the run records"
         )
         parser.add_argument(
             "--list", action="store_true", help="List the registered jobs and exit."

@@ -34,26 +34,27 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import signal
-import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from django.utils.crypto import get_random_string
-
 from jobstate.core.conf import jobstate_settings
-from jobstate.core.states import WorkerKind, WorkerRegistration, task_notify_payload
+from jobstate.core.states import task_notify_payload
 from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 from jobstate.tasks.backend import JobStateBackend
-from jobstate.tasks.worker.coverage import unserved_queues_warning
+from jobstate.tasks.worker.config import (
+    ScheduleEvaluation,
+    WorkerConfig,
+    WorkerSummary,
+    default_worker_id,
+)
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
+from jobstate.tasks.worker.presence import WorkerPresence
 from jobstate.tasks.worker.reports import Reporter, interrupted
 from jobstate.tasks.worker.shutdown import stop_signals
 from jobstate.tasks.worker.unknown_tasks import UnknownTasks
@@ -67,61 +68,6 @@ logger = logging.getLogger("jobstate.worker")
 _RETRY_CAP = 30.0
 #: Recovery of lost tasks runs twice per lease, within these bounds.
 _RECOVERY_BOUNDS = (1.0, 60.0)
-
-#: What the worker calls between claims to evaluate the periodic schedules: it enqueues
-#: the due slots and returns how many it enqueued and the seconds until the next call.
-#: ``manage.py jobstate_worker`` passes :class:`jobstate.schedules.WorkerSchedulePass`;
-#: the schedules sit above this package, so the worker knows only this shape.
-ScheduleEvaluation = Callable[[], tuple[int, float]]
-
-
-def default_worker_id() -> str:
-    """``<host>:<pid>:<random>``: unique among running workers, even in containers where
-    every worker is pid 1, and new for each start of a process."""
-    return f"{socket.gethostname()}:{os.getpid()}:{get_random_string(6)}"
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """What ``manage.py jobstate_worker`` was asked to do (see its help)."""
-
-    backend: str = "default"
-    queues: tuple[str, ...] | None = ("default",)
-    """The queues to run; ``None``: every queue the backend allows."""
-    concurrency: int = 1
-    batch: bool = False
-    max_tasks: int | None = None
-    interval: float = 1.0
-    worker_id: str = field(default_factory=default_worker_id)
-    grace: float = 30.0
-    using: str = "default"
-    schedules: bool = True
-    """Evaluate the periodic schedules (``--no-schedules`` turns it off) with the
-    worker's ``schedule_pass``."""
-
-
-@dataclass
-class WorkerSummary:
-    """What a worker did before it stopped."""
-
-    worker_id: str
-    started: int = 0
-    succeeded: int = 0
-    retrying: int = 0
-    failed: int = 0
-    lost: int = 0
-    """Attempts whose result was dropped: their claim had been recovered elsewhere."""
-    handed_back: int = 0
-    interrupted: int = 0
-    """Attempts still running when ``--grace`` ran out, counted and handed back."""
-    stopped_by: str = ""
-    scheduled: int = 0
-    """Occurrences of periodic schedules this worker enqueued."""
-    stuck: int = 0
-    """Timed-out attempts whose thread did not stop within ``grace`` of the interrupt:
-    the worker stopped because of them (``jobstate_worker`` then exits with status 4)."""
-    unknown: int = 0
-    """Tasks handed back, uncounted, because this worker could not import them."""
 
 
 class Worker:
@@ -166,6 +112,7 @@ class Worker:
         if self.queues is None and backend.queues:
             self.queues = tuple(sorted(backend.queues))
         self._accepted = self._payloads()
+        self._presence = WorkerPresence(self.store, config, backend, self.queues)
 
     # --- public ----------------------------------------------------------------------
 
@@ -189,8 +136,8 @@ class Worker:
             )
             self._start_listener()
             try:
-                self._register()
-                self._banner()
+                self._presence.register()
+                self._presence.announce(listening=self._listener is not None)
                 self._work()
             finally:
                 self._wind_down()
@@ -366,41 +313,11 @@ class Worker:
                 )
                 self.request_stop("a timed-out task did not stop")
 
-    def _register(self) -> None:
-        if not self.store.supports_worker_registry:
-            return
-        self.store.register_worker(
-            WorkerRegistration(
-                worker_id=self.config.worker_id,
-                kind=WorkerKind.TASKS,
-                host=socket.gethostname() or "unknown",
-                pid=os.getpid(),
-                lease=self.options.lease,
-                backend=self.backend.alias,
-                queues=self.queues,
-                concurrency=self.config.concurrency,
-            )
-        )
-
     def _beat(self) -> None:
         """The worker's beat: renew the leases it holds and move its own last beat, so
-        the console sees it live for as long as its tasks' leases are kept. A row the
-        retention sweep forgot (a beat silent for that long) is written again."""
+        the console sees it live for as long as its tasks' leases are kept."""
         self._renew_leases()
-        if self.store.supports_worker_registry and not self.store.beat_worker(
-            worker_id=self.config.worker_id
-        ):
-            self._register()
-
-    def _say_stopped(self) -> None:
-        if not self.store.supports_worker_registry:
-            return
-        reason = self.summary.stopped_by or self._stop_requested or "error"
-        try:
-            self.store.stop_worker(worker_id=self.config.worker_id, reason=reason)
-        except StoreError as exc:
-            # The console then shows the worker lost once its lease has passed.
-            logger.error("Could not record that worker %s stopped: %s", self.config.worker_id, exc)
+        self._presence.beat()
 
     def _renew_leases(self) -> None:
         held = [attempt for attempt in self._active.values() if not attempt.claim_lost]
@@ -480,35 +397,6 @@ class Worker:
         )
         self._listener.start()
 
-    def _banner(self) -> None:
-        queues = "every queue" if self.queues is None else ", ".join(self.queues)
-        if self._listener is not None:
-            wake = f"LISTEN/NOTIFY, polling every {self.config.interval:g} s as a fallback"
-        else:
-            wake = f"polling every {self.config.interval:g} s"
-        timeout = self.options.timeout or "none"
-        logger.info(
-            "jobstate_worker %s started: backend %r, queues %s, concurrency %d, wake-up by "
-            "%s; max attempts %d, lease %s, timeout %s",
-            self.config.worker_id,
-            self.backend.alias,
-            queues,
-            self.config.concurrency,
-            wake,
-            self.options.max_attempts,
-            self.options.lease,
-            timeout,
-        )
-        if self.queues is not None and self.store.supports_worker_registry:
-            warning = unserved_queues_warning(
-                target=self.backend.target,
-                alias=self.backend.alias,
-                queues=self.queues,
-                using=self.config.using,
-            )
-            if warning is not None:
-                logger.warning(warning)
-
     def _wind_down(self) -> None:
         """Claim nothing more; hand back what no thread started; let the running tasks
         finish within ``grace`` (renewing their leases meanwhile); count and hand back
@@ -529,7 +417,7 @@ class Worker:
             logger.error("Could not report the tasks still held while stopping: %s", exc)
         finally:
             self._pool.stop()
-        self._say_stopped()
+        self._presence.stopped(self.summary.stopped_by or self._stop_requested or "error")
         logger.info(
             "jobstate_worker %s stopped (%s): %d started, %d succeeded, %d retrying, "
             "%d failed, %d handed back, %d interrupted",

@@ -43,35 +43,38 @@ def _burst(kit: Kit, call: Callable[[int], _T]) -> list[_T]:
     return results
 
 
+def _check_claimed_once(ids: list[Any], jobs: list[Any], rule: str) -> None:
+    """Fail unless ``ids`` (the claimed jobs' ids) name each of ``jobs`` exactly once."""
+    check(
+        sorted(ids) == sorted(job.id for job in jobs),
+        "concurrency",
+        f"{len(ids)} claims ({len(set(ids))} distinct) for {len(jobs)} jobs: {rule}",
+    )
+
+
 @CASES.case("a burst of {n} concurrent claims on {n} jobs claims each job once")
 def _burst_claims(kit: Kit, store: StateStore) -> None:
-    area, target = "concurrency", kit.name("target")
+    target = kit.name("target")
     jobs = queue_jobs(kit, store, target, kit.concurrency)
     claimed = _burst(kit, lambda i: store.claim_next_job([target], f"{kit.ns}.exec-{i}"))
     ids = [job.id for job in claimed if job is not None]
-    check(
-        sorted(ids) == sorted(job.id for job in jobs),
-        area,
-        f"{len(ids)} claims ({len(set(ids))} distinct) for {len(jobs)} jobs: every job must "
-        "be claimed exactly once. Claim with one atomic conditional write.",
+    _check_claimed_once(
+        ids,
+        jobs,
+        "every job must be claimed exactly once. Claim with one atomic conditional write.",
     )
 
 
 @CASES.case("a burst of {n} concurrent batch claims claims each job once")
 def _burst_batch_claims(kit: Kit, store: StateStore) -> None:
-    area, target = "concurrency", kit.name("target")
+    target = kit.name("target")
     jobs = queue_jobs(kit, store, target, 3 * kit.concurrency)
     batches = _burst(
         kit, lambda i: store.claim_next_inhub_jobs([target], f"{kit.ns}.w-{i}", limit=5)
     )
     ids = [job.id for batch in batches for job in batch]
     ids += [job.id for job in store.claim_next_inhub_jobs([target], kit.name("w"), limit=1000)]
-    check(
-        sorted(ids) == sorted(job.id for job in jobs),
-        area,
-        f"{len(ids)} claims ({len(set(ids))} distinct) for {len(jobs)} jobs: concurrent "
-        "batches must claim every job exactly once.",
-    )
+    _check_claimed_once(ids, jobs, "concurrent batches must claim every job exactly once.")
 
 
 @CASES.case("a burst of {n} acquisitions of one free lock has exactly one winner")

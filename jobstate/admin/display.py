@@ -1,0 +1,146 @@
+"""How the jobstate admin pages show values: status badges, JSON and long text
+(redacted, folded when long) and lengths of time."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.formats import number_format
+from django.utils.functional import Promise
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from jobstate.admin.redaction import Redactor
+from jobstate.admin.redaction import redactor as make_redactor
+from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
+from jobstate.stores.contracts.audit import AuditSeverity
+
+__all__ = [
+    "BADGE_COLOURS",
+    "choice_badge",
+    "json_block",
+    "relative_time",
+    "short_duration",
+    "status_badge",
+    "text_block",
+]
+
+#: Text longer than this (lines or characters) is folded in a ``<details>`` element.
+FOLD_LINES = 20
+FOLD_CHARS = 2000
+
+BADGE_COLOURS: dict[str, str] = {
+    # Jobs
+    JobStatus.QUEUED: "#6e7781",
+    JobStatus.RUNNING: "#1f6feb",
+    JobStatus.DISPATCHED: "#8250df",
+    JobStatus.DONE: "#1a7f37",
+    JobStatus.ERROR: "#cf222e",
+    JobStatus.REJECTED: "#bc4c00",
+    # Runs
+    JobRunStatus.RUNNING: "#1f6feb",
+    JobRunStatus.SUCCEEDED: "#1a7f37",
+    JobRunStatus.FAILED: "#cf222e",
+    JobRunStatus.TIMED_OUT: "#bc4c00",
+    JobRunStatus.SKIPPED: "#6e7781",
+    # Notifications
+    NotificationState.PENDING: "#6e7781",
+    NotificationState.DELIVERING: "#1f6feb",
+    NotificationState.DELIVERED: "#1a7f37",
+    NotificationState.DEAD: "#cf222e",
+    # Audit severities
+    AuditSeverity.INFO: "#1f6feb",
+    AuditSeverity.WARNING: "#bc4c00",
+    # AuditSeverity.ERROR is "error", the same key (and colour) as JobStatus.ERROR.
+}
+
+
+def status_badge(label: str | Promise, colour: str) -> SafeString:
+    return format_html(
+        '<span class="jobstate-badge" style="background:{};color:#fff;padding:1px 8px;'
+        'border-radius:9px;font-size:11px;font-weight:600;white-space:nowrap">{}</span>',
+        colour,
+        label,
+    )
+
+
+def choice_badge(value: str, label: str | Promise) -> SafeString:
+    """A badge for a status, state or severity value, coloured by :data:`BADGE_COLOURS`."""
+    return status_badge(label, BADGE_COLOURS.get(value, "#6e7781"))
+
+
+# --- JSON and long text ----------------------------------------------------------------
+
+
+def _folded(text: str, css_class: str, preview: str) -> SafeString:
+    lines = text.count("\n") + 1
+    if lines <= FOLD_LINES and len(text) <= FOLD_CHARS:
+        return format_html('<pre class="{}">{}</pre>', css_class, text)
+    first = Truncator(preview).chars(80)
+    size = ngettext(
+        "%(lines)s line, %(chars)s characters",
+        "%(lines)s lines, %(chars)s characters",
+        lines,
+    ) % {"lines": number_format(lines), "chars": number_format(len(text))}
+    return format_html(
+        '<details class="jobstate-fold"><summary><code>{}</code> … ({})</summary>'
+        '<pre class="{}">{}</pre></details>',
+        first,
+        size,
+        css_class,
+        text,
+    )
+
+
+def json_block(value: Any, redactor: Redactor | None = None) -> SafeString | str:
+    """``value`` as indented JSON in a ``<pre>``, redacted (by ``redactor``, default the
+    redactor of ``value`` itself; see :mod:`jobstate.admin.redaction`), and folded in a
+    ``<details>`` element when long. ``None`` shows as a dash."""
+    if value is None:
+        return "—"
+    shown = (redactor or make_redactor(value)).json(value)
+    text = json.dumps(shown, indent=2, ensure_ascii=False)
+    return _folded(text, "jobstate-json", json.dumps(shown, ensure_ascii=False))
+
+
+def text_block(text: str | None, redactor: Redactor | None = None) -> SafeString | str:
+    """Multi-line text (an error, a traceback) in a ``<pre>``, folded when long, with
+    the hidden values of ``redactor`` (default: the configured secrets) masked."""
+    if not text:
+        return "—"
+    text = (redactor or make_redactor()).text(text)
+    return _folded(text, "jobstate-text", text.split("\n", 1)[0])
+
+
+# --- time --------------------------------------------------------------------------------
+
+
+def short_duration(seconds: float) -> str:
+    """A compact length of time for narrow columns: "45 s", "12 min", "3.5 h", "4 d"."""
+    length = abs(seconds)
+    if length < 60:
+        return _("%(n)d s") % {"n": length}
+    if length < 3600:
+        return _("%(n)d min") % {"n": length // 60}
+    if length < 36000:
+        return _("%(n).1f h") % {"n": length / 3600}
+    if length < 172800:
+        return _("%(n)d h") % {"n": length // 3600}
+    return _("%(n)d d") % {"n": length // 86400}
+
+
+def relative_time(instant: datetime | None, now: datetime | None = None) -> str:
+    """The time from ``now`` to ``instant``: "3 min ago", "in 3 min" (a dash for None)."""
+    if instant is None:
+        return "—"
+    now = now or timezone.now()
+    delta = (instant - now).total_seconds()
+    if delta <= 0:
+        return _("%(time)s ago") % {"time": short_duration(delta)}
+    return _("in %(time)s") % {"time": short_duration(delta)}

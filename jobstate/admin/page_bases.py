@@ -1,0 +1,297 @@
+"""The bases every jobstate admin page builds on: changelists that stay fast on big
+tables and pages that never edit a row, with what they share per row (the database's
+clock, exact search, the row's redactor, links to other rows)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model, Q, QuerySet
+from django.db.models.functions import Now
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+
+from jobstate.admin.display import json_block, text_block
+from jobstate.admin.list_input import unapplied, unreadable_parameter
+from jobstate.admin.paginator import EstimatedCountPaginator
+from jobstate.admin.redaction import Redactor
+from jobstate.admin.redaction import redactor as make_redactor
+from jobstate.console.job_search import unreadable_text
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+__all__ = [
+    "DATABASE_NOW",
+    "REDACTOR_ATTRIBUTE",
+    "ReadOnlyAdmin",
+    "ReadOnlyInline",
+    "ScaledAdmin",
+    "admin_change_url",
+    "database_now",
+    "exact_search",
+    "permission_check",
+    "redacted_field",
+    "row_redactor",
+    "with_database_now",
+]
+
+logger = logging.getLogger("jobstate.admin")
+
+#: Where :meth:`ScaledAdmin.redactor_for` keeps a row's redactor on the row object.
+REDACTOR_ATTRIBUTE = "_jobstate_redactor"
+
+# --- the database's clock ---------------------------------------------------------------
+
+#: The annotation that carries the database's clock on rows an admin loads.
+DATABASE_NOW = "database_now"
+
+
+def with_database_now(queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """``queryset`` with the database's clock read by the same SELECT.
+
+    Leases, heartbeats and lock expiries are written on the database's clock, so their
+    age is judged on it too: the application server's clock may be skewed. The reading
+    rides on the SELECT that loads the rows (a list's page, an action's selection, a
+    change page's object): no extra query."""
+    return queryset.annotate(**{DATABASE_NOW: Now()})
+
+
+def database_now(row: Model) -> datetime:
+    """The database's clock as read by the SELECT that loaded ``row``
+    (see :func:`with_database_now`)."""
+    now: datetime = getattr(row, DATABASE_NOW)
+    return now
+
+
+# --- links and search --------------------------------------------------------------------
+
+
+def admin_change_url(model: type[Model], pk: Any, site_name: str = "admin") -> str:
+    opts = model._meta
+    return reverse(f"{site_name}:{opts.app_label}_{opts.model_name}_change", args=[pk])
+
+
+def exact_search(
+    queryset: QuerySet[Any],
+    term: str,
+    *,
+    uuid_fields: Iterable[str] = (),
+    int_fields: Iterable[str] = (),
+    text_fields: Iterable[str] = (),
+) -> QuerySet[Any]:
+    """Rows where one of the fields equals ``term`` exactly: UUID fields when it parses
+    as a UUID, integer fields when it is a 64-bit integer, text fields always. Exact
+    matches use the tables' indexes; ``icontains`` would read every row."""
+    term = term.strip()
+    if not term:
+        return queryset
+    condition = Q()
+    try:
+        as_uuid = uuid.UUID(term)
+    except ValueError:
+        pass
+    else:
+        for name in uuid_fields:
+            condition |= Q(**{name: as_uuid})
+    try:
+        as_int = int(term)
+    except ValueError:
+        pass
+    else:
+        if -(2**63) <= as_int < 2**63:
+            for name in int_fields:
+                condition |= Q(**{name: as_int})
+    if len(term) <= 200:
+        for name in text_fields:
+            condition |= Q(**{name: term})
+    if not condition:
+        return queryset.none()
+    return queryset.filter(condition)
+
+
+def row_redactor(obj: Any, build: Callable[[], Redactor]) -> Redactor:
+    """The redactor of one row, built by ``build`` on first use and kept on the row
+    object (under :data:`REDACTOR_ATTRIBUTE`), so the page's fields share it."""
+    cached: Redactor | None = getattr(obj, REDACTOR_ATTRIBUTE, None)
+    if cached is None:
+        cached = build()
+        setattr(obj, REDACTOR_ATTRIBUTE, cached)
+    return cached
+
+
+# --- read-only bases -------------------------------------------------------------------
+
+
+class ScaledAdmin(admin.ModelAdmin):
+    """List settings every jobstate changelist shares so it stays fast on big tables:
+    no full ``COUNT(*)`` (estimated or capped counts, no unfiltered second count), no
+    facet counts, no date hierarchy."""
+
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    date_hierarchy = None
+    list_per_page = 50
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        return self.search(queryset, search_term), False
+
+    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+        """Narrow ``queryset`` to ``term``; subclasses call :func:`exact_search`."""
+        return queryset
+
+    #: The JSON fields of a row whose members under redacted keys are hidden, and whose
+    #: values are masked in the row's text fields (see :mod:`jobstate.admin.redaction`).
+    redaction_sources: tuple[str, ...] = ()
+
+    def redactor_for(self, obj: Any) -> Redactor:
+        """The redactor of ``obj``'s page, built once per row object."""
+        return row_redactor(obj, lambda: self.build_redactor(obj))
+
+    def build_redactor(self, obj: Any) -> Redactor:
+        """The redactor of ``obj`` from its :attr:`redaction_sources`."""
+        return make_redactor(*(getattr(obj, name) for name in self.redaction_sources))
+
+    def user_can(self, request: HttpRequest, codename: str) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def operator(self, request: HttpRequest) -> str:
+        """The name audit entries give the signed-in user."""
+        return str(request.user.get_username())
+
+    def require(self, request: HttpRequest, allowed: bool, *, asked: str) -> None:
+        """Refuse (403) a request the user lacks a permission for, logging who
+        ``asked`` for what, so a probe of the console's pages leaves a trace."""
+        if not allowed:
+            logger.warning("admin: %s asked %s", self.operator(request), asked)
+            raise PermissionDenied
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        # An id no row can have (a NUL, which PostgreSQL refuses in a query) is a row
+        # that does not exist: Django's "doesn't exist" message, not a server error.
+        if unreadable_text(object_id) is not None:
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """The list; when a filter, the ordering or the page cannot be applied, Django
+        shows the whole list (``?e=1``), and this says which parameters and why."""
+        try:
+            return super().get_changelist_instance(request)
+        except IncorrectLookupParameters as exc:
+            if ERROR_FLAG not in request.GET:
+                self.message_user(request, unapplied(request, exc), messages.ERROR)
+            raise
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Refuse a search or filter value no row can hold (a NUL character, a lone
+        surrogate): an error message naming it and the whole list, as Django shows it
+        for a filter it cannot apply (``?e=1``), never a server error.
+
+        Refuse a POST naming an action the user may not run: an error message, the
+        list again, nothing changed, and a warning in the ``jobstate.admin`` log.
+
+        Django alone would answer "No action selected" (or just the list, when the
+        user may run no action at all), which reads like an operator's slip rather
+        than a refusal. Each action also checks its permission again when it runs."""
+        unreadable = unreadable_parameter(request, self.opts.pk)
+        if unreadable is not None:
+            self.message_user(request, unreadable, messages.ERROR)
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+        if request.method == "POST":
+            allowed = self.get_actions(request)
+            # Cut: the value is whatever the request sent, and it goes to a log line.
+            refused = [
+                name[:100]
+                for name in request.POST.getlist("action")
+                if name and name not in allowed
+            ]
+            if refused:
+                logger.warning(
+                    "admin: %s posted the action %r on %s without its permission",
+                    self.operator(request),
+                    refused[0],
+                    self.opts.label,
+                )
+                self.message_user(
+                    request,
+                    _("You may not run the action “%(action)s”; nothing was changed.")
+                    % {"action": refused[0]},
+                    messages.ERROR,
+                )
+                return HttpResponseRedirect(request.get_full_path())
+        return super().changelist_view(request, extra_context)
+
+
+class ReadOnlyAdmin(ScaledAdmin):
+    """Viewable by anyone with the view permission; never added, edited or deleted here.
+    Rows change only through the stores (and this admin's actions, which call them)."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """History rows shown under their parent, never edited."""
+
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def redacted_field(
+    name: str, description: StrOrPromise, *, text: bool = False
+) -> Callable[[ScaledAdmin, Any], SafeString | str]:
+    """A read-only field of a :class:`ScaledAdmin` showing the row's ``name`` as JSON
+    (with ``text``: as long text), redacted by the row's redactor and folded when long;
+    declared on the class as ``input_json = redacted_field("input", gettext_lazy("input"))``."""
+    render = text_block if text else json_block
+
+    def show(model_admin: ScaledAdmin, obj: Any) -> SafeString | str:
+        return render(getattr(obj, name), model_admin.redactor_for(obj))
+
+    shown: Callable[[ScaledAdmin, Any], SafeString | str] = admin.display(description=description)(
+        show
+    )
+    return shown
+
+
+def permission_check(codename: str) -> Callable[[ScaledAdmin, HttpRequest], bool]:
+    """A ``has_<name>_permission`` method of a :class:`ScaledAdmin`: whether the user
+    holds the app's permission ``codename``."""
+
+    def check(model_admin: ScaledAdmin, request: HttpRequest) -> bool:
+        return model_admin.user_can(request, codename)
+
+    return check
