@@ -47,7 +47,7 @@ from jobstate.admin.redaction import redactor as make_redactor
 from jobstate.console.job_search import unreadable_text
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.contracts.audit import AuditSeverity
-from jobstate.stores.contracts.state_validation import REJECT_REASON_LIMIT
+from jobstate.stores.contracts.validation import REJECT_REASON_LIMIT
 
 __all__ = [
     "ACTION_ROW_LIMIT",

@@ -56,7 +56,7 @@ from jobstate.stores.base import (
     ApprovalRequeueOutcome,
     JobStatus,
 )
-from jobstate.stores.contracts.state_validation import APPROVAL_COMMENT_LIMIT
+from jobstate.stores.contracts.validation import APPROVAL_COMMENT_LIMIT
 
 __all__ = ["JobAdmin"]
 

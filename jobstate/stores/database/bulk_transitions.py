@@ -23,7 +23,7 @@ from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, Jo
 from jobstate.models import AuditEntry
 from jobstate.stores.contracts.audit import complete_audit_fields
 from jobstate.stores.contracts.state_store import NO_DELIVERY_KEY
-from jobstate.stores.contracts.state_validation import CLEARED_CLAIM
+from jobstate.stores.contracts.validation import CLEARED_CLAIM
 from jobstate.stores.database.audit_locks import audit_row
 from jobstate.stores.database.tables import job_rows
 
