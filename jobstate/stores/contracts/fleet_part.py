@@ -144,4 +144,4 @@ class FleetPart(LedgerPart):
         self._require(self.supports_worker_registry, "supports_worker_registry", "stop_worker")
         owner = require_text(worker_id, field="worker_id")
         why = require_text(reason, field="reason")
-        return self._stop_worker(owner, why[:200])
+        return self._stop_worker(owner, why[: column_limit("Worker", "stopped_reason")])

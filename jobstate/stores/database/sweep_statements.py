@@ -349,9 +349,8 @@ class DatabaseSweepStore(SweepStore):
 def requeue_stale_dispatched(
     using: str, dead_after: timedelta, hard_cap: timedelta, scope: list[str] | None, limit: int
 ) -> int:
-    """The state store's ``_requeue_stale_dispatched``: lock the ``limit`` candidates
-    with the oldest lease, move them by one ``UPDATE`` that re-checks the condition, and
-    audit them, in one transaction."""
+    """The state store's ``_requeue_stale_dispatched``: the ``limit`` oldest leases,
+    locked, moved by one ``UPDATE`` that re-checks them, and audited."""
     candidates = Job.objects.using(using).stale_dispatched(dead_after, hard_cap).for_targets(scope)
     with transaction.atomic(using=using):
         picked = dict(_pick_by_lease(candidates, limit, "id", "executor_id"))
