@@ -33,7 +33,7 @@ MOVED_MODULES: dict[str, str] = {
     "jobstate.stores.sweeps": "jobstate.stores.contracts.sweep_store",
     "jobstate.stores.notification_outbox": "jobstate.stores.contracts.outbox_repository",
     "jobstate.stores.validation": "jobstate.stores.contracts.validation",
-    "jobstate.stores.state_validation": "jobstate.stores.contracts.state_validation",
+    "jobstate.stores.state_validation": "jobstate.stores.contracts.validation",
     "jobstate.stores.database.sweeps": "jobstate.stores.database.sweep_statements",
     "jobstate.stores.database.bulk": "jobstate.stores.database.bulk_transitions",
     "jobstate.stores.database.outbox": "jobstate.stores.database.notification_outbox",

@@ -11,7 +11,7 @@ import pytest
 from jobstate.exceptions import DuplicateNotification, InvalidJobState
 from jobstate.models import Job, Notification
 from jobstate.stores.base import JobStatus, NotificationRequest
-from jobstate.stores.contracts.state_validation import default_idempotency_key
+from jobstate.stores.contracts.validation import default_idempotency_key
 from jobstate.stores.database import DatabaseStateStore
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]

@@ -39,8 +39,7 @@ from jobstate.core.states import ClaimReport, JobStatus, NewTask
 from jobstate.exceptions import InvalidPatch, InvalidPayload, TaskTimedOut
 from jobstate.models import Job
 from jobstate.stores.base import StateStore
-from jobstate.stores.contracts.state_validation import JOB_REPORT_FIELDS
-from jobstate.stores.contracts.validation import clean_job_fields
+from jobstate.stores.contracts.validation import JOB_REPORT_FIELDS, clean_job_fields
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends

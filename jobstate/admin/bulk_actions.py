@@ -37,8 +37,8 @@ from django.utils.translation import gettext_lazy
 from jobstate.admin.common import ReadOnlyAdmin, RejectForm, ScaledAdmin, choice_badge
 from jobstate.console.bulk import (
     BulkOperationFinished,
-    action_applies,
     advance_bulk_operation,
+    applicable_jobs,
     cancel_bulk_operation,
     start_bulk_operation,
 )
@@ -156,7 +156,7 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
         # The page's count; the operation counts again, on the database's clock, when it
         # is recorded.
         rows = filter_jobs(Job.objects.all(), filters, search)
-        count = rows.filter(action_applies(action)).count()
+        count = applicable_jobs(rows, action).count()
     except SearchError as exc:
         # Prefixed: the page capitalises a message's first letter, which would change a
         # search field's name ("input:") at the start of the reason.

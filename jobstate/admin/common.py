@@ -56,7 +56,7 @@ from jobstate.admin.page_bases import (
     with_database_now,
 )
 from jobstate.admin.redaction import REDACTED
-from jobstate.stores.contracts.state_validation import REJECT_REASON_LIMIT
+from jobstate.stores.contracts.validation import REJECT_REASON_LIMIT
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise

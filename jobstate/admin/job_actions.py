@@ -22,7 +22,7 @@ from jobstate.stores.base import (
     ApprovalRequeueOutcome,
     JobStatus,
 )
-from jobstate.stores.contracts.state_validation import APPROVAL_COMMENT_LIMIT
+from jobstate.stores.contracts.validation import APPROVAL_COMMENT_LIMIT
 
 __all__ = ["ADMIN_VIA", "ApproveForm", "approve_spec", "lease_text", "reject_spec", "requeue_spec"]
 
@@ -81,21 +81,16 @@ def requeue_spec(by: str) -> ActionSpec:
         why: str | None = None
         if job.status == JobStatus.QUEUED:
             why = _("already queued")
-        elif job.status in CLAIMED_JOB_STATUSES and (
-            job.lease_until is None or job.lease_until >= now
-        ):
+        elif not job.requeueable_at(now):
             why = _("%(status)s and its lease has not expired") % {
                 "status": JobStatus(job.status).label
             }
         return ActionRow(job, _job_label(job), _describe(job, now), why)
 
     def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
-        store = get_state_store()
-        if job.status in TERMINAL_JOB_STATUSES:
-            refired = store.requeue_job(job.pk, from_statuses=[job.status], by=by, via=ADMIN_VIA)
-        else:
-            refired = store.requeue_expired_lease_job(job.pk, by=by, via=ADMIN_VIA)
-        return None if refired is not None else _now_status(job)
+        # The requeue of the bulk operations, for one job in the status it was seen in.
+        refired = get_state_store().requeue_jobs([(job.pk, job.status)], by=by, via=ADMIN_VIA)
+        return None if refired else _now_status(job)
 
     return ActionSpec(
         title=_("Requeue jobs"),

@@ -40,9 +40,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobstate.console.job_search import db_instant, filter_jobs, parse_search, recent_window_start
-from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.exceptions import JobStateError
-from jobstate.models import BulkAction, BulkOperation, BulkState, Job
+from jobstate.models import BulkAction, BulkOperation, BulkState, Job, JobQuerySet
 from jobstate.stores import get_state_store
 from jobstate.stores.contracts.state_store import StateStore
 
@@ -50,8 +49,8 @@ __all__ = [
     "BATCH_SIZE",
     "STEP_SECONDS",
     "BulkOperationFinished",
-    "action_applies",
     "advance_bulk_operation",
+    "applicable_jobs",
     "cancel_bulk_operation",
     "matching_jobs",
     "start_bulk_operation",
@@ -68,17 +67,18 @@ class BulkOperationFinished(JobStateError):
     """The operation is no longer running (done or cancelled)."""
 
 
-def action_applies(action: str) -> Q:
-    """The jobs ``action`` applies to: requeue takes finished jobs and claimed jobs whose
-    lease has expired, reject takes queued jobs, delete takes finished jobs."""
+def applicable_jobs(rows: QuerySet[Job], action: str) -> JobQuerySet:
+    """The jobs of ``rows`` (a queryset of ``Job.objects``) that ``action`` applies to:
+    requeue takes the requeueable ones (:meth:`~jobstate.models.JobQuerySet.requeueable`),
+    reject the queued ones, delete the finished ones."""
+    if not isinstance(rows, JobQuerySet):
+        raise TypeError(f"rows must be a queryset of Job.objects, got {type(rows).__name__}.")
     if action == BulkAction.REQUEUE:
-        return Q(status__in=list(TERMINAL_JOB_STATUSES)) | Q(
-            status__in=list(CLAIMED_JOB_STATUSES), lease_until__lt=Now()
-        )
+        return rows.requeueable()
     if action == BulkAction.REJECT:
-        return Q(status=JobStatus.QUEUED)
+        return rows.queued()
     if action == BulkAction.DELETE:
-        return Q(status__in=list(TERMINAL_JOB_STATUSES))
+        return rows.terminal()
     raise ValueError(f"unknown bulk action {action!r}")
 
 
@@ -92,7 +92,7 @@ def matching_jobs(operation: BulkOperation, using: str = "default") -> QuerySet[
         window_start=operation.search_window_start,
     )
     cutoff = db_instant(using, operation.cutoff)
-    return rows.filter(created_at__lte=cutoff).filter(action_applies(operation.action))
+    return applicable_jobs(rows.filter(created_at__lte=cutoff), operation.action)
 
 
 def start_bulk_operation(

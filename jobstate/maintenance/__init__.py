@@ -18,11 +18,12 @@ its retention. Every sweep
   one swept, and a store that cannot be swept is refused with a clear error;
 - **returns what it did** as a :class:`SweepResult`.
 
-Each sweep is one entry of the sweep table (:mod:`jobstate.maintenance.sweep_table`), run by
-one loop (:func:`jobstate.maintenance.sweep_loop.run_sweep`); each also has a function of its
-own (:mod:`jobstate.maintenance.sweeps`). :func:`run_reaping_sweeps` and
-:func:`run_retention_sweeps` run the functions listed in :data:`REAPING_SWEEPS` and
-:data:`RETENTION_SWEEPS` and return a :class:`SweepReport`.
+Each sweep is one entry of the one sweep registry (:mod:`jobstate.maintenance.sweep_table`:
+:data:`REAPING_SWEEPS` and :data:`RETENTION_SWEEPS`), run by one loop
+(:func:`jobstate.maintenance.sweep_loop.run_sweep`). :func:`run_reaping_sweeps` and
+:func:`run_retention_sweeps` run the entries of the registry and return a
+:class:`SweepReport`; each sweep also has a function of its own
+(:mod:`jobstate.maintenance.sweeps`) that runs its entry.
 """
 
 # The submodules' __all__ say what each exports; the package re-exports all of it.

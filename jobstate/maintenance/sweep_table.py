@@ -1,5 +1,8 @@
-"""The maintenance sweeps as data: one :class:`Sweep` per sweep, in the order the runners
-run them.
+"""The one registry of the maintenance sweeps: one :class:`Sweep` per sweep, in the
+order the runners run them. :data:`REAPING_SWEEPS` and :data:`RETENTION_SWEEPS` are what
+:func:`~jobstate.maintenance.run_reaping_sweeps` and
+:func:`~jobstate.maintenance.run_retention_sweeps` run (and through them the commands
+and the Celery tasks); a sweep's own function runs its entry too.
 
 An entry says which configured store the sweep runs on, which sweep-store operation
 moves one batch and which counts the candidates for a dry run, the arguments it takes
@@ -38,8 +41,8 @@ from jobstate.stores.contracts.validation import (
 )
 
 __all__ = [
-    "REAPING_TABLE",
-    "RETENTION_TABLE",
+    "REAPING_SWEEPS",
+    "RETENTION_SWEEPS",
     "Argument",
     "Batch",
     "Sweep",
@@ -216,7 +219,7 @@ _REAPING = SweepKind.REAPING
 #: The reaping sweeps, in the order they run. The queue TTL runs before the requeues, so
 #: a job handed back by a dead owner gets one more chance to be claimed before its age
 #: can expire it.
-REAPING_TABLE: dict[str, Sweep[Any]] = _by_name(
+REAPING_SWEEPS: dict[str, Sweep[Any]] = _by_name(
     Sweep("runs", _REAPING, run_sweep_store, "RUNNING -> TIMED_OUT",
           lambda s, n, a: s.reap_stale_runs_batch(**a, limit=n),
           lambda s, n, a: s.count_stale_runs(**a, limit=n),
@@ -250,7 +253,7 @@ REAPING_TABLE: dict[str, Sweep[Any]] = _by_name(
 )
 
 #: The retention sweeps, in the order they run.
-RETENTION_TABLE: dict[str, Sweep[Any]] = _by_name(
+RETENTION_SWEEPS: dict[str, Sweep[Any]] = _by_name(
     _retention("audit", state_sweep_store, "AUDIT_RETENTION",
                lambda s, n, a: s.prune_audit_batch(**a, limit=n),
                lambda s, n, a: s.count_old_audit(**a, limit=n)),

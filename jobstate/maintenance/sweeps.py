@@ -1,5 +1,5 @@
-"""Each sweep as a function of its own, the registries the two runners run, and the
-runners.
+"""Each sweep as a function of its own, and the two runners, all running entries of the
+one sweep registry (:mod:`jobstate.maintenance.sweep_table`).
 
 Every sweep function takes its own arguments (``None``: the setting named in its
 docstring) and the :class:`~jobstate.maintenance.sweep_loop.SweepOptions` every sweep takes
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any, Protocol, Unpack
+from typing import Any, Unpack
 
 from django.db import DEFAULT_DB_ALIAS
 
@@ -19,37 +19,21 @@ from jobstate.exceptions import InvalidJobState
 from jobstate.maintenance.sweep_loop import SweepOptions, check_options, run_sweep
 from jobstate.maintenance.sweep_results import SweepProgress, SweepReport, SweepResult
 from jobstate.maintenance.sweep_table import (
-    REAPING_TABLE,
-    RETENTION_TABLE,
+    REAPING_SWEEPS,
+    RETENTION_SWEEPS,
     SweepKind,
     check_retention,
     check_stale_after,
 )
 
-# In groups: the registries and the calls they hold, the runners, the reaping sweeps,
-# the retention sweeps.
-__all__ = ["REAPING_SWEEPS", "RETENTION_SWEEPS", "ReapingSweep", "RetentionSweep"]
+# In groups: the registry, the runners, the reaping sweeps, the retention sweeps.
+__all__ = ["REAPING_SWEEPS", "RETENTION_SWEEPS"]
 __all__ += ["run_reaping_sweeps", "run_retention_sweeps"]
 __all__ += ["expire_stale_queued", "reap_stale_runs", "requeue_stale_dispatched"]
 __all__ += ["rearm_outbox_leases", "recover_expired_leases", "recover_lost_tasks"]
 __all__ += ["release_expired_locks"]
 __all__ += ["prune_audit", "prune_delivered_notifications"]
 __all__ += ["prune_finished_jobs", "prune_finished_runs", "prune_workers"]
-
-
-class ReapingSweep(Protocol):
-    """The call :func:`run_reaping_sweeps` makes of every entry of :data:`REAPING_SWEEPS`."""
-
-    def __call__(self, **options: Unpack[SweepOptions]) -> SweepResult: ...
-
-
-class RetentionSweep(Protocol):
-    """The call :func:`run_retention_sweeps` makes of every entry of
-    :data:`RETENTION_SWEEPS`; ``older_than=None`` means the sweep's retention setting."""
-
-    def __call__(
-        self, *, older_than: timedelta | None = ..., **options: Unpack[SweepOptions]
-    ) -> SweepResult: ...
 
 
 # --- reaping sweeps ----------------------------------------------------------------------
@@ -61,7 +45,7 @@ def reap_stale_runs(
     """``runs``: move RUNNING operations-job runs whose heartbeat is older than
     ``stale_after`` (default ``STALE_RUN_AFTER``, at least twice ``HEARTBEAT_INTERVAL``)
     to TIMED_OUT through the run store, freeing their overlap keys (S4)."""
-    return run_sweep(REAPING_TABLE["runs"], {"stale_after": stale_after}, **options)
+    return run_sweep(REAPING_SWEEPS["runs"], {"stale_after": stale_after}, **options)
 
 
 def requeue_stale_dispatched(
@@ -75,7 +59,7 @@ def requeue_stale_dispatched(
     ``EXECUTOR_DEAD_AFTER``), or dispatched longer than ``hard_cap`` (default
     ``EXECUTOR_HARD_CAP``). Each gets a ``recovered`` audit entry."""
     given = {"dead_after": dead_after, "hard_cap": hard_cap}
-    return run_sweep(REAPING_TABLE["dispatched"], given, **options)
+    return run_sweep(REAPING_SWEEPS["dispatched"], given, **options)
 
 
 def recover_expired_leases(
@@ -91,7 +75,7 @@ def recover_expired_leases(
     entry, on the last attempt it moves to ``error``. ``detail`` has ``requeued`` and
     ``failed``."""
     given = {"fallback_older_than": fallback_older_than, "attempt_limit": attempt_limit}
-    return run_sweep(REAPING_TABLE["leases"], given, **options)
+    return run_sweep(REAPING_SWEEPS["leases"], given, **options)
 
 
 def recover_lost_tasks(**options: Unpack[SweepOptions]) -> SweepResult:
@@ -101,7 +85,7 @@ def recover_lost_tasks(**options: Unpack[SweepOptions]) -> SweepResult:
     back to the queue, due at once, otherwise it fails. Each gets a ``recovered`` audit
     entry. ``detail`` has ``requeued`` and ``failed``. Running workers do the same now
     and then; the sweep settles such tasks while no worker runs."""
-    return run_sweep(REAPING_TABLE["tasks"], **options)
+    return run_sweep(REAPING_SWEEPS["tasks"], **options)
 
 
 def expire_stale_queued(
@@ -111,13 +95,13 @@ def expire_stale_queued(
     since they were created (default ``QUEUED_TTL``) to ``error``, each with an
     ``expired`` audit entry, so stale work is not replayed in bulk once executors come
     back."""
-    return run_sweep(REAPING_TABLE["queued"], {"ttl": ttl}, **options)
+    return run_sweep(REAPING_SWEEPS["queued"], {"ttl": ttl}, **options)
 
 
 def release_expired_locks(**options: Unpack[SweepOptions]) -> SweepResult:
     """``locks``: delete runtime locks whose ``expires_at`` has passed. An expired lock
     already lets a new owner in; deleting it keeps the table to the locks that exist."""
-    return run_sweep(REAPING_TABLE["locks"], **options)
+    return run_sweep(REAPING_SWEEPS["locks"], **options)
 
 
 def rearm_outbox_leases(**options: Unpack[SweepOptions]) -> SweepResult:
@@ -129,7 +113,7 @@ def rearm_outbox_leases(**options: Unpack[SweepOptions]) -> SweepResult:
 
     Relays take such rows over by themselves when they claim; the sweep settles them
     while no relay runs, so the outbox shows what is really in flight."""
-    return run_sweep(REAPING_TABLE["outbox"], **options)
+    return run_sweep(REAPING_SWEEPS["outbox"], **options)
 
 
 # --- retention sweeps --------------------------------------------------------------------
@@ -140,7 +124,7 @@ def prune_audit(
 ) -> SweepResult:
     """``audit``: delete audit entries older than ``older_than`` (default
     ``AUDIT_RETENTION``)."""
-    return run_sweep(RETENTION_TABLE["audit"], {"older_than": older_than}, **options)
+    return run_sweep(RETENTION_SWEEPS["audit"], {"older_than": older_than}, **options)
 
 
 def prune_finished_jobs(
@@ -149,7 +133,7 @@ def prune_finished_jobs(
     """``jobs``: delete done, error and rejected jobs last written more than
     ``older_than`` ago (default ``FINISHED_JOB_RETENTION``). Their audit entries and
     approval markers stay; undelivered notifications stay, unlinked from the job."""
-    return run_sweep(RETENTION_TABLE["jobs"], {"older_than": older_than}, **options)
+    return run_sweep(RETENTION_SWEEPS["jobs"], {"older_than": older_than}, **options)
 
 
 def prune_finished_runs(
@@ -157,7 +141,7 @@ def prune_finished_runs(
 ) -> SweepResult:
     """``runs``: delete operations-job runs (settled or skipped) that finished more than
     ``older_than`` ago (default ``FINISHED_RUN_RETENTION``). RUNNING runs stay."""
-    return run_sweep(RETENTION_TABLE["runs"], {"older_than": older_than}, **options)
+    return run_sweep(RETENTION_SWEEPS["runs"], {"older_than": older_than}, **options)
 
 
 def prune_delivered_notifications(
@@ -170,7 +154,7 @@ def prune_delivered_notifications(
     to replay them (``requeue_delivery_job_once``) or to delete them by hand. Pending
     and delivering rows stay too, and so do replay markers, so a dead-letter key can
     never replay twice even after its notification is gone."""
-    return run_sweep(RETENTION_TABLE["notifications"], {"older_than": older_than}, **options)
+    return run_sweep(RETENTION_SWEEPS["notifications"], {"older_than": older_than}, **options)
 
 
 def prune_workers(
@@ -179,31 +163,10 @@ def prune_workers(
     """``workers``: forget registered workers (stopped or lost) whose last beat is more
     than ``older_than`` old (default ``WORKER_RETENTION``), so the Workers page lists
     the fleet of the last day, not of every deploy since the first."""
-    return run_sweep(RETENTION_TABLE["workers"], {"older_than": older_than}, **options)
+    return run_sweep(RETENTION_SWEEPS["workers"], {"older_than": older_than}, **options)
 
 
-# --- registries and runners --------------------------------------------------------------
-
-#: The reaping sweeps, in the order :func:`run_reaping_sweeps` runs them (the order of
-#: the sweep table).
-REAPING_SWEEPS: dict[str, ReapingSweep] = {
-    "runs": reap_stale_runs,
-    "queued": expire_stale_queued,
-    "dispatched": requeue_stale_dispatched,
-    "leases": recover_expired_leases,
-    "tasks": recover_lost_tasks,
-    "outbox": rearm_outbox_leases,
-    "locks": release_expired_locks,
-}
-
-#: The retention sweeps, in the order :func:`run_retention_sweeps` runs them.
-RETENTION_SWEEPS: dict[str, RetentionSweep] = {
-    "audit": prune_audit,
-    "jobs": prune_finished_jobs,
-    "runs": prune_finished_runs,
-    "notifications": prune_delivered_notifications,
-    "workers": prune_workers,
-}
+# --- runners --------------------------------------------------------------
 
 
 def _selected(registry: Mapping[str, Any], sweeps: Iterable[str] | None) -> list[str]:
@@ -238,12 +201,8 @@ def run_reaping_sweeps(
     check_options(SweepKind.REAPING, options)
     if stale_after is not None:
         check_stale_after(stale_after)
-    results = [
-        reap_stale_runs(stale_after=stale_after, **options)
-        if name == "runs" and stale_after is not None
-        else REAPING_SWEEPS[name](**options)
-        for name in names
-    ]
+    given = {"stale_after": stale_after}
+    results = [run_sweep(REAPING_SWEEPS[name], given, **options) for name in names]
     return SweepReport(tuple(results), dry_run=options.get("dry_run", False))
 
 
@@ -277,5 +236,6 @@ def run_retention_sweeps(
     check_options(SweepKind.RETENTION, options)
     if older_than is not None:
         check_retention(older_than)
-    results = [RETENTION_SWEEPS[name](older_than=older_than, **options) for name in names]
+    given = {"older_than": older_than}
+    results = [run_sweep(RETENTION_SWEEPS[name], given, **options) for name in names]
     return SweepReport(tuple(results), dry_run=dry_run)

@@ -7,7 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import models
 from django.db.models import Exists, F, OuterRef, Q, Value
@@ -160,6 +160,17 @@ class JobQuerySet(models.QuerySet["Job"]):
             Q(lease_until__isnull=False, lease_until__lt=Now())
             | Q(lease_until__isnull=True, updated_at__lt=Now() - dead_after)
             | Q(dispatched_at__lt=Now() - hard_cap)
+        )
+
+    def requeueable(self) -> JobQuerySet:
+        """The jobs a requeue may take (the refire of reruns, the console's bulk requeue,
+        the admin's action): finished ones, and running or dispatched ones whose lease
+        ended before the database clock. A claimed job without a lease is not: its
+        holder never said how long it needs. :meth:`Job.requeueable_at` is the same rule
+        on one loaded job."""
+        return self.filter(
+            Q(status__in=list(TERMINAL_JOB_STATUSES))
+            | Q(status__in=list(CLAIMED_JOB_STATUSES), lease_until__lt=Now())
         )
 
     def not_written_for(self, older_than: timedelta) -> JobQuerySet:
@@ -337,3 +348,11 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_JOB_STATUSES
+
+    def requeueable_at(self, now: datetime) -> bool:
+        """Whether :meth:`JobQuerySet.requeueable` takes this job as loaded, with ``now``
+        the database clock (for a page that shows why a job cannot be requeued)."""
+        if self.status in TERMINAL_JOB_STATUSES:
+            return True
+        lease = self.lease_until
+        return self.status in CLAIMED_JOB_STATUSES and lease is not None and lease < now

@@ -20,7 +20,12 @@ from jobstate.core.states import (
     JobStatus,
 )
 from jobstate.exceptions import InvalidJobState
-from jobstate.stores.contracts.validation import parse_choice, require_text, validate_audit_text
+from jobstate.stores.contracts.validation import (
+    column_limit,
+    parse_choice,
+    require_text,
+    validate_audit_text,
+)
 
 __all__ = [
     "AUDIT_EVENTS",
@@ -76,7 +81,7 @@ def complete_audit_fields(
     values of ``detail`` as ``key: value`` pairs.
     """
 
-    event = require_text(event, field="event", max_length=100)
+    event = require_text(event, field="event", max_length=column_limit("AuditEntry", "event"))
     validate_audit_text(title=title, summary=summary)
     if detail is None:
         detail = {}

@@ -19,26 +19,27 @@ from typing import Any
 from jobstate.core.states import NO_QUEUE, WorkerKind, WorkerRegistration
 from jobstate.exceptions import InvalidJobState
 from jobstate.stores.contracts.audit import AuditSeverity
-from jobstate.stores.contracts.queue_part import CoreStateStore
+from jobstate.stores.contracts.ledger_part import LedgerPart
+from jobstate.stores.contracts.primitives import QueueKey
 from jobstate.stores.contracts.validation import (
+    column_limit,
     require_text,
     validate_duration,
     validate_positive_int,
 )
 
-__all__ = ["FleetStateStore", "QueueKey", "parse_queue_key"]
-
-#: A queue as the store names it: ``(target, queue name)``, ``""`` for no queue.
-QueueKey = tuple[str, str]
+__all__ = ["FleetPart", "QueueKey", "parse_queue_key"]
 
 
 def parse_queue_key(target: Any, queue: Any) -> QueueKey:
-    """``(target, queue)`` checked: a target of at most 200 characters, a queue name of
-    at most 100 (``""``: the target's jobs without a queue), or ``InvalidJobState``."""
-    name = require_text(target, field="target")
+    """``(target, queue)`` checked: a target and a queue name (``""``: the target's jobs
+    without a queue) that fit their columns, or ``InvalidJobState``."""
+    name = require_text(target, field="target", max_length=column_limit("QueuePause", "target"))
     if queue == NO_QUEUE:
         return name, NO_QUEUE
-    return name, require_text(queue, field="queue", max_length=100)
+    return name, require_text(
+        queue, field="queue", max_length=column_limit("QueuePause", "queue_name")
+    )
 
 
 def _worker_fields(registration: WorkerRegistration) -> dict[str, Any]:
@@ -52,15 +53,20 @@ def _worker_fields(registration: WorkerRegistration) -> dict[str, Any]:
     if queues is not None:
         if isinstance(queues, str) or not all(isinstance(name, str) for name in queues):
             raise InvalidJobState(f"queues must be queue names or None, got {queues!r}.")
-        queues = tuple(require_text(name, field="queue", max_length=100) for name in queues)
+        longest = column_limit("QueuePause", "queue_name")
+        queues = tuple(require_text(name, field="queue", max_length=longest) for name in queues)
     return {
         "worker_id": require_text(registration.worker_id, field="worker_id"),
         "kind": registration.kind,
-        "host": require_text(registration.host, field="host", max_length=255),
+        "host": require_text(
+            registration.host, field="host", max_length=column_limit("Worker", "host")
+        ),
         "pid": validate_positive_int(registration.pid, field="pid"),
         "lease": validate_duration(registration.lease, field="lease", allow_zero=False),
         "backend": (
-            require_text(registration.backend, field="backend", max_length=100)
+            require_text(
+                registration.backend, field="backend", max_length=column_limit("Worker", "backend")
+            )
             if registration.backend
             else ""
         ),
@@ -69,7 +75,7 @@ def _worker_fields(registration: WorkerRegistration) -> dict[str, Any]:
     }
 
 
-class FleetStateStore(CoreStateStore):
+class FleetPart(LedgerPart):
     """Queue pauses and the worker registry; see the module docstring."""
 
     # --- queue pauses ------------------------------------------------------------------
@@ -138,24 +144,4 @@ class FleetStateStore(CoreStateStore):
         self._require(self.supports_worker_registry, "supports_worker_registry", "stop_worker")
         owner = require_text(worker_id, field="worker_id")
         why = require_text(reason, field="reason")
-        return self._stop_worker(owner, why[:200])
-
-    # --- primitives (see StateStorePrimitives for how they are called) -----------------
-
-    def _pause_queue(self, key: QueueKey, by: str) -> bool:
-        raise self._missing_primitive("supports_queue_pauses", "_pause_queue")
-
-    def _resume_queue(self, key: QueueKey) -> bool:
-        raise self._missing_primitive("supports_queue_pauses", "_resume_queue")
-
-    def _paused_queues(self) -> list[QueueKey]:
-        raise self._missing_primitive("supports_queue_pauses", "_paused_queues")
-
-    def _register_worker(self, fields: dict[str, Any]) -> None:
-        raise self._missing_primitive("supports_worker_registry", "_register_worker")
-
-    def _beat_worker(self, worker_id: str) -> bool:
-        raise self._missing_primitive("supports_worker_registry", "_beat_worker")
-
-    def _stop_worker(self, worker_id: str, reason: str) -> bool:
-        raise self._missing_primitive("supports_worker_registry", "_stop_worker")
+        return self._stop_worker(owner, why[: column_limit("Worker", "stopped_reason")])

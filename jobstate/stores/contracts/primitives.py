@@ -1,5 +1,10 @@
-"""What a state store backend implements: the protected primitives behind the public
-methods of :class:`~jobstate.stores.contracts.state_store.StateStore`.
+"""What a state store backend implements: every protected primitive behind the public
+methods of :class:`~jobstate.stores.contracts.state_store.StateStore`, in this one module.
+
+A backend author reads this class and nothing else to know what to write; the public
+methods, their argument checks, audit entries and defaults live in the capability parts
+(:mod:`~jobstate.stores.contracts.queue_part`, ``ledger_part``, ``transitions_part``,
+``fleet_part``, ``tasks_part``, ``optional_part``) and call these.
 
 The public methods validate their arguments once and then call these with clean
 values: ids are :class:`uuid.UUID`, statuses :class:`~jobstate.core.states.JobStatus`,
@@ -10,11 +15,14 @@ scope a non-empty list (``None`` where the caller did not narrow). A primitive n
 re-checks them; it keeps the guarantee its public method documents, atomically, on the
 store's own clock.
 
-A backend implements every abstract primitive. ``_claim_batch`` and
-``_complete_claimed_batch`` have portable defaults built from the single-job primitives;
-a backend overrides them for a faster path. The primitives of an optional capability
-are implemented only by a backend that sets its ``supports_*`` flag; their defaults
-raise :class:`~jobstate.exceptions.UnsupportedStoreOperation`.
+A backend implements every abstract primitive. ``_claim_batch``,
+``_complete_claimed_batch`` and ``_extend_claim_leases`` have portable defaults built
+from the single-job primitives, and the batch transitions (``_requeue_batch``,
+``_reject_batch``, ``_delete_batch``) default to ``None``, which tells the base to apply
+the single-job transition to each job; a backend overrides them for a faster path.
+The primitives of an optional capability are implemented only by a backend that sets
+its ``supports_*`` flag; their defaults raise
+:class:`~jobstate.exceptions.UnsupportedStoreOperation`.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from jobstate.core.states import (
     Readiness,
 )
 from jobstate.exceptions import UnsupportedStoreOperation
-from jobstate.stores.contracts.state_validation import ParsedReport
+from jobstate.stores.contracts.validation import ParsedReport
 
 if TYPE_CHECKING:
     from jobstate.models import AuditEntry, Job
@@ -46,6 +54,7 @@ __all__ = [
     "METRICS_TERMINAL_WINDOW",
     "MONITOR_SOURCE",
     "AuditSubject",
+    "QueueKey",
     "Settled",
     "StateStorePrimitives",
     "operational_metrics",
@@ -57,6 +66,9 @@ AuditSubject = tuple["uuid.UUID | None", str]
 #: What a fenced report answers: whether its write applied, and the job as stored
 #: afterwards (``None`` when no job has that id).
 Settled = tuple[bool, "Job | None"]
+
+#: A queue as the store names it: ``(target, queue name)``, ``""`` for no queue.
+QueueKey = tuple[str, str]
 
 #: How far back ``terminal_last_15m`` looks.
 METRICS_TERMINAL_WINDOW = timedelta(minutes=15)
@@ -136,7 +148,7 @@ class StateStorePrimitives(ABC):
         """Insert a job (``request_id`` and the fields given; the rest at their
         defaults, ``created_at`` and ``updated_at`` on the store's clock) and return it
         as stored. A taken ``request_id`` raises
-        :func:`~jobstate.stores.contracts.state_validation.duplicate_request` and writes nothing."""
+        :func:`~jobstate.stores.contracts.validation.duplicate_request` and writes nothing."""
 
     @abstractmethod
     def _enqueue_job(self, cleaned: dict[str, Any], quota: int | None) -> tuple[Job, bool]:
@@ -144,7 +156,7 @@ class StateStorePrimitives(ABC):
         inserted, ``(existing, False)`` otherwise (the base compares the payloads).
         With a ``quota`` and a ``thread_id``, count the thread's in-flight jobs in the
         same atomic step as the insert and call
-        :func:`~jobstate.stores.contracts.state_validation.check_thread_quota` before inserting."""
+        :func:`~jobstate.stores.contracts.validation.check_thread_quota` before inserting."""
 
     @abstractmethod
     def _update_job(
@@ -229,10 +241,17 @@ class StateStorePrimitives(ABC):
 
     @abstractmethod
     def _requeue_stale_dispatched(
-        self, dead_after: timedelta, hard_cap: timedelta, scope: list[str] | None
+        self, dead_after: timedelta, hard_cap: timedelta, scope: list[str] | None, limit: int
     ) -> int:
-        """The conditional sweep of
-        :meth:`~jobstate.stores.contracts.state_store.StateStore.requeue_stale_dispatched`."""
+        """Move up to ``limit`` dispatched jobs of ``scope`` (``None``: every target)
+        whose executor stopped renewing back to ``queued`` with the claim fields cleared:
+        lease ended before the store's clock, no lease and not written for
+        ``dead_after``, or dispatched more than ``hard_cap`` ago. Oldest lease first
+        (jobs without a lease last). Each move re-checks its condition when it is
+        written, and each job moved gets a ``recovered`` audit entry in the same unit of
+        work (severity warning, title ``Requeued: executor lease expired``, detail
+        ``by`` = ``"jobstate.maintenance"``, ``via`` = ``"executor-lease-expired"``,
+        ``prev_status`` and ``executor_id``). Returns the jobs moved."""
 
     @abstractmethod
     def _list_expired_leases(
@@ -292,6 +311,30 @@ class StateStorePrimitives(ABC):
     def _release_lock(self, lock_key: str, owner: str) -> None:
         """See :meth:`~jobstate.stores.contracts.state_store.StateStore.release_runtime_lock`."""
 
+    # --- batch transitions (the console's bulk actions) -------------------------------
+
+    def _requeue_batch(
+        self, jobs: list[tuple[uuid.UUID, JobStatus]], *, by: str, via: str, event: str
+    ) -> list[uuid.UUID] | None:
+        """Inside the caller's :meth:`_atomic` block, refire each ``(job id, status seen)``
+        still in that status and requeueable (finished, or claimed with its lease ended
+        on the store's clock: :meth:`~jobstate.models.JobQuerySet.requeueable`) as the
+        single-job refire does, audit entries included; return the ids requeued.
+        ``None`` (the default): the base refires one job at a time."""
+        return None
+
+    def _reject_batch(self, pks: list[uuid.UUID], *, by: str, error: str) -> list[uuid.UUID] | None:
+        """Reject each job still queued with ``error`` and a ``rejected`` audit entry,
+        inside the caller's :meth:`_atomic` block; the ids rejected. ``None`` (the
+        default): the base rejects one job at a time."""
+        return None
+
+    def _delete_batch(self, pks: list[uuid.UUID], *, by: str, via: str) -> list[uuid.UUID] | None:
+        """Delete each job still finished with a ``deleted`` audit entry, inside the
+        caller's :meth:`_atomic` block; the ids deleted. ``None`` (the default): the base
+        deletes one job at a time."""
+        return None
+
     # --- optional: the outbox (supports_outbox) --------------------------------------
 
     def _complete_with_notifications(
@@ -349,13 +392,48 @@ class StateStorePrimitives(ABC):
     ) -> list[Job]:
         """Claim up to ``limit`` ready queued tasks of ``target`` in ``queues`` (``None``:
         any queue), atomically, in claim order (see
-        :meth:`~jobstate.stores.contracts.tasks_part.TaskStateStore.claim_tasks`)."""
+        :meth:`~jobstate.stores.contracts.tasks_part.TasksPart.claim_tasks`)."""
         raise self._missing_primitive("supports_tasks", "_claim_tasks")
 
     def _list_expired_tasks(self, limit: int) -> list[Job]:
         """Up to ``limit`` running tasks whose lease ended before the store's clock,
         oldest lease first (the candidates of ``recover_expired_tasks``)."""
         raise self._missing_primitive("supports_tasks", "_list_expired_tasks")
+
+    # --- optional: queue pauses (supports_queue_pauses) -------------------------------
+
+    def _pause_queue(self, key: QueueKey, by: str) -> bool:
+        """Record ``key`` as paused by ``by`` at the store's clock; ``False`` (nothing
+        written) when it is paused already. From then on no claim primitive
+        (``_claim``, ``_claim_batch``, ``_claim_tasks``) takes a job of that queue: a
+        job's queue is its ``(target, queue_name or "")``."""
+        raise self._missing_primitive("supports_queue_pauses", "_pause_queue")
+
+    def _resume_queue(self, key: QueueKey) -> bool:
+        """Forget the pause of ``key``; ``False`` when it was not paused."""
+        raise self._missing_primitive("supports_queue_pauses", "_resume_queue")
+
+    def _paused_queues(self) -> list[QueueKey]:
+        """Every paused queue, in any order."""
+        raise self._missing_primitive("supports_queue_pauses", "_paused_queues")
+
+    # --- optional: the worker registry (supports_worker_registry) ----------------------
+
+    def _register_worker(self, fields: dict[str, Any]) -> None:
+        """Insert or replace the worker ``fields['worker_id']`` (the checked fields of a
+        :class:`~jobstate.core.states.WorkerRegistration`), started and last beat at the
+        store's clock, not stopped."""
+        raise self._missing_primitive("supports_worker_registry", "_register_worker")
+
+    def _beat_worker(self, worker_id: str) -> bool:
+        """Move the last beat of a registered worker that has not stopped to the store's
+        clock; ``False`` when there is none."""
+        raise self._missing_primitive("supports_worker_registry", "_beat_worker")
+
+    def _stop_worker(self, worker_id: str, reason: str) -> bool:
+        """Record that the worker stopped at the store's clock, for ``reason``;
+        ``False`` when it is not registered."""
+        raise self._missing_primitive("supports_worker_registry", "_stop_worker")
 
     # --- optional: maintenance sweeps (supports_sweeps) --------------------------------
 

@@ -1,11 +1,8 @@
-"""The part of the state store's public API every backend has: the job queue (intake,
-updates, claims, fenced reports, leases and maintenance), the audit ledger and runtime
-locks.
+"""The job queue, the part of the state store every backend has: intake, updates,
+claims, fenced reports, leases and the conditional maintenance of the queue.
 
 Each method checks its arguments once and calls the primitives of
 :class:`~jobstate.stores.contracts.primitives.StateStorePrimitives` with clean values.
-:class:`~jobstate.stores.contracts.state_store.StateStore`, the contract's public name, adds the
-transitions written once over these primitives and the optional capabilities.
 """
 
 from __future__ import annotations
@@ -13,27 +10,23 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import ClaimReport, CompletionOutcome, JobId, JobStatus
-from jobstate.exceptions import InvalidJobState
-from jobstate.stores.contracts.audit import complete_audit_fields
-from jobstate.stores.contracts.primitives import AuditSubject, StateStorePrimitives
-from jobstate.stores.contracts.state_validation import (
+from jobstate.stores.contracts.primitives import StateStorePrimitives
+from jobstate.stores.contracts.validation import (
+    ENQUEUE_PAYLOAD_FIELDS,
     JOB_CREATE_FIELDS,
     JOB_ENQUEUE_FIELDS,
+    JOB_PATCH_FIELDS,
     JOB_REPORT_FIELDS,
+    check_same_request,
+    clean_job_fields,
     parse_batch_limit,
     parse_claim_pairs,
     parse_claim_reports,
-)
-from jobstate.stores.contracts.validation import (
-    ENQUEUE_PAYLOAD_FIELDS,
-    JOB_PATCH_FIELDS,
-    check_same_request,
-    clean_job_fields,
     parse_claim_targets,
     parse_limit,
     parse_statuses,
@@ -43,16 +36,14 @@ from jobstate.stores.contracts.validation import (
     require_text,
     required_request_id,
     resolve_lease,
-    text_problem,
     validate_duration,
-    validate_instant,
     validate_release_status,
 )
 
 if TYPE_CHECKING:
-    from jobstate.models import AuditEntry, Job
+    from jobstate.models import Job
 
-__all__ = ["CompletionResult", "CoreStateStore"]
+__all__ = ["CompletionResult", "JobQueuePart"]
 
 
 @dataclass(frozen=True)
@@ -68,8 +59,8 @@ class CompletionResult:
         return self.outcome is CompletionOutcome.COMPLETED
 
 
-class CoreStateStore(StateStorePrimitives):
-    """The job queue, the audit ledger and runtime locks; see
+class JobQueuePart(StateStorePrimitives):
+    """The job queue; see
     :class:`~jobstate.stores.contracts.state_store.StateStore` for the guarantees."""
 
     # --- jobs ------------------------------------------------------------------------
@@ -252,12 +243,16 @@ class CoreStateStore(StateStorePrimitives):
         hard_cap: timedelta | None = None,
         *,
         targets: Sequence[str] | None = None,
+        limit: int | None = None,
     ) -> int:
-        """Move ``dispatched`` jobs back to ``queued`` with their claim fields cleared when
-        their lease has expired, when they have no lease and were last written more than
-        ``dead_after`` ago, or when they were dispatched more than ``hard_cap`` ago
-        (defaults: ``EXECUTOR_DEAD_AFTER``, ``EXECUTOR_HARD_CAP``). ``targets`` narrows
-        the sweep. Returns the jobs this call moved."""
+        """Move up to ``limit`` (default ``JOBSTATE['SWEEP_BATCH_SIZE']``) ``dispatched``
+        jobs back to ``queued`` with their claim fields cleared when their lease has
+        expired, when they have no lease and were last written more than ``dead_after``
+        ago, or when they were dispatched more than ``hard_cap`` ago (defaults:
+        ``EXECUTOR_DEAD_AFTER``, ``EXECUTOR_HARD_CAP``), oldest lease first. Each job
+        moved gets a ``recovered`` audit entry naming the executor that lost it.
+        ``targets`` narrows the sweep. Returns the jobs this call moved; the ``dispatched``
+        maintenance sweep calls it batch after batch."""
         dead = validate_duration(
             jobstate_settings.EXECUTOR_DEAD_AFTER if dead_after is None else dead_after,
             field="dead_after",
@@ -267,7 +262,8 @@ class CoreStateStore(StateStorePrimitives):
             field="hard_cap",
         )
         scope = parse_targets(targets)
-        return 0 if scope == [] else self._requeue_stale_dispatched(dead, cap, scope)
+        count = parse_limit(limit, default=jobstate_settings.SWEEP_BATCH_SIZE)
+        return 0 if scope == [] else self._requeue_stale_dispatched(dead, cap, scope, count)
 
     def list_expired_leases(
         self,
@@ -324,74 +320,6 @@ class CoreStateStore(StateStorePrimitives):
         """How many jobs of the thread are queued, running or dispatched."""
         return self._count_inflight(parse_thread_id(thread_id))
 
-    # --- audit ledger ----------------------------------------------------------------
-
-    def append_audit(
-        self,
-        *,
-        job: Job | JobId | None = None,
-        request_id: str = "",
-        event: str,
-        stage: str | None = None,
-        severity: str | None = None,
-        title: str = "",
-        summary: str = "",
-        detail: dict[str, Any] | None = None,
-        at: datetime | None = None,
-    ) -> AuditEntry:
-        """Append one entry and return it. Stage, severity, title and summary left out are
-        filled from the event (:func:`complete_audit_fields`); ``request_id`` defaults to
-        the job's. ``at`` is stored verbatim; without it the store's clock stamps the
-        entry."""
-        fields = complete_audit_fields(
-            event=event, stage=stage, severity=severity, title=title, summary=summary, detail=detail
-        )
-        subject = _audit_subject(job, request_id)
-        instant = None if at is None else validate_instant(at, field="at")
-        return self._append_audit_entry(subject, event, fields, instant)
-
-    def list_audit(
-        self,
-        *,
-        job: Job | JobId | None = None,
-        request_id: str | None = None,
-        limit: int | None = None,
-    ) -> list[AuditEntry]:
-        """Entries of one job and/or request id, oldest first, at most ``limit``
-        (default ``JOBSTATE['LIST_LIMIT']``)."""
-        count = parse_limit(limit, default=jobstate_settings.LIST_LIMIT)
-        if job is None and request_id is None:
-            raise InvalidJobState("list_audit needs a job or a request_id to narrow to.")
-        job_id = None if job is None else _job_id(job)
-        if request_id is not None:
-            require_text(request_id, field="request_id")
-        return self._list_audit(job_id, request_id, count)
-
-    def prune_audit_older_than(self, cutoff: datetime, *, batch_size: int | None = None) -> int:
-        """Delete entries stamped before ``cutoff`` in batches of ``batch_size`` (default
-        ``JOBSTATE['AUDIT_PRUNE_BATCH_SIZE']``), each its own short transaction, and
-        return how many were deleted."""
-        instant = validate_instant(cutoff, field="cutoff")
-        batch = parse_limit(batch_size, default=jobstate_settings.AUDIT_PRUNE_BATCH_SIZE)
-        return self._prune_audit(instant, batch)
-
-    # --- runtime locks ---------------------------------------------------------------
-
-    def acquire_runtime_lock(self, lock_key: str, owner: str, ttl: timedelta) -> bool:
-        """Take or renew ``lock_key`` for ``owner`` until clock + ``ttl``. ``True`` when
-        the lock was free, expired or already ``owner``'s; ``False`` while another owner
-        holds it. Atomic: of concurrent callers for a free key exactly one wins."""
-        require_text(lock_key, field="lock_key")
-        require_text(owner, field="owner")
-        validate_duration(ttl, field="ttl", allow_zero=False)
-        return self._acquire_lock(lock_key, owner, ttl)
-
-    def release_runtime_lock(self, lock_key: str, owner: str) -> None:
-        """Release ``lock_key`` if ``owner`` holds it; otherwise do nothing."""
-        require_text(lock_key, field="lock_key")
-        require_text(owner, field="owner")
-        self._release_lock(lock_key, owner)
-
 
 def _result(applied: bool, job: Job | None) -> CompletionResult:
     if applied:
@@ -399,22 +327,3 @@ def _result(applied: bool, job: Job | None) -> CompletionResult:
     if job is None:
         return CompletionResult(CompletionOutcome.NOT_FOUND, None)
     return CompletionResult(CompletionOutcome.STALE_CLAIM, job)
-
-
-def _audit_subject(job: Job | JobId | None, request_id: str) -> AuditSubject:
-    """The job id and request id an audit entry names: a ``Job`` gives both (an explicit
-    ``request_id`` wins), an id gives the job only."""
-    if not isinstance(request_id, str) or len(request_id) > 200 or text_problem(request_id):
-        raise InvalidJobState("request_id must be a string of at most 200 characters, without NUL.")
-    if job is None:
-        return None, request_id
-    job_id = _job_id(job)
-    # Past _job_id, job is a Job or an id, and only a Job carries a request id.
-    return job_id, request_id or getattr(job, "request_id", "")
-
-
-def _job_id(job: Job | JobId) -> uuid.UUID:
-    # Imported here: the store contracts load before the app registry is ready.
-    from jobstate.models import Job
-
-    return job.id if isinstance(job, Job) else parse_uuid(job, field="job")

@@ -24,23 +24,22 @@ from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import TASK_TARGET_PREFIX, NewTask, TaskRecovery
 from jobstate.exceptions import InvalidJobState, InvalidPatch, InvalidPayload, WorkerLost
 from jobstate.stores.contracts.audit import AuditSeverity
-from jobstate.stores.contracts.fleet_part import FleetStateStore
-from jobstate.stores.contracts.state_validation import (
-    JOB_REPORT_FIELDS,
-    parse_batch_limit,
-    task_job_fields,
-)
+from jobstate.stores.contracts.ledger_part import LedgerPart
 from jobstate.stores.contracts.validation import (
+    JOB_REPORT_FIELDS,
     clean_job_fields,
+    column_limit,
+    parse_batch_limit,
     parse_limit,
     require_text,
     resolve_lease,
+    task_job_fields,
 )
 
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["LOST_WORKER_MESSAGE", "TaskStateStore", "task_claim_order"]
+__all__ = ["LOST_WORKER_MESSAGE", "TasksPart", "task_claim_order"]
 
 #: What a lost attempt's error says.
 LOST_WORKER_MESSAGE = (
@@ -58,9 +57,9 @@ def task_claim_order(job: Job) -> tuple[int, object, object, object]:
     return (-job.priority, due, job.created_at, job.id)
 
 
-class TaskStateStore(FleetStateStore):
-    """The task operations of :class:`~jobstate.stores.contracts.state_store.StateStore`; see the
-    module docstring."""
+class TasksPart(LedgerPart):
+    """The task operations of :class:`~jobstate.stores.contracts.state_store.StateStore`; see
+    the module docstring."""
 
     def enqueue_task(self, task: NewTask) -> Job:
         """Queue ``task`` as a job and return it as stored: ``queued`` (due at
@@ -211,6 +210,7 @@ class TaskStateStore(FleetStateStore):
 def _queue_scope(queues: Sequence[str]) -> list[str]:
     if isinstance(queues, str) or not isinstance(queues, Sequence):
         raise InvalidJobState(f"queues must be a list of queue names or None, got {queues!r}.")
+    longest = column_limit("Job", "queue_name")
     return [
-        require_text(name, field="queue name", max_length=100) for name in dict.fromkeys(queues)
+        require_text(name, field="queue name", max_length=longest) for name in dict.fromkeys(queues)
     ]

@@ -16,14 +16,17 @@ import uuid
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
+from jobstate.core.states import TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.models import AuditEntry
 from jobstate.stores.contracts.audit import complete_audit_fields
-from jobstate.stores.contracts.state_store import NO_DELIVERY_KEY
-from jobstate.stores.contracts.state_validation import CLEARED_CLAIM
+from jobstate.stores.contracts.transitions_part import (
+    NO_DELIVERY_KEY,
+    REQUEUED,
+    delivering_metadata,
+    requeue_detail,
+)
 from jobstate.stores.database.audit_locks import audit_row
 from jobstate.stores.database.tables import job_rows
 
@@ -49,10 +52,7 @@ def requeue_batch(
             job_rows(using)
             .select_for_update()
             .filter(pk__in=list(seen))
-            .filter(
-                Q(status__in=list(TERMINAL_JOB_STATUSES))
-                | Q(status__in=list(CLAIMED_JOB_STATUSES), lease_until__lt=Now())
-            )
+            .requeueable()
             .order_by("id")
             .values_list("id", "request_id", "status", "attempt_log", "metadata")
         )
@@ -60,28 +60,19 @@ def requeue_batch(
         if not rows:
             return []
         ids = [row[0] for row in rows]
-        job_rows(using).filter(pk__in=ids).update(
-            status=JobStatus.QUEUED,
-            attempts=0,
-            run_after=None,
-            error=None,
-            updated_at=Now(),
-            **CLEARED_CLAIM,
-        )
-        # A task starts over (see StateStore._refire); its entry keeps the old count.
+        # The refire's writes (transitions_part), set-based: the same for every row, then
+        # a task's emptied log and the metadata of the rows that name NO_DELIVERY_KEY.
+        job_rows(using).filter(pk__in=ids).update(**REQUEUED, updated_at=Now())
         tasks = [row[0] for row in rows if row[3] is not None]
         if tasks:
             job_rows(using).filter(pk__in=tasks).update(attempt_log=[])
         for pk, _request_id, _status, _log, metadata in rows:
             if isinstance(metadata, dict) and NO_DELIVERY_KEY in metadata:
-                kept = {key: value for key, value in metadata.items() if key != NO_DELIVERY_KEY}
-                job_rows(using).filter(pk=pk).update(metadata=kept)
-        audit = []
-        for pk, request_id, status, log, _metadata in rows:
-            detail: dict[str, Any] = {"by": by, "via": via, "prev_status": status}
-            if log is not None:
-                detail["previous_attempts"] = len(log)
-            audit.append((pk, request_id, detail))
+                job_rows(using).filter(pk=pk).update(metadata=delivering_metadata(metadata))
+        audit = [
+            (pk, request_id, requeue_detail(by, via, status, log))
+            for pk, request_id, status, log, _metadata in rows
+        ]
         _entries(using, audit, event)
         return ids
 

@@ -29,7 +29,8 @@ from django.db.models.functions import Now
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import EXPIRED_QUEUED_ERROR, JobStatus
 from jobstate.models import Job, thread_blockers
-from jobstate.stores.contracts.state_validation import CLEARED_CLAIM, ParsedReport
+from jobstate.stores.contracts.primitives import Settled
+from jobstate.stores.contracts.validation import CLEARED_CLAIM, ParsedReport
 from jobstate.stores.database.hotpath import (
     claim_one,
     claim_unthreaded,
@@ -50,12 +51,7 @@ __all__ = [
     "extend_executor_leases",
     "list_expired_leases",
     "list_jobs_by_status",
-    "requeue_stale_dispatched",
 ]
-
-#: What a report answers: whether its fenced write applied, and the job as stored
-#: afterwards (``None`` when no job has that id).
-Settled = tuple[bool, Job | None]
 
 
 # --- claims ----------------------------------------------------------------------------
@@ -230,19 +226,6 @@ def extend_executor_leases(using: str, executor_id: str, lease: timedelta) -> in
 
 
 # --- maintenance -----------------------------------------------------------------------
-
-
-def requeue_stale_dispatched(
-    using: str, dead_after: timedelta, hard_cap: timedelta, scope: list[str] | None
-) -> int:
-    # One UPDATE: a row completed or renewed while the statement waited for its lock
-    # is re-checked against the WHERE clause and left alone.
-    return (
-        job_rows(using)
-        .stale_dispatched(dead_after, hard_cap)
-        .for_targets(scope)
-        .update(status=JobStatus.QUEUED, updated_at=Now(), **CLEARED_CLAIM)
-    )
 
 
 def list_expired_leases(

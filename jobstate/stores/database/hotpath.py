@@ -34,8 +34,7 @@ from jobstate.core.states import (
     NotificationState,
 )
 from jobstate.models import NO_QUEUE, AuditEntry, Job, Notification, QueuePause, time_ordered_uuid
-from jobstate.stores.contracts.state_validation import ParsedReport
-from jobstate.stores.contracts.validation import JOB_CLAIM_FIELDS
+from jobstate.stores.contracts.validation import JOB_CLAIM_FIELDS, ParsedReport
 from jobstate.stores.database.hotcursor import hot_cursor, load_jobs
 
 # hot_cursor and load_jobs are defined in .hotcursor; other statement modules (the task
@@ -45,6 +44,7 @@ __all__ = [
     "claim_one",
     "claim_statement",
     "claim_unthreaded",
+    "column_name",
     "complete_group",
     "complete_statement",
     "finish_statement",
@@ -260,11 +260,11 @@ def complete_statement(
         values = ", ".join([f"({casts})"] * reports)
         aliases = ", ".join(f"v{index}" for index in range(len(fields)))
         patched = "".join(
-            f"{quote(_column(field))} = v.v{index + 3}, "
+            f"{quote(column_name(field))} = v.v{index + 3}, "
             for index, field in enumerate(patched_fields)
         )
         cleared = ", ".join(
-            f"{quote(_column(_job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS
+            f"{quote(column_name(_job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS
         )
         statuses = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
         sql = f"""
@@ -285,12 +285,15 @@ def _returning_columns(connection: BaseDatabaseWrapper, alias: str) -> str:
     text = _RETURNING.get(key)
     if text is None:
         quote = connection.ops.quote_name
-        text = ", ".join(f"{alias}.{quote(_column(field))}" for field in Job._meta.concrete_fields)
+        text = ", ".join(
+            f"{alias}.{quote(column_name(field))}" for field in Job._meta.concrete_fields
+        )
         _RETURNING[key] = text
     return text
 
 
-def _column(field: Field[Any, Any]) -> str:
+def column_name(field: Field[Any, Any]) -> str:
+    """The column of a concrete field (its ``column``, typed optional by the stubs)."""
     return field.column or field.attname
 
 
@@ -367,11 +370,11 @@ def finish_statement(
         table = quote(Job._meta.db_table)
         fields = [_job_field(name) for name in columns]
         patched = "".join(
-            f"{quote(_column(field))} = CAST(%s AS {field.db_type(connection)}), "
+            f"{quote(column_name(field))} = CAST(%s AS {field.db_type(connection)}), "
             for field in fields
         )
         cleared = ", ".join(
-            f"{quote(_column(_job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS
+            f"{quote(column_name(_job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS
         )
         token = "j.claim_token = %s" if tokened else "j.claim_token IS NULL"
         entries = quote(AuditEntry._meta.db_table)

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 
 from jobstate.core.states import JobStatus
 from jobstate.models import JOB_UNIQUE_REQUEST_ID, Job
-from jobstate.stores.contracts.state_validation import check_thread_quota, duplicate_request
+from jobstate.stores.contracts.validation import check_thread_quota, duplicate_request
 from jobstate.stores.database.hotpath import lock_thread
 from jobstate.stores.database.tables import is_mysql, job_rows
 from jobstate.stores.database.thread_gate import lock_thread_row

@@ -32,17 +32,15 @@ from jobstate.stores.contracts.audit import complete_audit_fields
 from jobstate.stores.contracts.state_store import NotificationOutbox, StateStore
 
 # Defined with the state store's argument checks; importable from here too.
-from jobstate.stores.contracts.state_validation import (
+from jobstate.stores.contracts.validation import (
     CLEARED_CLAIM,
     default_idempotency_key,
-    validate_notification_requests,
-)
-from jobstate.stores.contracts.validation import (
     parse_limit,
     parse_uuid,
     require_text,
     validate_duration,
     validate_instant,
+    validate_notification_requests,
 )
 from jobstate.stores.database.audit_locks import record_audit
 from jobstate.stores.database.hotpath import FinishedEntry, finish_with_notifications

@@ -28,7 +28,7 @@ from jobstate.models import AuditEntry, Job
 from jobstate.stores.contracts.audit import AuditFields
 from jobstate.stores.contracts.primitives import AuditSubject, Settled
 from jobstate.stores.contracts.state_store import StateStore
-from jobstate.stores.contracts.state_validation import ParsedReport
+from jobstate.stores.contracts.validation import ParsedReport
 from jobstate.stores.database import (
     audit_locks,
     bulk_transitions,
@@ -38,6 +38,7 @@ from jobstate.stores.database import (
     fleet_rows,
     intake,
     notification_outbox,
+    sweep_statements,
     task_queue,
 )
 from jobstate.stores.database.sweep_statements import DatabaseSweepStore
@@ -181,9 +182,11 @@ class DatabaseStateStore(StateStore):
         return claims.extend_executor_leases(self.using, executor_id, lease)
 
     def _requeue_stale_dispatched(
-        self, dead_after: timedelta, hard_cap: timedelta, scope: list[str] | None
+        self, dead_after: timedelta, hard_cap: timedelta, scope: list[str] | None, limit: int
     ) -> int:
-        return claims.requeue_stale_dispatched(self.using, dead_after, hard_cap, scope)
+        return sweep_statements.requeue_stale_dispatched(
+            self.using, dead_after, hard_cap, scope, limit
+        )
 
     def _list_expired_leases(
         self,

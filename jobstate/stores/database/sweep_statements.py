@@ -48,7 +48,7 @@ from jobstate.stores.base import (
 from jobstate.stores.contracts.audit import AuditFields, AuditSeverity, complete_audit_fields
 from jobstate.stores.contracts.sweep_store import LeaseRecovery, RunSweepStore, SweepStore
 from jobstate.stores.contracts.validation import (
-    JOB_CLAIM_FIELDS,
+    CLEARED_CLAIM,
     validate_duration,
     validate_reap_limit,
 )
@@ -66,6 +66,7 @@ __all__ = [
     "DatabaseRunSweepStore",
     "DatabaseSweepStore",
     "LeaseRecovery",
+    "requeue_stale_dispatched",
 ]
 
 _M = TypeVar("_M", bound=models.Model)
@@ -78,8 +79,6 @@ LEASE_EXPIRED_ERROR = (
     "lease expired: the worker running this job stopped renewing its lease on every "
     "allowed attempt (JOBSTATE['WORKER_ATTEMPT_LIMIT']), so it was not requeued again"
 )
-
-_CLEARED_CLAIM: dict[str, Any] = dict.fromkeys(JOB_CLAIM_FIELDS)
 
 
 @translate_store_errors
@@ -214,31 +213,8 @@ class DatabaseSweepStore(SweepStore):
     def requeue_stale_dispatched_batch(
         self, *, dead_after: timedelta, hard_cap: timedelta, limit: int
     ) -> int:
-        """Move up to ``limit`` stale dispatched jobs back to ``queued`` with their claim
-        cleared, each with a ``recovered`` audit entry naming the executor that lost it.
-        Returns the jobs this call moved."""
-        candidates = self.stale_dispatched(dead_after=dead_after, hard_cap=hard_cap)
-        with transaction.atomic(using=self.using):
-            picked = dict(_pick_by_lease(candidates, limit, "id", "executor_id"))
-            if not picked:
-                return 0
-            moved = candidates.filter(id__in=list(picked)).update(
-                status=JobStatus.QUEUED, updated_at=Now(), **_CLEARED_CLAIM
-            )
-            self._audit_moved(
-                picked,
-                now_status=JobStatus.QUEUED,
-                event="recovered",
-                severity=AuditSeverity.WARNING,
-                title="Requeued: executor lease expired",
-                detail=lambda executor: {
-                    "by": SWEEP_ACTOR,
-                    "via": "executor-lease-expired",
-                    "prev_status": JobStatus.DISPATCHED.value,
-                    "executor_id": executor,
-                },
-            )
-            return moved
+        """The state store's bounded, audited requeue (``requeue_stale_dispatched``)."""
+        return self.state.requeue_stale_dispatched(dead_after, hard_cap, limit=limit)
 
     def recover_expired_leases_batch(
         self, *, fallback_older_than: timedelta, attempt_limit: int, limit: int
@@ -279,7 +255,7 @@ class DatabaseSweepStore(SweepStore):
                     status=JobStatus.ERROR,
                     error=LEASE_EXPIRED_ERROR,
                     attempts=tries,
-                    **_CLEARED_CLAIM,
+                    **CLEARED_CLAIM,
                 )
                 if job is None:
                     continue
@@ -314,7 +290,8 @@ class DatabaseSweepStore(SweepStore):
             moved = candidates.filter(id__in=list(picked)).update(
                 status=JobStatus.ERROR, error=EXPIRED_QUEUED_ERROR, updated_at=Now()
             )
-            self._audit_moved(
+            audit_moved(
+                self.using,
                 picked,
                 now_status=JobStatus.ERROR,
                 event="expired",
@@ -368,36 +345,67 @@ class DatabaseSweepStore(SweepStore):
     def _jobs(self) -> JobQuerySet:
         return Job.objects.using(self.using)
 
-    def _audit_moved(
-        self,
-        picked: dict[uuid.UUID, Any],
-        *,
-        now_status: JobStatus,
-        event: str,
-        severity: AuditSeverity,
-        title: str,
-        detail: Callable[[Any], dict[str, Any]],
-    ) -> None:
-        """One audit entry per picked job that the update really moved (those now in
-        ``now_status``: the rows are still locked by this transaction)."""
-        moved = self._jobs().filter(id__in=list(picked), status=now_status)
-        # The entries differ only by what ``picked`` holds (an executor, say), and a
-        # batch has few distinct values: check each entry's fields once per value.
-        fields_of: dict[Any, AuditFields] = {}
-        entries = []
-        for job_id, request_id in moved.values_list("id", "request_id"):
-            fields = fields_of.get(picked[job_id])
-            if fields is None:
-                fields = fields_of[picked[job_id]] = complete_audit_fields(
-                    event=event,
-                    stage=None,
-                    severity=severity,
-                    title=title,
-                    summary="",
-                    detail=detail(picked[job_id]),
-                )
-            entries.append(audit_row(job_id, request_id, event, fields))
-        AuditEntry.objects.using(self.using).bulk_create(entries)
+
+def requeue_stale_dispatched(
+    using: str, dead_after: timedelta, hard_cap: timedelta, scope: list[str] | None, limit: int
+) -> int:
+    """The state store's ``_requeue_stale_dispatched``: the ``limit`` oldest leases,
+    locked, moved by one ``UPDATE`` that re-checks them, and audited."""
+    candidates = Job.objects.using(using).stale_dispatched(dead_after, hard_cap).for_targets(scope)
+    with transaction.atomic(using=using):
+        picked = dict(_pick_by_lease(candidates, limit, "id", "executor_id"))
+        if not picked:
+            return 0
+        moved = candidates.filter(id__in=list(picked)).update(
+            status=JobStatus.QUEUED, updated_at=Now(), **CLEARED_CLAIM
+        )
+        audit_moved(
+            using,
+            picked,
+            now_status=JobStatus.QUEUED,
+            event="recovered",
+            severity=AuditSeverity.WARNING,
+            title="Requeued: executor lease expired",
+            detail=lambda executor: {
+                "by": SWEEP_ACTOR,
+                "via": "executor-lease-expired",
+                "prev_status": JobStatus.DISPATCHED.value,
+                "executor_id": executor,
+            },
+        )
+        return moved
+
+
+def audit_moved(
+    using: str,
+    picked: dict[uuid.UUID, Any],
+    *,
+    now_status: JobStatus,
+    event: str,
+    severity: AuditSeverity,
+    title: str,
+    detail: Callable[[Any], dict[str, Any]],
+) -> None:
+    """One audit entry per picked job that the update really moved (those now in
+    ``now_status``: the rows are still locked by this transaction)."""
+    moved = Job.objects.using(using).filter(id__in=list(picked), status=now_status)
+    # The entries differ only by what ``picked`` holds (an executor, say), and a
+    # batch has few distinct values: check each entry's fields once per value.
+    fields_of: dict[Any, AuditFields] = {}
+    entries = []
+    for job_id, request_id in moved.values_list("id", "request_id"):
+        fields = fields_of.get(picked[job_id])
+        if fields is None:
+            fields = fields_of[picked[job_id]] = complete_audit_fields(
+                event=event,
+                stage=None,
+                severity=severity,
+                title=title,
+                summary="",
+                detail=detail(picked[job_id]),
+            )
+        entries.append(audit_row(job_id, request_id, event, fields))
+    AuditEntry.objects.using(using).bulk_create(entries)
 
 
 def _pick_by_lease(candidates: JobQuerySet, limit: int, *fields: str) -> list[tuple[Any, ...]]:

@@ -21,13 +21,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F, Field
+from django.db.models import F
 from django.db.models.functions import Now
 
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import TASK_NOTIFY_CHANNEL, JobStatus, task_notify_payload
 from jobstate.models import TASK_DUE, Job, QueuePause
-from jobstate.stores.database.hotpath import hot_cursor, load_jobs
+from jobstate.stores.database.hotpath import column_name, hot_cursor, load_jobs
 from jobstate.stores.database.intake import create_job
 from jobstate.stores.database.tables import is_postgresql, job_rows, locks_rows
 
@@ -63,10 +63,10 @@ def enqueue_task(using: str, cleaned: dict[str, Any]) -> Job:
     if sql is None:
         quote = connection.ops.quote_name
         table = quote(Job._meta.db_table)
-        columns = ", ".join(quote(_column(field)) for field in fields)
+        columns = ", ".join(quote(column_name(field)) for field in fields)
         values = ", ".join(["%s"] * len(fields))
         returning = ", ".join(
-            f"inserted.{quote(_column(field))}" for field in Job._meta.concrete_fields
+            f"inserted.{quote(column_name(field))}" for field in Job._meta.concrete_fields
         )
         sql = _STATEMENTS["enqueue"] = f"""
             WITH inserted AS (
@@ -87,10 +87,6 @@ def enqueue_task(using: str, cleaned: dict[str, Any]) -> Job:
 
 #: The columns the database stamps when a row is inserted (``db_default=Now()``).
 _DATABASE_STAMPED = frozenset({"created_at", "updated_at"})
-
-
-def _column(field: Field[Any, Any]) -> str:
-    return field.column or field.attname
 
 
 def claim_tasks(
@@ -248,7 +244,7 @@ def _claim_statement(connection: Any, shape: str) -> str:
             LIMIT %s
         """
     returning = ", ".join(
-        f"j.{connection.ops.quote_name(_column(field))}" for field in Job._meta.concrete_fields
+        f"j.{connection.ops.quote_name(column_name(field))}" for field in Job._meta.concrete_fields
     )
     # The claim starts an attempt: ``attempts`` counts the attempts that started.
     return f"""

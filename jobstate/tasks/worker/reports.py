@@ -47,7 +47,7 @@ from jobstate.tasks.worker.execution import Attempt, Outcome, class_path, ended_
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["Reporter", "Settled", "interrupted"]
+__all__ = ["Reporter", "SettledAttempt", "interrupted"]
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -56,7 +56,7 @@ _REFUSALS = (InvalidPatch, InvalidPayload)
 
 
 @dataclass(frozen=True)
-class Settled:
+class SettledAttempt:
     """What settling one attempt did."""
 
     outcome: Outcome
@@ -95,7 +95,7 @@ class Reporter:
         self.options = options
         self.sender = sender
 
-    def settle(self, outcomes: Sequence[Outcome]) -> list[Settled]:
+    def settle(self, outcomes: Sequence[Outcome]) -> list[SettledAttempt]:
         """Report every outcome; return what each report did, in order. A report the
         store refuses (a value it cannot keep) settles its task as failed with
         :class:`~jobstate.exceptions.TaskReportRefused` instead, and the others are
@@ -113,7 +113,7 @@ class Reporter:
                 return [item for outcome in outcomes for item in self.settle([outcome])]
             outcomes, settlements, results = self._settle_refused(outcomes[0], exc)
         settled = [
-            Settled(outcome, settlement, result.completed)
+            SettledAttempt(outcome, settlement, result.completed)
             for outcome, settlement, result in zip(outcomes, settlements, results, strict=True)
         ]
         for item, result in zip(settled, results, strict=True):
@@ -274,7 +274,7 @@ class Reporter:
             detail=detail,
         )
 
-    def _log(self, item: Settled) -> None:
+    def _log(self, item: SettledAttempt) -> None:
         outcome, settlement = item.outcome, item.settlement
         job = outcome.attempt.job
         duration_ms = outcome.duration * 1000

@@ -1,11 +1,6 @@
-"""Argument checks of the state store's public methods, on top of the field checks in
-:mod:`jobstate.stores.contracts.validation`.
-
-:class:`~jobstate.stores.base.StateStore` runs them once, before it calls a backend's
-primitives, so every store refuses bad input with the same error before it writes
-anything. The few errors a backend raises from inside its own atomic step (a taken
-``request_id``, a full thread) are built here too, so their text is the same everywhere.
-"""
+"""Checks of the arguments of the state store's methods beyond a job's fields: batches
+of reports and claims, the refire, reject and approval transitions, and the
+notifications of a fenced completion."""
 
 from __future__ import annotations
 
@@ -17,33 +12,25 @@ from typing import TYPE_CHECKING, Any
 
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.jsonvalues import ensure_json
-from jobstate.core.states import (
-    TASK_TARGET_PREFIX,
-    ClaimReport,
-    JobStatus,
-    NewTask,
-    NotificationRequest,
-)
+from jobstate.core.states import ClaimReport, JobStatus, NotificationRequest
 from jobstate.exceptions import (
     DuplicateNotification,
-    DuplicateRequestId,
     InvalidJobState,
     InvalidNotification,
-    InvalidPatch,
     InvalidPayload,
-    ThreadQuotaExceeded,
 )
-from jobstate.stores.contracts.validation import (
-    BIGINT_MAX,
-    ENQUEUE_FIELDS,
-    JOB_CLAIM_FIELDS,
-    JOB_PATCH_FIELDS,
+from jobstate.stores.contracts.validation.job_fields import (
+    JOB_REPORT_FIELDS,
     clean_job_fields,
+    validate_release_status,
+)
+from jobstate.stores.contracts.validation.values import (
+    column_limit,
+    optional_text,
     parse_statuses,
     parse_uuid,
     require_text,
     text_problem,
-    validate_release_status,
 )
 
 if TYPE_CHECKING:
@@ -51,41 +38,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APPROVAL_COMMENT_LIMIT",
-    "CLEARED_CLAIM",
-    "JOB_COMPLETION_FIELDS",
-    "JOB_CREATE_FIELDS",
-    "JOB_ENQUEUE_FIELDS",
-    "JOB_REPORT_FIELDS",
     "REJECT_REASON_LIMIT",
     "ParsedReport",
-    "check_thread_quota",
     "default_idempotency_key",
-    "duplicate_request",
-    "parse_batch_limit",
     "parse_claim_pairs",
     "parse_claim_reports",
-    "task_job_fields",
     "validate_approval_arguments",
     "validate_notification_requests",
     "validate_reject_arguments",
     "validate_requeue_arguments",
 ]
-
-#: Fields ``create_job`` accepts.
-JOB_CREATE_FIELDS = JOB_PATCH_FIELDS | {"request_id"}
-
-#: Fields ``enqueue`` accepts.
-JOB_ENQUEUE_FIELDS = ENQUEUE_FIELDS | {"request_id"}
-
-#: Fields a claim holder's report may patch: the status is its own argument, and the
-#: claim fields are cleared by the report itself.
-JOB_REPORT_FIELDS = JOB_PATCH_FIELDS - {"status", *JOB_CLAIM_FIELDS}
-
-#: Fields the ``patch`` of ``complete_job_with_notifications`` may name.
-JOB_COMPLETION_FIELDS = JOB_PATCH_FIELDS - set(JOB_CLAIM_FIELDS)
-
-#: The claim fields as every release (requeue, report, terminal transition) writes them.
-CLEARED_CLAIM: dict[str, Any] = dict.fromkeys(JOB_CLAIM_FIELDS)
 
 #: Longest reason ``reject_queued_job`` accepts (it becomes the job's ``error``).
 REJECT_REASON_LIMIT = 2000
@@ -94,45 +56,12 @@ REJECT_REASON_LIMIT = 2000
 APPROVAL_COMMENT_LIMIT = 2000
 
 _VIA_LIMIT = 250
-_DESTINATION_LIMIT = 2000
-_KEY_LIMIT = 200
 
 #: A validated report: job id, claim token, release status, cleaned patch.
 ParsedReport = tuple[uuid.UUID, uuid.UUID, JobStatus, dict[str, Any]]
 
 
-# --- intake ----------------------------------------------------------------------------
-
-
-def duplicate_request(request_id: str) -> DuplicateRequestId:
-    """The error ``create_job`` raises for a ``request_id`` that is taken."""
-    return DuplicateRequestId(
-        f"a job with request_id {request_id!r} already exists.", request_id=request_id
-    )
-
-
-def check_thread_quota(thread_id: int, inflight: int, quota: int) -> None:
-    """Raise :class:`ThreadQuotaExceeded` when a thread with ``inflight`` in-flight jobs
-    may not take another one. A store calls it inside the atomic step that counts the
-    thread's jobs and inserts the new one."""
-    if inflight >= quota:
-        raise ThreadQuotaExceeded(
-            f"thread {thread_id} already has {inflight} jobs in flight; "
-            f"the quota is {quota} (JOBSTATE['THREAD_INFLIGHT_QUOTA']).",
-            thread_id=thread_id,
-            inflight=inflight,
-            quota=quota,
-        )
-
-
 # --- claims and reports ----------------------------------------------------------------
-
-
-def parse_batch_limit(limit: int) -> int:
-    """Check the ``limit`` of a batch claim."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BIGINT_MAX:
-        raise InvalidJobState(f"limit must be a positive 64-bit int, got {limit!r}.")
-    return limit
 
 
 def parse_claim_reports(reports: Sequence[ClaimReport]) -> list[ParsedReport]:
@@ -179,43 +108,6 @@ def parse_claim_pairs(claims: Sequence[tuple[Any, Any]]) -> list[tuple[uuid.UUID
     return parsed
 
 
-# --- django.tasks ----------------------------------------------------------------------
-
-
-def task_job_fields(task: NewTask) -> dict[str, Any]:
-    """The cleaned fields of the job that holds ``task`` (see
-    :meth:`~jobstate.stores.contracts.tasks_part.TaskStateStore.enqueue_task`): a request id of
-    its own (``task-<uuid>``; a task is found by its job id), the task's target, path,
-    queue, priority and attempt limit, and its arguments as the job's input."""
-    if not isinstance(task, NewTask):
-        raise InvalidJobState(f"task must be a NewTask, got {type(task).__name__}.")
-    if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
-        raise InvalidPayload("a task's args must be a list and its kwargs a dict.")
-    if not isinstance(task.target, str) or not task.target.startswith(TASK_TARGET_PREFIX):
-        raise InvalidJobState(
-            f"a task's target starts with {TASK_TARGET_PREFIX!r}, got {task.target!r}."
-        )
-    if task.max_attempts is None:
-        raise InvalidJobState("a task needs max_attempts (1 = no retry).")
-    fields: dict[str, Any] = {
-        "request_id": f"task-{uuid.uuid4()}",
-        "target": task.target,
-        "task_path": task.task_path,
-        "queue_name": task.queue_name,
-        "priority": task.priority,
-        "max_attempts": task.max_attempts,
-        "input": {"args": task.args, "kwargs": task.kwargs},
-        "attempt_log": [],
-        "run_after": task.run_after,
-    }
-    cleaned = clean_job_fields(fields, allowed=JOB_CREATE_FIELDS, action="enqueue_task")
-    for name in ("task_path", "queue_name"):
-        require_text(cleaned[name], field=name, max_length=None)
-    if cleaned["max_attempts"] < 1:
-        raise InvalidPatch("max_attempts must be at least 1.", field="max_attempts")
-    return cleaned
-
-
 # --- continuations ---------------------------------------------------------------------
 
 
@@ -223,7 +115,7 @@ def validate_reject_arguments(by: str, reason: str) -> str:
     """Check the arguments of ``reject_queued_job`` and return the text the job's
     ``error`` gets."""
     require_text(by, field="by")
-    _optional_text(reason, field="reason", limit=REJECT_REASON_LIMIT)
+    optional_text(reason, field="reason", limit=REJECT_REASON_LIMIT)
     return reason.strip() or f"rejected by {by}"
 
 
@@ -234,7 +126,7 @@ def validate_requeue_arguments(
     statuses = parse_statuses(from_statuses)
     require_text(by, field="by")
     require_text(via, field="via", max_length=_VIA_LIMIT)
-    require_text(event, field="event", max_length=100)
+    require_text(event, field="event", max_length=column_limit("AuditEntry", "event"))
     return statuses
 
 
@@ -242,16 +134,7 @@ def validate_approval_arguments(decision_id: str, approver: str, comment: str) -
     """Check the arguments of ``requeue_approved_job_once``."""
     require_text(decision_id, field="decision_id")
     require_text(approver, field="approver")
-    _optional_text(comment, field="comment", limit=APPROVAL_COMMENT_LIMIT)
-
-
-def _optional_text(value: Any, *, field: str, limit: int) -> None:
-    """A free-text argument that may be empty: a string of at most ``limit`` characters
-    a text column can hold."""
-    if not isinstance(value, str):
-        raise InvalidJobState(f"{field} must be a string, got {type(value).__name__}.")
-    if len(value) > limit or text_problem(value):
-        raise InvalidJobState(f"{field} must be at most {limit} characters, without NUL.")
+    optional_text(comment, field="comment", limit=APPROVAL_COMMENT_LIMIT)
 
 
 # --- notifications ---------------------------------------------------------------------
@@ -270,7 +153,7 @@ def default_idempotency_key(job: Job, channel: str, destination: str) -> str:
     ``sha256:`` and the SHA-256 of both."""
     completion = _completion_marker(job)
     key = f"{job.id}:{completion}:{channel}:{destination}"
-    if len(key) <= _KEY_LIMIT:
+    if len(key) <= _key_limit():
         return key
     digest = hashlib.sha256(f"{channel}\0{destination}".encode()).hexdigest()
     return f"{job.id}:{completion}:sha256:{digest}"
@@ -315,7 +198,9 @@ def validate_notification_requests(
             raise InvalidNotification(
                 f"channel {channel!r} is not in JOBSTATE['CHANNELS'] (known: {known})."
             )
-        _check_text(destination, field="destination", limit=_DESTINATION_LIMIT)
+        _check_text(
+            destination, field="destination", limit=column_limit("Notification", "destination")
+        )
         if not isinstance(request.payload, dict):
             raise InvalidPayload(
                 f"notification payload must be a dict, got {type(request.payload).__name__}."
@@ -323,7 +208,7 @@ def validate_notification_requests(
         ensure_json(request.payload, field="notification payload")
         if key is None:
             key = default_idempotency_key(job, channel, destination)
-        _check_text(key, field="idempotency_key", limit=_KEY_LIMIT)
+        _check_text(key, field="idempotency_key", limit=_key_limit())
         if key in seen:
             raise DuplicateNotification(
                 f"idempotency_key {key!r} appears twice in one completion.", idempotency_key=key
@@ -340,10 +225,14 @@ def validate_notification_requests(
     return cleaned
 
 
-def _check_text(value: Any, *, field: str, limit: int) -> None:
+def _key_limit() -> int:
+    return column_limit("Notification", "idempotency_key") or 0
+
+
+def _check_text(value: Any, *, field: str, limit: int | None) -> None:
     if not isinstance(value, str) or not value.strip():
         raise InvalidNotification(f"{field} must be a non-empty string, got {value!r}.")
-    if len(value) > limit or text_problem(value):
+    if (limit is not None and len(value) > limit) or text_problem(value):
         raise InvalidNotification(
             f"{field} must be at most {limit} characters of valid Unicode, without NUL."
         )

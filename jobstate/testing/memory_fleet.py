@@ -1,0 +1,126 @@
+"""Queue pauses, registered workers and django.tasks tasks of the in-memory state store
+(the primitives behind :mod:`~jobstate.stores.contracts.fleet_part` and
+:mod:`~jobstate.stores.contracts.tasks_part`)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from jobstate.core.states import JobStatus
+from jobstate.models import Job
+from jobstate.stores.contracts.primitives import QueueKey
+from jobstate.stores.contracts.tasks_part import task_claim_order
+from jobstate.testing.memory_rows import MemoryRows, Row, is_ready, job_of
+
+__all__ = ["MemoryFleet", "MemoryTasks"]
+
+
+class MemoryFleet(MemoryRows):
+    """Queue pauses and the worker registry."""
+
+    # --- the fleet: queue pauses, registered workers ------------------------------------
+
+    def _pause_queue(self, key: QueueKey, by: str) -> bool:
+        with self._mutex:
+            if key in self._pauses:
+                return False
+            self._pauses[key] = by
+            return True
+
+    def _resume_queue(self, key: QueueKey) -> bool:
+        with self._mutex:
+            return self._pauses.pop(key, None) is not None
+
+    def _paused_queues(self) -> list[QueueKey]:
+        with self._mutex:
+            return list(self._pauses)
+
+    def _register_worker(self, fields: dict[str, Any]) -> None:
+        with self._mutex:
+            now = self._clock()
+            self._workers[fields["worker_id"]] = {
+                **fields,
+                "started_at": now,
+                "heartbeat_at": now,
+                "stopped_at": None,
+                "stopped_reason": "",
+            }
+
+    def _beat_worker(self, worker_id: str) -> bool:
+        with self._mutex:
+            row = self._workers.get(worker_id)
+            if row is None or row["stopped_at"] is not None:
+                return False
+            row["heartbeat_at"] = self._clock()
+            return True
+
+    def _stop_worker(self, worker_id: str, reason: str) -> bool:
+        with self._mutex:
+            row = self._workers.get(worker_id)
+            if row is None:
+                return False
+            now = self._clock()
+            row.update(stopped_at=now, heartbeat_at=now, stopped_reason=reason)
+            return True
+
+    def registered_workers(self) -> list[Row]:
+        """Copies of the registered workers' rows (the console's view of them)."""
+        with self._mutex:
+            return [dict(row) for row in self._workers.values()]
+
+
+class MemoryTasks(MemoryRows):
+    """django.tasks tasks: their claims in claim order and the expired ones."""
+
+    # --- django.tasks ----------------------------------------------------------------
+
+    def _claim_tasks(
+        self,
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> list[Job]:
+        with self._mutex:
+            now = self._clock()
+            ready = [
+                row
+                for row in self._jobs.values()
+                if row["task_path"] is not None
+                and row["target"] == target
+                and (queues is None or row["queue_name"] in queues)
+                and is_ready(row, now)
+                and not self._paused(row)
+            ]
+            ready.sort(key=lambda row: task_claim_order(job_of(row)))
+            claimed = []
+            for row in ready[:limit]:
+                row.update(
+                    status=JobStatus.RUNNING,
+                    executor_id=owner,
+                    claimed_at=now,
+                    dispatched_at=None,
+                    lease_until=now + lease,
+                    claim_token=uuid.uuid4(),
+                    attempts=row["attempts"] + 1,
+                    updated_at=now,
+                )
+                claimed.append(job_of(row))
+            return claimed
+
+    def _list_expired_tasks(self, limit: int) -> list[Job]:
+        with self._mutex:
+            now = self._clock()
+            expired = [
+                row
+                for row in self._jobs.values()
+                if row["status"] == JobStatus.RUNNING
+                and row["task_path"] is not None
+                and row["lease_until"] is not None
+                and row["lease_until"] < now
+            ]
+            expired.sort(key=lambda row: (row["lease_until"], row["id"]))
+            return [job_of(row) for row in expired[:limit]]

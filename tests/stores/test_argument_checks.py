@@ -1,0 +1,54 @@
+"""The argument checks of the store contracts: one import address, and the column
+limits read from the models instead of retyped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobstate.exceptions import InvalidJobState, InvalidPatch
+from jobstate.models import Job, QueuePause, Worker
+from jobstate.stores.contracts import validation
+from jobstate.stores.contracts.validation import column_limit
+from jobstate.testing.memory_state import MemoryStateStore
+
+TEXT_FIELDS = ["request_id", "target", "source", "session_id", "executor_id", "callback_url"]
+
+
+def test_the_checks_answer_at_one_address() -> None:
+    for module in (
+        validation.values,
+        validation.job_fields,
+        validation.state_arguments,
+        validation.run_arguments,
+    ):
+        for name in module.__all__:
+            assert getattr(validation, name) is getattr(module, name)
+        assert len(Path(module.__file__).read_text().splitlines()) < 500
+
+
+@pytest.mark.parametrize("name", [*TEXT_FIELDS, "task_path", "queue_name"])
+def test_job_text_limits_are_the_models(name) -> None:
+    limit = Job._meta.get_field(name).max_length
+    assert column_limit("Job", name) == limit
+    store = MemoryStateStore()
+    with pytest.raises(InvalidPatch, match=f"longer than {limit}"):
+        store.create_job(**{"request_id": "r", name: "x" * (limit + 1)})
+    job = store.create_job(**{"request_id": f"ok-{name}", name: "x" * limit})
+    assert len(getattr(job, name)) == limit
+
+
+def test_fleet_limits_are_the_models() -> None:
+    store = MemoryStateStore()
+    longest = QueuePause._meta.get_field("queue_name").max_length
+    assert store.pause_queue(target="t", queue="q" * longest, by="me")
+    with pytest.raises(InvalidJobState, match=f"at most {longest}"):
+        store.pause_queue(target="t", queue="q" * (longest + 1), by="me")
+    assert column_limit("Worker", "host") == Worker._meta.get_field("host").max_length
+
+
+def test_text_fields_without_a_limit_take_long_text() -> None:
+    assert column_limit("Job", "error") is None
+    job = MemoryStateStore().create_job(request_id="r", error="e" * 100_000)
+    assert len(job.error) == 100_000
