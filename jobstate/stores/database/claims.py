@@ -124,9 +124,9 @@ def _claim_gated(
                     continue
                 # A fresh statement after the lock sees every sibling claim that
                 # committed before it, which the candidate's snapshot may not have.
-                # MySQL refuses an UPDATE whose subquery reads the updated table, so
-                # there the gate is read by its own statement under the same lock.
-                if ops.features.update_can_self_select:
+                # Where the UPDATE may not read its own table in a subquery (MariaDB
+                # and MySQL) the gate is read by its own statement under the same lock.
+                if ops.gate_in_update:
                     row = row.filter(~Exists(thread_blockers()))
                 elif row.filter(Exists(thread_blockers())).exists():
                     passed_threads.append(thread_id)

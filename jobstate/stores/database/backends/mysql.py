@@ -34,6 +34,11 @@ class MySQLOperations(BackendOperations):
     vendor = "mysql"
     now_sql = "CURRENT_TIMESTAMP(6)"
 
+    # MySQL refuses an UPDATE whose subquery reads the updated table. MariaDB accepts
+    # it (Django's update_can_self_select), but it shares this backend and the claim's
+    # gate is proven on both with the gate read by its own statement.
+    gate_in_update = False
+
     # InnoDB's DELETE waits for every row it reads, matching or not, so two sweepers
     # deleting disjoint batches of a small table can deadlock; InnoDB then rolls the
     # loser's whole transaction back, and the batch can simply run again.

@@ -63,6 +63,11 @@ class BackendOperations:
     #: Elsewhere the ORM paths in the concern modules do the same in a transaction.
     hot_statements = False
 
+    #: Whether the claim's ``UPDATE`` may re-check the per-thread gate in a subquery of
+    #: the job table it updates (else the gate is read by a statement of its own, under
+    #: the same thread lock, before the ``UPDATE``).
+    gate_in_update = True
+
     #: How often a batched delete runs before it gives up on a deadlock
     #: (:meth:`deadlocked`).
     delete_rounds = 1
