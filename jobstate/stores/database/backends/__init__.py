@@ -50,7 +50,12 @@ _CHOSEN: dict[tuple[str, str], BackendOperations] = {}
 def database_ops(using: str) -> BackendOperations:
     """The operations object of database ``using``, chosen by its backend on first use
     and kept."""
-    return _chosen(using, connections[using].vendor)
+    # On every claim and report: once chosen, a subscript and no further call.
+    vendor = connections[using].vendor
+    try:
+        return _CHOSEN[using, vendor]
+    except KeyError:
+        return _chosen(using, vendor)
 
 
 def _chosen(alias: str, vendor: str) -> BackendOperations:

@@ -97,7 +97,7 @@ def claim_statement(connection: BaseDatabaseWrapper, targets: int, status: JobSt
             SELECT picked.id, moved.* FROM picked LEFT JOIN moved ON moved.id = picked.id
         """
         _STATEMENTS[key] = sql
-    return cast(str, sql)
+    return sql
 
 
 def claim_unthreaded_statement(connection: BaseDatabaseWrapper, targets: int) -> str:
@@ -125,7 +125,7 @@ def claim_unthreaded_statement(connection: BaseDatabaseWrapper, targets: int) ->
             WHERE j.id = picked.id AND j.status = 'queued'
             RETURNING {returning_columns(connection, "j")}
         """
-    return cast(str, sql)
+    return sql
 
 
 def complete_statement(
@@ -240,7 +240,7 @@ def enqueue_task_statement(connection: BaseDatabaseWrapper) -> str:
                    CASE WHEN %s THEN pg_notify(%s, %s) END
             FROM inserted
         """
-    return cast(str, sql)
+    return sql
 
 
 def inserted_fields() -> list[Field[Any, Any]]:
@@ -261,7 +261,7 @@ def task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
     sql = _STATEMENTS.get(key)
     if sql is None:
         sql = _STATEMENTS[key] = _task_claim_statement(connection, shape)
-    return cast(str, sql)
+    return sql
 
 
 def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
@@ -352,7 +352,7 @@ def returning_columns(connection: BaseDatabaseWrapper, alias: str) -> str:
         quote = connection.ops.quote_name
         text = ", ".join(f"{alias}.{quote(column(field))}" for field in Job._meta.concrete_fields)
         _STATEMENTS[key] = text
-    return cast(str, text)
+    return text
 
 
 def _cleared_claim(connection: BaseDatabaseWrapper) -> str:
