@@ -143,7 +143,10 @@ def prepare_raw_jobstate_sql(
 
     from jobstate.core.conf import jobstate_settings
     from jobstate.models import Job, JobStatus
-    from jobstate.stores.database.hotpath import claim_statement, complete_statement
+    from jobstate.stores.database.backends.postgresql_statements import (
+        claim_statement,
+        complete_statement,
+    )
 
     django_connection = connections["default"]
     claim = claim_statement(django_connection, 1, JobStatus.RUNNING)
@@ -186,7 +189,10 @@ def prepare_raw_jobstate_seed_sql(
     from jobstate.core.conf import jobstate_settings
     from jobstate.models import Job, JobStatus
     from jobstate.stores.contracts.audit import complete_audit_fields
-    from jobstate.stores.database.hotpath import claim_statement, finish_statement
+    from jobstate.stores.database.backends.postgresql_statements import (
+        claim_statement,
+        finish_statement,
+    )
 
     django_connection = connections["default"]
     claim = claim_statement(django_connection, 1, JobStatus.RUNNING)

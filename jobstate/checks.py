@@ -204,10 +204,10 @@ def check_migrations_applied(**kwargs: Any) -> list[CheckMessage]:
 def _server_guards(alias: str) -> list[CheckMessage]:
     """On MariaDB and MySQL, migration 0009's guards must be in place even though it is
     recorded as applied (a database restored without them, a table rebuilt by hand)."""
-    from jobstate.stores.database.server_guards import missing_server_guards
+    from jobstate.stores.database.backends import database_ops
 
     try:
-        missing = missing_server_guards(connections[alias])
+        missing = database_ops(alias).missing_server_guards()
     except DatabaseError as exc:
         return [Error(f"Cannot read the indexes of database {alias!r}: {exc}", id="jobstate.E011")]
     if not missing:

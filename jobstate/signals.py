@@ -1,7 +1,7 @@
 """Signal receivers: after ``migrate``, the schedule rows are made to say what
-``JOBSTATE["SCHEDULES"]`` says (:func:`jobstate.schedules.sync_schedules`); on every new
-MariaDB or MySQL connection, the database's clock is put on UTC
-(:func:`jobstate.core.clock.clock_in_utc`)."""
+``JOBSTATE["SCHEDULES"]`` says (:func:`jobstate.schedules.sync_schedules`); every new
+connection's session is set up as its backend needs (on MariaDB and MySQL the database's
+clock is put on UTC: :func:`jobstate.stores.database.backends.prepare_connection`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 
-from jobstate.core.clock import clock_in_utc
+from jobstate.stores.database.backends import prepare_connection
 
-connection_created.connect(clock_in_utc, dispatch_uid="jobstate.clock_in_utc")
+connection_created.connect(prepare_connection, dispatch_uid="jobstate.prepare_connection")
 
 
 @receiver(post_migrate)

@@ -12,10 +12,10 @@ import pytest
 from django.db.models.functions import Now
 
 from jobstate import maintenance
-from jobstate.core.clock import instant_filter
 from jobstate.core.states import JobStatus
 from jobstate.models import AuditEntry, Job
 from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.backends import instant_filter
 from jobstate.testing.factories import AuditEntryFactory, JobFactory
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]

@@ -13,9 +13,9 @@ from urllib.parse import quote
 import pytest
 from django.utils import timezone
 
-from jobstate.core.clock import instant_filter
 from jobstate.models import Schedule
 from jobstate.schedules import enqueue_due
+from jobstate.stores.database.backends import instant_filter
 from tests.schedule_kit import declare, jobs_of, row, slots_of
 from tests.test_commands_ops import database_url
 from tests.test_schedules_commands import manage

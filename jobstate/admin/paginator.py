@@ -20,9 +20,10 @@ from enum import StrEnum
 from typing import Any
 
 from django.core.paginator import Paginator
-from django.db import connections
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
+
+from jobstate.stores.database.backends import database_ops
 
 __all__ = ["CountKind", "EstimatedCountPaginator"]
 
@@ -55,12 +56,12 @@ class EstimatedCountPaginator(Paginator):
         rows = self.object_list
         if not isinstance(rows, QuerySet):
             return super().count
-        vendor = connections[rows.db].vendor
-        if vendor == "sqlite":
+        ops = database_ops(rows.db)
+        if ops.counts_exactly:
             return rows.count()
-        if vendor == "postgresql" and _unfiltered(rows):
-            estimate = self._estimate(rows)
-            if estimate > self.count_cap:
+        if _unfiltered(rows):
+            estimate = ops.estimated_rows(rows.model)
+            if estimate is not None and estimate > self.count_cap:
                 self.count_kind = CountKind.ESTIMATE
                 return estimate
         # Counting the pks of a LIMITed subquery lets the database stop after cap + 1
@@ -69,18 +70,6 @@ class EstimatedCountPaginator(Paginator):
         if capped > self.count_cap:
             self.count_kind = CountKind.AT_LEAST
         return capped
-
-    def _estimate(self, rows: QuerySet[Any]) -> int:
-        """The planner's row estimate of the table, or -1 when it has none (a table
-        never analysed answers -1 on PostgreSQL 14 and later, 0 before)."""
-        connection = connections[rows.db]
-        table = connection.ops.quote_name(rows.model._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table]
-            )
-            row = cursor.fetchone()
-        return int(row[0]) if row and row[0] is not None else -1
 
 
 def _unfiltered(rows: QuerySet[Any]) -> bool:

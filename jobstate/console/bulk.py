@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Mapping
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -111,7 +111,7 @@ def start_bulk_operation(
         raise ValueError(f"unknown bulk action {action!r}")
     filters = dict(filters)
     window_start = None
-    if search.strip() and parse_search(search).needs_window(connections[using].vendor):
+    if search.strip() and parse_search(search).needs_window(using):
         window_start = recent_window_start(using)
     # Validates the filter before anything is written.
     filter_jobs(Job.objects.using(using), filters, search, window_start=window_start)

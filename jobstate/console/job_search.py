@@ -48,25 +48,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connections
-from django.db.models import (
-    BooleanField,
-    CharField,
-    F,
-    Field,
-    FloatField,
-    Func,
-    IntegerField,
-    Q,
-    QuerySet,
-    TextField,
-    Value,
-)
+from django.db.models import Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast, Now
 
 from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus
 from jobstate.exceptions import JobStateError
 from jobstate.models import Job
+from jobstate.stores.database.backends import BackendOperations, database_ops
 
 __all__ = [
     "FILTER_PARAMETERS",
@@ -243,20 +231,21 @@ class JobSearch:
     conditions: list[tuple[str, Any]] = field(default_factory=list)
     """``(field, value)`` per term with a field, in the order given."""
 
-    def needs_window(self, vendor: str) -> bool:
-        """Whether some term no index serves on ``vendor``, so the search reads only the
-        newest :data:`RECENT_SEARCH_WINDOW` jobs."""
-        return any(name != "input" or vendor != "postgresql" for name, _v in self.conditions)
+    def needs_window(self, using: str) -> bool:
+        """Whether some term no index serves on database ``using``, so the search reads
+        only the newest :data:`RECENT_SEARCH_WINDOW` jobs."""
+        indexed = database_ops(using).indexes_input_search
+        return any(name != "input" or not indexed for name, _v in self.conditions)
 
     def apply(self, rows: QuerySet[Job], *, window_start: datetime | None = None) -> QuerySet[Job]:
         """``rows`` narrowed to this search. Terms no index serves are limited to jobs
         created at or after ``window_start`` (default: :func:`recent_window_start` now)."""
-        vendor = connections[rows.db].vendor
+        ops = database_ops(rows.db)
         if self.exact:
             rows = _exact_identity(rows, self.exact)
         for name, value in self.conditions:
-            rows = _SEARCHES[name](rows, value, vendor)
-        if self.needs_window(vendor):
+            rows = _SEARCHES[name](rows, value, ops)
+        if self.needs_window(rows.db):
             start = window_start if window_start is not None else recent_window_start(rows.db)
             rows = rows.filter(created_at__gte=db_instant(rows.db, start))
         return rows
@@ -336,73 +325,29 @@ def _exact_identity(rows: QuerySet[Job], term: str) -> QuerySet[Job]:
     return rows.filter(condition) if condition else rows.none()
 
 
-def _task(rows: QuerySet[Job], value: str, vendor: str) -> QuerySet[Job]:
+def _task(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[Job]:
     if value.endswith("*"):
         return rows.filter(task_path__startswith=value[:-1])
     return rows.filter(task_path=value)
 
 
-def _queue(rows: QuerySet[Job], value: str, vendor: str) -> QuerySet[Job]:
+def _queue(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[Job]:
     return rows.filter(queue_name=value)
 
 
-def _error(rows: QuerySet[Job], value: str, vendor: str) -> QuerySet[Job]:
+def _error(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[Job]:
     return rows.filter(error__contains=value)
 
 
-def _input(rows: QuerySet[Job], value: dict[str, Any], vendor: str) -> QuerySet[Job]:
-    if vendor == "postgresql":
-        # input @> value, served by the GIN index.
-        return rows.filter(input__contains=value)
-    keys, leaf = [], value
-    while isinstance(leaf, dict):
-        key, leaf = next(iter(leaf.items()))
-        keys.append(key)
-    # Each key quoted, so a key of digits is a key, not a list index. _parse_value
-    # refused the keys a quoted path cannot hold (a double quote, a backslash).
-    path = Value("$" + "".join(f'."{key}"' for key in keys))
-    alias = f"_jobstate_input_{len(rows.query.annotations)}"
-    if vendor == "sqlite":
-        # json_type names the value's type: null, true, false, integer, real, text,
-        # array or object; json_extract gives a number or a text as an SQL value.
-        json_type = Func(F("input"), path, function="JSON_TYPE", output_field=CharField())
-        if leaf is None or isinstance(leaf, bool):
-            kind = "null" if leaf is None else ("true" if leaf else "false")
-            return rows.alias(**{alias: json_type}).filter(**{alias: kind})
-        field: Field[Any, Any] = (
-            TextField()
-            if isinstance(leaf, str)
-            else (IntegerField() if isinstance(leaf, int) else FloatField())
-        )
-        kinds = ["text"] if isinstance(leaf, str) else ["integer", "real"]
-        extracted = Func(F("input"), path, function="JSON_EXTRACT", output_field=field)
-        return rows.alias(**{f"{alias}_type": json_type, alias: extracted}).filter(
-            **{f"{alias}_type__in": kinds, alias: leaf}
-        )
-    # MariaDB/MySQL: JSON_CONTAINS at the path, which also takes a value inside a list
-    # there as contained (PostgreSQL does not): the value at the path is not a list.
-    contains = Func(
-        F("input"),
-        Value(json.dumps(leaf)),
-        path,
-        function="JSON_CONTAINS",
-        output_field=BooleanField(),
-    )
-    json_type = Func(
-        Func(F("input"), path, function="JSON_EXTRACT", output_field=TextField()),
-        function="JSON_TYPE",
-        output_field=CharField(),
-    )
-    return (
-        rows.alias(**{alias: contains, f"{alias}_type": json_type})
-        .filter(**{alias: True})
-        .exclude(**{f"{alias}_type": "ARRAY"})
-    )
+def _input(rows: QuerySet[Job], value: dict[str, Any], ops: BackendOperations) -> QuerySet[Job]:
+    # On PostgreSQL input @> value, served by the GIN index; elsewhere the JSON functions
+    # of the backend, answering as @> would.
+    return ops.filter_input(rows, value)
 
 
-def _worker(rows: QuerySet[Job], value: str, vendor: str) -> QuerySet[Job]:
+def _worker(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[Job]:
     in_attempts: Q
-    if connections[rows.db].features.supports_json_field_contains:
+    if ops.features.supports_json_field_contains:
         in_attempts = Q(attempt_log__contains=[{"worker_id": value}])
     else:
         # The attempt log as Django's encoder writes it (``"key": value`` pairs).
@@ -412,7 +357,7 @@ def _worker(rows: QuerySet[Job], value: str, vendor: str) -> QuerySet[Job]:
     return rows.filter(Q(executor_id=value) | in_attempts)
 
 
-_SEARCHES: dict[str, Callable[[QuerySet[Job], Any, str], QuerySet[Job]]] = {
+_SEARCHES: dict[str, Callable[[QuerySet[Job], Any, BackendOperations], QuerySet[Job]]] = {
     "task": _task,
     "queue": _queue,
     "error": _error,
@@ -428,10 +373,7 @@ def db_instant(using: str, instant: datetime) -> datetime | Value:
     writes milliseconds (``…:05.123``) where Django writes a parameter with microseconds
     (``…:05.123000``); compared as text, the row would sort before the equal parameter.
     There the instant is handed over in the clock's own format."""
-    if connections[using].vendor != "sqlite":
-        return instant
-    text = instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-    return Value(text[:-3] if instant.microsecond % 1000 == 0 else text)
+    return database_ops(using).clock_instant(instant)
 
 
 def recent_window_start(using: str = "default") -> datetime:

@@ -58,9 +58,28 @@ def time_ordered_uuid() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+# --- the claim's rules, as ORM conditions and as SQL text -----------------------------
+#
+# The one-statement claims (jobstate.stores.database.backends) cannot be written on the
+# ORM, so each rule they share with the portable claims is written twice, here, the SQL
+# text beside its ORM twin; tests/stores/test_sql_twins.py runs both on the same rows on
+# every backend and asserts they select the same ones. In the text the candidate job is
+# ``c``; ``{job}`` and ``{pauses}`` stand for the quoted job and queue pause tables,
+# ``{now}`` for the database clock and ``{no_queue}`` for :data:`NO_QUEUE`, filled in per
+# backend by its operations object (``BackendOperations.sql``).
+
+
 def _ready() -> Q:
     """Queued jobs without a delay, or whose delay has passed on the database clock."""
     return Q(run_after__isnull=True) | Q(run_after__lte=Now())
+
+
+#: The claim's ``WHERE`` (``JobQuerySet.ready``): queued and due.
+READY_SQL = "c.status = 'queued' AND (c.run_after IS NULL OR c.run_after <= {now})"
+
+#: The order a claim takes jobs in (``JobQuerySet.claimable``), and in SQL.
+CLAIM_ORDER = ("created_at", "id")
+CLAIM_ORDER_SQL = "c.created_at, c.id"
 
 
 def thread_blockers() -> JobQuerySet:
@@ -84,6 +103,19 @@ def thread_blockers() -> JobQuerySet:
     )
 
 
+#: :func:`thread_blockers` of a candidate ``c``, in SQL: a running or dispatched sibling,
+#: or a ready queued sibling ahead of it. Use as ``NOT EXISTS (...)``.
+THREAD_BLOCKERS_SQL = """
+    SELECT 1 FROM {job} AS b
+    WHERE b.thread_id = c.thread_id AND b.id <> c.id
+      AND (b.status IN ('running', 'dispatched')
+           OR (b.status = 'queued'
+               AND (b.run_after IS NULL OR b.run_after <= {now})
+               AND (b.created_at < c.created_at
+                    OR (b.created_at = c.created_at AND b.id < c.id))))
+"""
+
+
 def queue_paused() -> Exists:
     """Whether the outer job's queue (its target and ``queue_name``, or
     :data:`~jobstate.models.NO_QUEUE` without one) is paused. Use as
@@ -94,6 +126,16 @@ def queue_paused() -> Exists:
             queue_name=Coalesce(OuterRef("queue_name"), Value(NO_QUEUE)),
         )
     )
+
+
+#: :func:`queue_paused` of a candidate ``c``, in SQL. The pause table holds a row per
+#: paused queue, usually none: the probe is one lookup in its unique index per candidate
+#: a claim looks at, and a claim that starts after a pause committed sees it (READ
+#: COMMITTED takes each statement's snapshot when the statement starts).
+PAUSED_SQL = """
+    SELECT 1 FROM {pauses} AS p
+    WHERE p.target = c.target AND p.queue_name = COALESCE(c.queue_name, '{no_queue}')
+"""
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -138,12 +180,21 @@ class JobQuerySet(models.QuerySet["Job"]):
         """What a claim may take, oldest first: ready, of an unpaused queue, through the
         per-thread gate."""
         return (
-            self.ready()
-            .for_targets(targets)
-            .unpaused()
-            .thread_unblocked()
-            .order_by("created_at", "id")
+            self.ready().for_targets(targets).unpaused().thread_unblocked().order_by(*CLAIM_ORDER)
         )
+
+    def due_tasks(self, target: str) -> JobQuerySet:
+        """The queued tasks of ``target`` that are due on the database clock, with their
+        due instant as the alias ``due`` (:data:`TASK_DUE`)."""
+        return (
+            self.filter(status=JobStatus.QUEUED, task_path__isnull=False, target=target)
+            .alias(due=TASK_DUE)
+            .filter(due__lte=Now())
+        )
+
+    def in_task_claim_order(self) -> JobQuerySet:
+        """:meth:`due_tasks` in the order a task claim takes them."""
+        return self.order_by(F("priority").desc(), "due", "created_at", "id")
 
     def expired_leases(self, fallback_older_than: timedelta) -> JobQuerySet:
         """Jobs whose lease ended before the database clock, or that have no lease and
@@ -186,6 +237,19 @@ class JobQuerySet(models.QuerySet["Job"]):
 #: Task claims order by it after priority, so a retry or deferred task that came due
 #: first runs first, and neither kind can starve the other.
 TASK_DUE = Coalesce("run_after", "created_at")
+TASK_DUE_SQL = "COALESCE(c.run_after, c.created_at)"
+
+#: A queued task of target ``%s`` that is due (``JobQuerySet.due_tasks``), written as the
+#: task claim index states its condition and its due column, so PostgreSQL's planner reads
+#: the index in claim order.
+TASK_READY_SQL = (
+    "c.status = 'queued' AND c.task_path IS NOT NULL AND c.target = %s"
+    f" AND {TASK_DUE_SQL} <= {{now}}"
+)
+
+#: The order a task claim takes tasks in (``JobQuerySet.in_task_claim_order``): priority,
+#: then when due, then enqueue order; the task claim index's own order.
+TASK_CLAIM_ORDER_SQL = f"c.priority DESC, {TASK_DUE_SQL}, c.created_at, c.id"
 
 
 class Job(models.Model):

@@ -32,7 +32,6 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobstate.core.clock import instant_filter
 from jobstate.core.conf import jobstate_settings
 from jobstate.exceptions import InvalidJobState, ScheduleError
 from jobstate.models.schedules import (
@@ -50,6 +49,7 @@ from jobstate.schedules.definitions import (
 )
 from jobstate.schedules.targets import enqueue_target
 from jobstate.stores.contracts.validation import validate_instant
+from jobstate.stores.database.backends import instant_filter
 from jobstate.stores.errors import translated_database_errors
 from jobstate.stores.integrity import violates
 

@@ -181,7 +181,7 @@ def classify(exc: Error, connection: BaseDatabaseWrapper | None) -> type[StoreEr
             # libpq's own errors (a connection refused, cut or closed) carry no SQLSTATE;
             # everything the server says does. The connection's state cannot tell: when
             # a store's atomic block ends, Django may already have reconnected.
-            if code is None and connection.vendor == "postgresql":
+            if code is None and _server_errors_carry_sqlstate(connection):
                 return StoreUnavailable
             if _connection_lost(connection):
                 return StoreUnavailable
@@ -190,6 +190,14 @@ def classify(exc: Error, connection: BaseDatabaseWrapper | None) -> type[StoreEr
         if isinstance(exc, ProgrammingError) and connection.closed_in_transaction:
             return StoreUnavailable
     return StoreError
+
+
+def _server_errors_carry_sqlstate(connection: BaseDatabaseWrapper) -> bool:
+    # Imported here: importing the backends runs jobstate.stores.database's __init__,
+    # whose stores import this module.
+    from jobstate.stores.database.backends import database_ops
+
+    return database_ops(connection.alias).server_errors_carry_sqlstate
 
 
 def _missing_schema(exc: Error, code: str | None, errno: int | None) -> bool:

@@ -2,8 +2,10 @@
 
 ``DatabaseJobRunStore`` and ``DatabaseStateStore`` are the defaults of
 ``JOBSTATE["RUN_STORE"]`` and ``JOBSTATE["STATE_STORE"]``; this package is their public
-address. Raw SQL appears only where the ORM cannot say a hot path in one statement; each
-such place says why and has a portable path for the other backends.
+address. What differs between database backends is asked of the backend's operations
+object (:mod:`jobstate.stores.database.backends`), never of the vendor's name; SQL of one
+backend appears only there, where the ORM cannot say a hot path in one statement, and each
+such statement has a portable path on the ORM in the concern module that calls it.
 """
 
 from jobstate.stores.database.job_runs import DatabaseJobRunStore

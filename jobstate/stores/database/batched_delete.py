@@ -11,7 +11,7 @@ same.
 On PostgreSQL, when Django can delete the model's rows without loading them (no
 cascades, no delete signals: ``Collector.can_fast_delete``), a batch is one statement:
 the locked pick is materialized first, so the delete can never take more rows than the
-batch's limit, and no keys travel to Python and back.
+batch's limit, and no keys travel to Python and back (the backend's ``delete_picked``).
 """
 
 from __future__ import annotations
@@ -20,20 +20,10 @@ from typing import Any, TypeVar
 
 from django.db import OperationalError, connections, models, transaction
 from django.db.models import Q
-from django.db.models.deletion import Collector
 
-from jobstate.core.clock import instant_filter
+from jobstate.stores.database.backends import database_ops
 
 _M = TypeVar("_M", bound=models.Model)
-
-#: MariaDB's and MySQL's ER_LOCK_DEADLOCK, and how often a batch runs before it gives up.
-_MYSQL_DEADLOCK = 1213
-_DEADLOCK_ROUNDS = 5
-
-
-def _deadlocked(exc: OperationalError) -> bool:
-    args: tuple[object, ...] = getattr(exc.__cause__, "args", ())
-    return bool(args) and args[0] == _MYSQL_DEADLOCK
 
 
 def pick_oldest(candidates: models.QuerySet[_M], order: str, limit: int) -> models.QuerySet[_M]:
@@ -51,12 +41,12 @@ def after_key(
     """The ``candidates`` after ``key`` ``(order value, pk)`` in ``(order, pk)`` order.
     The ``>=`` bound lets the index scan start at the key; the ``OR`` only settles ties
     on the order value. The order values are instants the database's clock wrote, read
-    back: they are compared in the database's own terms (:func:`jobstate.core.clock.
-    instant_filter`), or on SQLite the rest of an instant's ties would be passed over."""
+    back: they are compared in the database's own terms (the backend's
+    ``instant_filter``), or on SQLite the rest of an instant's ties would be passed over."""
     value, pk = key
-    using = candidates.db
-    return candidates.filter(instant_filter(using, order, "gte", value)).filter(
-        instant_filter(using, order, "gt", value) | Q(pk__gt=pk)
+    ops = database_ops(candidates.db)
+    return candidates.filter(ops.instant_filter(order, "gte", value)).filter(
+        ops.instant_filter(order, "gt", value) | Q(pk__gt=pk)
     )
 
 
@@ -65,7 +55,8 @@ def _lock_oldest_by_key(
 ) -> tuple[list[tuple[Any, Any]], tuple[Any, Any] | None]:
     """The keys ``(order value, pk)`` of the oldest ``limit`` candidates that no other
     transaction holds, locked, and the key the next batch may start after (``None``:
-    where this one started); for MariaDB and MySQL.
+    where this one started); for the backends whose locking read locks every row it
+    reads (MariaDB and MySQL: ``locks_every_row_read``).
 
     There a locking read whose order no index serves (a sort) locks every candidate it
     reads before the limit applies, so a second sweeper would find all of them held and
@@ -121,21 +112,18 @@ class BatchedDeleter:
         if last is not None:
             candidates = after_key(candidates, order, last)
         picked = pick_oldest(candidates, order, limit).values_list(order, "pk")
-        connection = connections[self.using]
-        # InnoDB's DELETE waits for every row it reads, matching or not, so two
-        # sweepers deleting disjoint batches of a small table can deadlock; InnoDB then
-        # rolls the loser's whole transaction back, and the batch can simply run again.
-        # Inside a caller's transaction that rollback took the caller's work too, so
-        # there the error is theirs to see.
-        rounds = _DEADLOCK_ROUNDS if connection.vendor == "mysql" else 1
-        if connection.in_atomic_block:
-            rounds = 1
+        ops = database_ops(self.using)
+        # A deadlock rolled the whole transaction back, so the batch can simply run
+        # again (MariaDB and MySQL, see ``delete_rounds``). Inside a caller's
+        # transaction that rollback took the caller's work too, so there the error is
+        # theirs to see.
+        rounds = 1 if connections[self.using].in_atomic_block else ops.delete_rounds
         for round_ in range(1, rounds + 1):
             try:
                 resume, deleted = self._delete_picked(candidates, picked, order, limit)
                 break
             except OperationalError as exc:
-                if round_ == rounds or not _deadlocked(exc):
+                if round_ == rounds or not ops.deadlocked(exc):
                     raise
         if resume is not None:
             # The order fields are timestamps and the keys UUIDs or integers: Python
@@ -153,11 +141,12 @@ class BatchedDeleter:
         """Pick and delete one batch in one transaction: the key the next batch starts
         after (``None``: where this one started), and the rows deleted."""
         label = candidates.model._meta.label
+        ops = database_ops(self.using)
         with transaction.atomic(using=self.using):
-            if self._in_one_statement(candidates):
-                keys = self._delete_in_one_statement(picked)
+            if ops.deletes_in_one_statement(candidates):
+                keys = ops.delete_picked(picked)
                 return max(keys, default=None), len(keys)
-            if connections[self.using].vendor == "mysql":
+            if ops.locks_every_row_read:
                 keys, resume = _lock_oldest_by_key(candidates, order, limit)
             else:
                 keys = list(picked)
@@ -166,25 +155,3 @@ class BatchedDeleter:
                 return resume, 0
             _, per_model = candidates.filter(pk__in=[pk for _, pk in keys]).delete()
             return resume, per_model.get(label, 0)
-
-    def _in_one_statement(self, candidates: models.QuerySet[Any]) -> bool:
-        connection = connections[self.using]
-        return connection.vendor == "postgresql" and Collector(
-            using=self.using, origin=None
-        ).can_fast_delete(candidates)
-
-    def _delete_in_one_statement(self, picked: models.QuerySet[Any]) -> list[tuple[Any, Any]]:
-        connection = connections[self.using]
-        pick_sql, params = picked.query.get_compiler(self.using).as_sql()
-        model = picked.model
-        table = connection.ops.quote_name(model._meta.db_table)
-        pk = connection.ops.quote_name(model._meta.pk.column)
-        # MATERIALIZED: the pick runs once, so the delete takes exactly the rows it locked.
-        sql = (
-            f"WITH picked (sort_key, pk) AS MATERIALIZED ({pick_sql}) "
-            f"DELETE FROM {table} AS gone USING picked WHERE gone.{pk} = picked.pk "
-            "RETURNING picked.sort_key, picked.pk"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return [tuple(row) for row in cursor.fetchall()]

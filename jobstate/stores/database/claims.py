@@ -31,14 +31,8 @@ from jobstate.core.states import EXPIRED_QUEUED_ERROR, JobStatus
 from jobstate.models import Job, thread_blockers
 from jobstate.stores.contracts.primitives import Settled
 from jobstate.stores.contracts.validation import CLEARED_CLAIM, ParsedReport
-from jobstate.stores.database.hotpath import (
-    claim_one,
-    claim_unthreaded,
-    complete_group,
-    try_lock_thread,
-)
-from jobstate.stores.database.tables import is_mysql, is_postgresql, job_rows, locks_rows
-from jobstate.stores.database.thread_gate import try_lock_thread_row
+from jobstate.stores.database.backends import database_ops
+from jobstate.stores.database.tables import job_rows
 
 __all__ = [
     "claim",
@@ -53,7 +47,6 @@ __all__ = [
     "list_jobs_by_status",
 ]
 
-
 # --- claims ----------------------------------------------------------------------------
 
 
@@ -61,8 +54,9 @@ def claim(
     using: str, scope: list[str], owner: str, lease: timedelta, status: JobStatus
 ) -> Job | None:
     """Claim the oldest ready job of ``scope`` that passes the per-thread gate."""
-    if is_postgresql(using):
-        picked, job = claim_one(using, scope, owner, lease, status)
+    ops = database_ops(using)
+    if ops.hot_statements:
+        picked, job = ops.claim_one(scope, owner, lease, status)
         if not picked or job is not None:
             return job
         # The oldest candidate belongs to a thread: only the gated path below may
@@ -73,10 +67,10 @@ def claim(
 def claim_batch(
     using: str, scope: list[str], owner: str, lease: timedelta, limit: int
 ) -> list[Job]:
-    """Claim up to ``limit`` jobs on PostgreSQL: the jobs without a thread by one
-    statement; when that leaves room in the batch, threaded jobs follow one claim at a
-    time through the per-thread gate."""
-    claimed = claim_unthreaded(using, scope, owner, lease, limit)
+    """Claim up to ``limit`` jobs where the backend has the one-statement forms: the
+    jobs without a thread by one statement; when that leaves room in the batch, threaded
+    jobs follow one claim at a time through the per-thread gate."""
+    claimed = database_ops(using).claim_unthreaded(scope, owner, lease, limit)
     while len(claimed) < limit:
         job = claim(using, scope, owner, lease, JobStatus.RUNNING)
         if job is None:
@@ -98,9 +92,8 @@ def _claim_gated(
         "run_after": None,
         "updated_at": Now(),
     }
-    postgresql = is_postgresql(using)
-    mysql = is_mysql(using)
-    locking = locks_rows(using)
+    ops = database_ops(using)
+    locking = ops.locks_rows
     jobs = job_rows(using)
     passed_ids: list[uuid.UUID] = []
     passed_threads: list[int] = []
@@ -113,33 +106,22 @@ def _claim_gated(
                 candidates = candidates.exclude(id__in=passed_ids)
             if passed_threads:
                 candidates = candidates.exclude(thread_id__in=passed_threads)
-            if postgresql:
-                candidates = candidates.select_for_update(skip_locked=True, of=("self",))
-            elif locking:
-                # MariaDB has no FOR UPDATE OF; the query reads one table, so the lock
-                # falls on the candidate alone either way.
-                candidates = candidates.select_for_update(skip_locked=True)
-            picked = candidates.values_list("id", "thread_id").first()
+            picked = ops.lock_candidates(candidates).values_list("id", "thread_id").first()
             if picked is None:
                 return None
             job_id, thread_id = picked
             row = jobs.filter(id=job_id, status=JobStatus.QUEUED)
-            if (postgresql or mysql) and thread_id is not None:
-                locked = (
-                    try_lock_thread_row(using, thread_id)
-                    if mysql
-                    else try_lock_thread(using, thread_id)
-                )
-                if not locked:
+            if locking and thread_id is not None:
+                if not ops.try_lock_thread(thread_id):
                     # Another transaction is claiming from (or enqueueing into) this
                     # thread right now; whatever it claims blocks the thread anyway.
                     passed_threads.append(thread_id)
                     continue
                 # A fresh statement after the lock sees every sibling claim that
                 # committed before it, which the candidate's snapshot may not have.
-                # MySQL refuses an UPDATE whose subquery reads the updated table, so
-                # there the gate is read by its own statement under the same lock.
-                if not mysql:
+                # Where the UPDATE may not read its own table in a subquery (MariaDB
+                # and MySQL) the gate is read by its own statement under the same lock.
+                if ops.gate_in_update:
                     row = row.filter(~Exists(thread_blockers()))
                 elif row.filter(Exists(thread_blockers())).exists():
                     passed_threads.append(thread_id)
@@ -159,10 +141,11 @@ def complete_claimed(
     using: str, pk: uuid.UUID, token: uuid.UUID, status: JobStatus, cleaned: dict[str, Any]
 ) -> Settled:
     """Apply one fenced report."""
-    if is_postgresql(using):
+    ops = database_ops(using)
+    if ops.hot_statements:
         # One round trip on the hot path: the fenced UPDATE hands back the row it
         # wrote. Only a report that did not apply needs a second look.
-        written = complete_group(using, tuple(sorted(cleaned)), [(pk, token, status, cleaned)])
+        written = ops.complete_group(tuple(sorted(cleaned)), [(pk, token, status, cleaned)])
         if pk in written:
             return True, written[pk]
         return False, job_rows(using).filter(id=pk).first()
@@ -173,20 +156,21 @@ def complete_claimed(
 
 
 def complete_claimed_batch(using: str, parsed: list[ParsedReport]) -> list[Settled]:
-    """Apply many fenced reports on PostgreSQL: the reports that patch the same fields
-    by one ``UPDATE ... FROM (VALUES ...) RETURNING`` statement, each row fenced by its
-    own claim token; a batch of uniform reports (the usual case) is one statement."""
+    """Apply many fenced reports where the backend has the one-statement forms: the
+    reports that patch the same fields by one statement, each row fenced by its own
+    claim token; a batch of uniform reports (the usual case) is one statement."""
+    ops = database_ops(using)
     shapes: dict[tuple[str, ...], list[ParsedReport]] = {}
     for report in parsed:
         shapes.setdefault(tuple(sorted(report[3])), []).append(report)
     written: dict[uuid.UUID, Job] = {}
     if len(shapes) == 1:
         (columns, group), *_ = shapes.items()
-        written.update(complete_group(using, columns, group))
+        written.update(ops.complete_group(columns, group))
     else:
         with transaction.atomic(using=using):
             for columns, group in shapes.items():
-                written.update(complete_group(using, columns, group))
+                written.update(ops.complete_group(columns, group))
     missed = [pk for pk, *_ in parsed if pk not in written]
     others = {job.id: job for job in job_rows(using).filter(id__in=missed)} if missed else {}
     return [(True, written[pk]) if pk in written else (False, others.get(pk)) for pk, *_ in parsed]

@@ -18,7 +18,7 @@ from django.db.models.functions import Now
 from jobstate.core.states import DeliveryRequeueOutcome, NotificationState
 from jobstate.models import ApprovalDecision, DeliveryReplay, Notification
 from jobstate.stores.database.audit_locks import record_audit
-from jobstate.stores.database.tables import locks_rows
+from jobstate.stores.database.backends import database_ops
 from jobstate.stores.integrity import violates
 
 __all__ = [
@@ -100,7 +100,7 @@ def requeue_delivery(
     markers = DeliveryReplay.objects.using(using)
     with transaction.atomic(using=using):
         locked = rows.filter(id=pk)
-        if locks_rows(using):
+        if database_ops(using).locks_rows:
             locked = locked.select_for_update()
         row = locked.first()
         if row is None:

@@ -37,7 +37,7 @@ from jobstate.stores.contracts.primitives import (
     MONITOR_SOURCE,
     operational_metrics,
 )
-from jobstate.stores.database.server_guards import missing_server_guards
+from jobstate.stores.database.backends import database_ops
 
 __all__ = [
     "METRICS_TERMINAL_WINDOW",
@@ -52,19 +52,6 @@ _APP_LABEL = "jobstate"
 _TERMINAL_KEYS = sorted(status.value for status in TERMINAL_JOB_STATUSES)
 _INFLIGHT_KEYS = sorted(status.value for status in INFLIGHT_JOB_STATUSES)
 _CLAIMED_KEYS = sorted(status.value for status in CLAIMED_JOB_STATUSES)
-
-#: The jobs table's size at its last ``ANALYZE`` (rows, pages), its pages now, and the
-#: status values ``ANALYZE`` sampled with their frequencies.
-_TABLE_STATISTICS_SQL = """
-    SELECT c.reltuples, c.relpages,
-           pg_relation_size(c.oid) / current_setting('block_size')::float8,
-           s.most_common_vals::text::text[], s.most_common_freqs
-    FROM pg_class AS c
-    LEFT JOIN pg_stats AS s
-      ON s.schemaname = c.relnamespace::regnamespace::text
-     AND s.tablename = c.relname AND s.attname = 'status'
-    WHERE c.oid = to_regclass(%s)
-"""
 
 
 def _count_by_status(rows: QuerySet[Job]) -> dict[str, int]:
@@ -161,29 +148,20 @@ def _estimated_finished(using: str, inflight: int) -> dict[str, int] | None:
     the exact in-flight count, split by the status frequencies ``ANALYZE`` sampled.
     """
     limit = jobstate_settings.METRICS_EXACT_LIMIT
-    connection = connections[using]
-    if limit is None or connection.vendor != "postgresql":
+    if limit is None:
         return None
-    with connection.cursor() as cursor:
-        cursor.execute(_TABLE_STATISTICS_SQL, [Job._meta.db_table])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    reltuples, relpages, pages, values, frequencies = row
-    if reltuples is None or reltuples < 0:
-        return None  # never analyzed
-    rows = reltuples / relpages * pages if relpages else reltuples
-    if rows <= limit:
+    statistics = database_ops(using).table_statistics(Job, "status")
+    if statistics is None or statistics.rows <= limit:
         return None
     sampled = {
         value: frequency
-        for value, frequency in zip(values or [], frequencies or [], strict=True)
+        for value, frequency in statistics.frequencies.items()
         if value in _TERMINAL_KEYS
     }
     weight = sum(sampled.values())
     if weight <= 0:
         return None
-    finished = max(0.0, rows - inflight)
+    finished = max(0.0, statistics.rows - inflight)
     return {
         status: round(finished * sampled.get(status, 0.0) / weight) for status in _TERMINAL_KEYS
     }
@@ -225,7 +203,7 @@ def schema_readiness(using: str) -> Readiness:
         )
         if missing:
             return _not_ready("ok", "failed", 0, f"missing tables: {', '.join(missing)}")
-        unguarded = missing_server_guards(connection)
+        unguarded = database_ops(using).missing_server_guards()
         if unguarded:
             return _not_ready(
                 "ok", "failed", 0, f"missing MariaDB/MySQL guards: {', '.join(unguarded)}"

@@ -1,7 +1,7 @@
 """Queue pauses and the worker registry on the Django ORM.
 
 A pause is a row of ``QueuePause``; the claim statements read the table themselves
-(:mod:`.hotpath`, :mod:`.tasks`, and ``JobQuerySet.claimable`` on the portable path), so
+(:mod:`.backends.postgresql_statements`, and ``JobQuerySet.claimable`` on the portable path), so
 a pause holds for every claim that starts after it commits, with no cache to go stale.
 Two operators pausing the same queue at once meet on its unique key: the second insert
 fails on ``jobstate_queuepause_unique_queue`` inside a savepoint and answers "already

@@ -17,9 +17,8 @@ from django.db.models.functions import Now
 from jobstate.core.states import JobStatus
 from jobstate.models import JOB_UNIQUE_REQUEST_ID, Job
 from jobstate.stores.contracts.validation import check_thread_quota, duplicate_request
-from jobstate.stores.database.hotpath import lock_thread
-from jobstate.stores.database.tables import is_mysql, job_rows
-from jobstate.stores.database.thread_gate import lock_thread_row
+from jobstate.stores.database.backends import database_ops
+from jobstate.stores.database.tables import job_rows
 from jobstate.stores.integrity import violates
 
 __all__ = [
@@ -56,10 +55,10 @@ def create_job(using: str, cleaned: dict[str, Any]) -> Job:
 def enqueue_job(using: str, cleaned: dict[str, Any], quota: int | None) -> tuple[Job, bool]:
     """Insert a job unless its ``request_id`` exists: ``(job, True)`` when inserted,
     ``(existing, False)`` otherwise. With a ``quota`` the thread's in-flight jobs are
-    counted under the thread's advisory lock, which its claims take too, so the count
-    cannot miss a sibling inserted concurrently: exact on PostgreSQL, and on MariaDB and
-    MySQL through the thread gate row; SQLite's ``IMMEDIATE`` transactions already
-    serialise."""
+    counted under the thread's gate, which its claims take too, so the count cannot miss
+    a sibling inserted concurrently (the backend's ``lock_thread``: an advisory lock on
+    PostgreSQL, the thread gate row on MariaDB and MySQL; SQLite's ``IMMEDIATE``
+    transactions already serialise)."""
     request_id = cleaned["request_id"]
     existing = find_by_request_id(using, request_id)
     if existing is not None:
@@ -68,10 +67,7 @@ def enqueue_job(using: str, cleaned: dict[str, Any], quota: int | None) -> tuple
     try:
         with transaction.atomic(using=using):
             if quota is not None and thread_id is not None:
-                if is_mysql(using):
-                    lock_thread_row(using, thread_id)
-                else:
-                    lock_thread(using, thread_id)
+                database_ops(using).lock_thread(thread_id)
                 existing = find_by_request_id(using, request_id)
                 if existing is None:
                     inflight = job_rows(using).filter(thread_id=thread_id).inflight().count()

@@ -1,7 +1,8 @@
 """The run store on the ``JobRun`` table (the JobRunStore contract).
 
 :class:`~jobstate.stores.contracts.run_store.JobRunStore` checks every argument; this module only
-writes: the primitives, on the ORM and one PostgreSQL statement.
+writes: the primitives, on the ORM and, where the backend has one, a one-statement
+reaper.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Field
 from django.db.models.functions import Greatest, Now
 
@@ -17,6 +18,7 @@ from jobstate.exceptions import InvalidJobState
 from jobstate.models import ONE_RUNNING_PER_OVERLAP_KEY, JobRun, JobRunQuerySet
 from jobstate.stores.base import REAPED_RUN_ERROR, JobRunStatus
 from jobstate.stores.contracts.run_store import JobRunSettlement, JobRunStore, NewJobRun
+from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.sweep_statements import DatabaseRunSweepStore
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
@@ -100,16 +102,16 @@ class DatabaseJobRunStore(JobRunStore):
         overlap_key: str | None,
         limit: int | None,
     ) -> int:
-        vendor = connections[self.using].vendor
-        if vendor == "postgresql":
-            return self._reap_postgresql(stale_after, job_key, overlap_key, limit)
+        ops = database_ops(self.using)
+        if ops.hot_statements:
+            return ops.reap_stale_runs(stale_after, job_key, overlap_key, limit)
         candidates = JobRun.objects.using(self.using).stale(stale_after)
         if job_key is not None:
             candidates = candidates.filter(job_key=job_key)
         if overlap_key is not None:
             candidates = candidates.filter(overlap_key=overlap_key)
         candidates = candidates.order_by("heartbeat_at")
-        if vendor == "sqlite":
+        if not ops.locks_rows:
             # SQLite has one writer at a time, so the ORM's
             # UPDATE ... WHERE id IN (SELECT ... LIMIT n) is already one atomic statement.
             ids = candidates.values("id")
@@ -136,51 +138,6 @@ class DatabaseJobRunStore(JobRunStore):
         return rows.filter(status=JobRunStatus.RUNNING).update(
             status=JobRunStatus.TIMED_OUT, finished_at=Now(), error=REAPED_RUN_ERROR
         )
-
-    def _reap_postgresql(
-        self,
-        stale_after: timedelta,
-        job_key: str | None,
-        overlap_key: str | None,
-        limit: int | None,
-    ) -> int:
-        # Raw SQL because the ORM cannot lock with FOR UPDATE SKIP LOCKED inside an UPDATE.
-        # SKIP LOCKED lets a second reaper pass over rows the first one holds instead of
-        # waiting and counting them again (S4); the outer status check keeps the count exact
-        # even if a row settled in between. The candidates are a MATERIALIZED CTE, not an
-        # IN (subquery): the planner may rescan such a subquery once per outer row, and each
-        # rescan skips the rows already moved and locks the next ones, overrunning LIMIT.
-        table = connections[self.using].ops.quote_name(JobRun._meta.db_table)
-        sql = f"""
-            WITH picked AS MATERIALIZED (
-                SELECT id FROM {table}
-                 WHERE status = %s
-                   AND heartbeat_at <= statement_timestamp() - %s
-                   AND (%s::text IS NULL OR job_key = %s)
-                   AND (%s::text IS NULL OR overlap_key = %s)
-                 ORDER BY heartbeat_at
-                 LIMIT %s
-                   FOR UPDATE SKIP LOCKED)
-            UPDATE {table} AS run
-               SET status = %s, finished_at = statement_timestamp(), error = %s
-              FROM picked
-             WHERE run.id = picked.id AND run.status = %s
-        """
-        params: list[Any] = [
-            JobRunStatus.RUNNING.value,
-            stale_after,
-            job_key,
-            job_key,
-            overlap_key,
-            overlap_key,
-            limit,
-            JobRunStatus.TIMED_OUT.value,
-            REAPED_RUN_ERROR,
-            JobRunStatus.RUNNING.value,
-        ]
-        with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.rowcount
 
     def _running(self, run_id: str) -> JobRunQuerySet:
         return JobRun.objects.using(self.using).filter(id=run_id, status=JobRunStatus.RUNNING)

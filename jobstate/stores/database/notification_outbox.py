@@ -43,8 +43,9 @@ from jobstate.stores.contracts.validation import (
     validate_notification_requests,
 )
 from jobstate.stores.database.audit_locks import record_audit
-from jobstate.stores.database.hotpath import FinishedEntry, finish_with_notifications
-from jobstate.stores.database.tables import is_postgresql, job_rows, locks_rows
+from jobstate.stores.database.backends import database_ops
+from jobstate.stores.database.backends.portable import FinishedEntry
+from jobstate.stores.database.tables import job_rows
 from jobstate.stores.errors import translate_store_errors
 from jobstate.stores.integrity import violates
 
@@ -188,7 +189,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         rows = self._rows()
         with transaction.atomic(using=self.using):
             candidates = rows.filter(_due()).order_by("next_attempt_at", "id")
-            if locks_rows(self.using):
+            if database_ops(self.using).locks_rows:
                 candidates = candidates.select_for_update(skip_locked=True)
             picked = list(candidates.values("state", *_LOST_ATTEMPT_FIELDS)[:count])
             exhausted = self._settle_lost_attempts(
@@ -245,7 +246,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         with transaction.atomic(using=self.using):
             held = self._held(pk, relay_id)
             # The lock keeps the attempt count read here the one the update below settles.
-            locked = held.select_for_update() if locks_rows(self.using) else held
+            locked = held.select_for_update() if database_ops(self.using).locks_rows else held
             current = locked.values("attempts", "job_id").first()
             if current is None:
                 return None
@@ -292,7 +293,7 @@ class DatabaseNotificationOutbox(NotificationOutbox):
         rows = self._rows()
         with transaction.atomic(using=self.using):
             candidates = self.expired_leases().order_by("lease_until", "id")
-            if locks_rows(self.using):
+            if database_ops(self.using).locks_rows:
                 candidates = candidates.select_for_update(skip_locked=True)
             lost = list(candidates.values(*_LOST_ATTEMPT_FIELDS)[:count])
             if not lost:
@@ -392,22 +393,23 @@ def complete_with_notifications(
     transition. Runs in the caller's transaction when there is one, so the caller can
     add its own writes to the same commit.
 
-    On PostgreSQL it is one statement (:func:`~jobstate.stores.database.hotpath.
-    finish_with_notifications`): a worker in autocommit mode pays one round trip; inside
-    a caller's transaction a savepoint around it keeps that transaction usable after a
-    duplicate key. Elsewhere the ORM writes it in a transaction of its own (a savepoint
-    inside the caller's).
+    Where the backend has the one-statement forms (PostgreSQL) it is one statement
+    (``finish_with_notifications`` of the backend's operations object): a worker in
+    autocommit mode pays one round trip; inside a caller's transaction a savepoint around
+    it keeps that transaction usable after a duplicate key. Elsewhere the ORM writes it
+    in a transaction of its own (a savepoint inside the caller's).
     """
+    ops = database_ops(using)
     try:
-        if not is_postgresql(using):
+        if not ops.hot_statements:
             detail = _finished_detail(str(cleaned["status"]), str(original.status), len(requests))
             return _complete_portably(using, original, cleaned, detail, requests)
         entry = _finished_entry(str(cleaned["status"]), str(original.status), len(requests))
         if connections[using].get_autocommit():
             # The statement is its own transaction: it commits whole or fails whole.
-            return finish_with_notifications(using, original, cleaned, entry, requests)
+            return ops.finish_with_notifications(original, cleaned, entry, requests)
         with transaction.atomic(using=using):
-            return finish_with_notifications(using, original, cleaned, entry, requests)
+            return ops.finish_with_notifications(original, cleaned, entry, requests)
     except IntegrityError as exc:
         if not violates(
             exc,

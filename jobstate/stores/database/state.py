@@ -41,8 +41,8 @@ from jobstate.stores.database import (
     sweep_statements,
     task_queue,
 )
+from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.sweep_statements import DatabaseSweepStore
-from jobstate.stores.database.tables import is_postgresql
 from jobstate.stores.errors import translate_store_errors
 
 __all__ = ["DatabaseStateStore"]
@@ -59,7 +59,7 @@ class DatabaseStateStore(StateStore):
     - Claims pick a candidate with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL
       and re-check the per-thread gate under the thread's advisory lock; on SQLite,
       ``IMMEDIATE`` transactions serialise writers (:mod:`.claims`). On PostgreSQL a
-      claim and a report are one statement each (:mod:`.hotpath`).
+      claim and a report are one statement each (:mod:`.backends.postgresql`).
     - Lease and liveness instants come from the database clock (``Now()``).
     - :meth:`_atomic` is ``transaction.atomic(using)``: the transitions the base writes
       over primitives run in the caller's transaction when there is one.
@@ -126,12 +126,12 @@ class DatabaseStateStore(StateStore):
         return claims.claim(self.using, scope, owner, lease, status)
 
     def _claim_batch(self, scope: list[str], owner: str, lease: timedelta, limit: int) -> list[Job]:
-        """On PostgreSQL the jobs without a thread are claimed by one statement
-        (``UPDATE ... FROM (SELECT ... LIMIT k FOR UPDATE SKIP LOCKED) RETURNING``); when
-        that leaves room in the batch, threaded jobs follow one claim at a time through
-        the per-thread gate. Elsewhere every job is claimed one at a time, inside one
-        transaction."""
-        if is_postgresql(self.using):
+        """Where the backend has the one-statement forms (PostgreSQL) the jobs without a
+        thread are claimed by one statement (``UPDATE ... FROM (SELECT ... LIMIT k FOR
+        UPDATE SKIP LOCKED) RETURNING``); when that leaves room in the batch, threaded
+        jobs follow one claim at a time through the per-thread gate. Elsewhere every job
+        is claimed one at a time, inside one transaction."""
+        if database_ops(self.using).hot_statements:
             return claims.claim_batch(self.using, scope, owner, lease, limit)
         return super()._claim_batch(scope, owner, lease, limit)
 
@@ -141,11 +141,12 @@ class DatabaseStateStore(StateStore):
         return claims.complete_claimed(self.using, pk, token, status, cleaned)
 
     def _complete_claimed_batch(self, reports: list[ParsedReport]) -> list[Settled]:
-        """On PostgreSQL the reports that patch the same fields are applied by one
-        ``UPDATE ... FROM (VALUES ...) RETURNING`` statement, each row fenced by its own
-        claim token; a batch of uniform reports (the usual case) is one statement.
-        Elsewhere the reports are applied one by one inside one transaction."""
-        if is_postgresql(self.using):
+        """Where the backend has the one-statement forms (PostgreSQL) the reports that
+        patch the same fields are applied by one ``UPDATE ... FROM (VALUES ...)
+        RETURNING`` statement, each row fenced by its own claim token; a batch of uniform
+        reports (the usual case) is one statement. Elsewhere the reports are applied one
+        by one inside one transaction."""
+        if database_ops(self.using).hot_statements:
             return claims.complete_claimed_batch(self.using, reports)
         return super()._complete_claimed_batch(reports)
 

@@ -21,6 +21,7 @@ from typing import Any
 from django.db import connections
 
 from jobstate.core.states import TASK_NOTIFY_CHANNEL
+from jobstate.stores.database.backends import database_ops
 
 __all__ = ["NotificationListener", "listen_notify_available"]
 
@@ -37,15 +38,9 @@ _DJANGO_ONLY_PARAMETERS = frozenset({"cursor_factory", "context", "prepare_thres
 
 
 def listen_notify_available(using: str) -> bool:
-    """Whether database ``using`` is PostgreSQL on psycopg 3 (``LISTEN`` needs both)."""
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return False
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether a worker on database ``using`` can wait for ``NOTIFY`` (PostgreSQL on
+    psycopg 3: ``LISTEN`` needs both)."""
+    return database_ops(using).can_listen
 
 
 class NotificationListener(threading.Thread):

@@ -1,0 +1,154 @@
+"""MariaDB and MySQL (Django's ``mysql`` backend for both): row locks on the thread gate
+table for the per-thread gate, the guards of migration ``0009_mysql_guards``, the
+session's clock on UTC, InnoDB's deadlocks and ``JSON_CONTAINS`` for the input search.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import BooleanField, CharField, F, Func, QuerySet, TextField, Value
+
+from jobstate.models import (
+    ONCE_PER_SLOT,
+    ONE_RUNNING_PER_OVERLAP_KEY,
+    Job,
+    JobRun,
+    ScheduleOccurrence,
+)
+from jobstate.stores.database.backends.portable import BackendOperations, input_path
+
+__all__ = ["THREAD_GATE_TABLE", "MySQLOperations"]
+
+#: The table migration 0009 creates on MariaDB and MySQL only.
+THREAD_GATE_TABLE = "jobstate_threadgate"
+
+#: ER_LOCK_DEADLOCK.
+_DEADLOCK = 1213
+
+
+class MySQLOperations(BackendOperations):
+    vendor = "mysql"
+    now_sql = "CURRENT_TIMESTAMP(6)"
+
+    # MySQL refuses an UPDATE whose subquery reads the updated table. MariaDB accepts
+    # it (Django's update_can_self_select), but it shares this backend and the claim's
+    # gate is proven on both with the gate read by its own statement.
+    gate_in_update = False
+
+    # InnoDB's DELETE waits for every row it reads, matching or not, so two sweepers
+    # deleting disjoint batches of a small table can deadlock; InnoDB then rolls the
+    # loser's whole transaction back, and the batch can simply run again.
+    delete_rounds = 5
+
+    # A locking read whose order no index serves (a sort) locks every candidate it reads
+    # before the limit applies, so a second sweeper would find all of them held.
+    locks_every_row_read = True
+
+    # --- the per-thread gate: the thread's row of the gate table ---------------------
+    #
+    # MariaDB's and MySQL's named locks (GET_LOCK) belong to the session, not the
+    # transaction, so they would outlive a rollback or a caller's transaction; an InnoDB
+    # row lock ends exactly with the transaction, as PostgreSQL's advisory lock does. A
+    # thread's row is created by its first lock and kept: one short row per thread ever
+    # gated.
+
+    def lock_thread(self, thread_id: int) -> None:
+        """Lock ``thread_id``'s row until the transaction ends, waiting for it. On a
+        duplicate key ``INSERT ... ON DUPLICATE KEY UPDATE`` takes the existing row's
+        exclusive lock, so one statement both creates and locks it."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {THREAD_GATE_TABLE} (thread_id) VALUES (%s) "
+                "ON DUPLICATE KEY UPDATE thread_id = thread_id",
+                [thread_id],
+            )
+
+    def try_lock_thread(self, thread_id: int) -> bool:
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT thread_id FROM {THREAD_GATE_TABLE} WHERE thread_id = %s "
+                "FOR UPDATE SKIP LOCKED",
+                [thread_id],
+            )
+            if cursor.fetchone() is not None:
+                return True
+            # Not handed over: the row is held, or the thread was never gated.
+            cursor.execute(f"SELECT 1 FROM {THREAD_GATE_TABLE} WHERE thread_id = %s", [thread_id])
+            if cursor.fetchone() is not None:
+                return False
+            # A new row is locked by its insert; a concurrent first lock of the same
+            # thread makes this one a duplicate, which IGNORE answers with no row: held.
+            cursor.execute(
+                f"INSERT IGNORE INTO {THREAD_GATE_TABLE} (thread_id) VALUES (%s)", [thread_id]
+            )
+            return bool(cursor.rowcount == 1)
+
+    # --- migration 0009's guards ------------------------------------------------------
+
+    def missing_server_guards(self) -> list[str]:
+        """The unique indexes on generated columns that enforce jobstate's partial
+        unique constraints here, and the thread gate table. Raises ``DatabaseError``
+        when the catalogue cannot be read."""
+        guards = [
+            (JobRun._meta.db_table, ONE_RUNNING_PER_OVERLAP_KEY),
+            (ScheduleOccurrence._meta.db_table, ONCE_PER_SLOT),
+        ]
+        connection = self.connection
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT table_name, index_name FROM information_schema.statistics "
+                "WHERE table_schema = DATABASE() AND non_unique = 0 AND index_name IN (%s, %s)",
+                [index for _table, index in guards],
+            )
+            found = {(str(table), str(index)) for table, index in cursor.fetchall()}
+        missing = [f"{table}.{index}" for table, index in guards if (table, index) not in found]
+        if THREAD_GATE_TABLE not in connection.introspection.table_names():
+            missing.append(THREAD_GATE_TABLE)
+        return missing
+
+    # --- connections and errors ------------------------------------------------------
+
+    def prepare_connection(self, connection: BaseDatabaseWrapper) -> None:
+        """The database clock (``CURRENT_TIMESTAMP``) speaks the session's time zone, the
+        server's own (``SYSTEM``) unless set, while Django writes and reads UTC here: a
+        server whose machine is not on UTC would stamp schedules' starts, jobs and audit
+        entries hours off, and run delayed jobs and retries hours early or late. So a
+        new connection that Django reads and writes in UTC (``USE_TZ`` and no
+        ``TIME_ZONE`` of the database's own) puts its session on UTC; hosts that keep
+        local times are left as they are."""
+        if not settings.USE_TZ or connection.timezone_name != "UTC":
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SET time_zone = '+00:00'")
+
+    def deadlocked(self, exc: BaseException) -> bool:
+        args: tuple[object, ...] = getattr(exc.__cause__, "args", ())
+        return bool(args) and args[0] == _DEADLOCK
+
+    # --- the jobs list's search ------------------------------------------------------
+
+    def filter_input(self, rows: QuerySet[Job], value: dict[str, Any]) -> QuerySet[Job]:
+        """``JSON_CONTAINS`` at the path, which also takes a value inside a list there as
+        contained (PostgreSQL does not): the value at the path must not be a list."""
+        path, leaf, alias = input_path(rows, value)
+        contains = Func(
+            F("input"),
+            Value(json.dumps(leaf)),
+            path,
+            function="JSON_CONTAINS",
+            output_field=BooleanField(),
+        )
+        json_type = Func(
+            Func(F("input"), path, function="JSON_EXTRACT", output_field=TextField()),
+            function="JSON_TYPE",
+            output_field=CharField(),
+        )
+        return (
+            rows.alias(**{alias: contains, f"{alias}_type": json_type})
+            .filter(**{alias: True})
+            .exclude(**{f"{alias}_type": "ARRAY"})
+        )

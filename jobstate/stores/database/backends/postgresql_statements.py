@@ -1,0 +1,371 @@
+"""The text of PostgreSQL's one-statement hot path, built once per shape.
+
+A claim and a report are the two calls every job makes, so on PostgreSQL each is one
+round trip: ``UPDATE ... RETURNING`` around a ``SELECT ... FOR UPDATE SKIP LOCKED``
+subquery (a claim), ``UPDATE ... FROM (VALUES ...) RETURNING`` fenced by claim tokens
+(reports), or the fenced ``UPDATE`` with its audit entry and outbox rows inserted by
+data-modifying ``WITH`` queries (the outbox completion). Raw SQL because the ORM cannot
+express any of them in one statement. The rules they share with the portable paths (the
+claim's ``WHERE`` and order, the per-thread gate, the paused-queue probe, the task
+claim's due order) are written beside their ORM twins in :mod:`jobstate.models.jobs`.
+
+The text of a statement depends only on its shape (how many targets, which columns a
+report patches), so each is built once and the database can keep one plan per shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
+
+from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus, NotificationState
+from jobstate.models import AuditEntry, Job, Notification, QueuePause
+from jobstate.models.jobs import (
+    CLAIM_ORDER_SQL,
+    PAUSED_SQL,
+    READY_SQL,
+    TASK_CLAIM_ORDER_SQL,
+    TASK_DUE_SQL,
+    TASK_READY_SQL,
+    THREAD_BLOCKERS_SQL,
+)
+from jobstate.stores.contracts.validation import JOB_CLAIM_FIELDS
+from jobstate.stores.database.backends.portable import rule_sql
+
+__all__ = [
+    "claim_statement",
+    "claim_unthreaded_statement",
+    "complete_statement",
+    "enqueue_task_statement",
+    "finish_statement",
+    "task_claim_statement",
+]
+
+#: The database clock, as ``Now()`` compiles on PostgreSQL.
+NOW_SQL = "statement_timestamp()"
+
+#: The hot statements' text, built once per shape: (kind, shape) -> SQL (and the patched
+#: fields of a completion).
+_STATEMENTS: dict[tuple[Any, ...], Any] = {}
+
+
+def rule(connection: BaseDatabaseWrapper, text: str) -> str:
+    """A rule's SQL text of :mod:`jobstate.models.jobs` with PostgreSQL's tables and
+    clock filled in."""
+    return rule_sql(connection, text, NOW_SQL)
+
+
+def _candidates(connection: BaseDatabaseWrapper, targets: int) -> str:
+    """The claim's ``WHERE`` for a candidate ``c`` of ``targets`` targets in an unpaused
+    queue (the per-thread gate aside)."""
+    placeholders = ", ".join(["%s"] * targets)
+    return (
+        f"{rule(connection, READY_SQL)} AND c.target IN ({placeholders})"
+        f" AND NOT EXISTS ({rule(connection, PAUSED_SQL)})"
+    )
+
+
+def claim_statement(connection: BaseDatabaseWrapper, targets: int, status: JobStatus) -> str:
+    """The one-statement claim for ``targets`` target placeholders: pick the oldest
+    claimable job and, when it has no thread, move it to ``status``. Its parameters: the
+    targets, the status, the owner, the lease, the claim token."""
+    key = ("claim", targets, status)
+    sql = _STATEMENTS.get(key)
+    if sql is None:
+        table = connection.ops.quote_name(Job._meta.db_table)
+        dispatched = NOW_SQL if status == JobStatus.DISPATCHED else "NULL"
+        sql = f"""
+            WITH picked AS (
+                SELECT c.id, c.thread_id FROM {table} AS c
+                WHERE {_candidates(connection, targets)}
+                  AND (c.thread_id IS NULL
+                       OR NOT EXISTS ({rule(connection, THREAD_BLOCKERS_SQL)}))
+                ORDER BY {CLAIM_ORDER_SQL}
+                LIMIT 1
+                FOR UPDATE OF c SKIP LOCKED
+            ), moved AS (
+                UPDATE {table} AS j
+                SET status = %s, executor_id = %s, claimed_at = {NOW_SQL},
+                    dispatched_at = {dispatched}, lease_until = {NOW_SQL} + %s,
+                    claim_token = %s, run_after = NULL, updated_at = {NOW_SQL}
+                FROM picked
+                WHERE j.id = picked.id AND picked.thread_id IS NULL AND j.status = 'queued'
+                RETURNING {returning_columns(connection, "j")}
+            )
+            SELECT picked.id, moved.* FROM picked LEFT JOIN moved ON moved.id = picked.id
+        """
+        _STATEMENTS[key] = sql
+    return sql
+
+
+def claim_unthreaded_statement(connection: BaseDatabaseWrapper, targets: int) -> str:
+    """The batch claim of the ready jobs without a thread, each with its own
+    ``gen_random_uuid()`` claim token. Its parameters: the targets, the limit, the
+    status, the owner, the lease."""
+    key = ("claim_unthreaded", targets)
+    sql = _STATEMENTS.get(key)
+    if sql is None:
+        table = connection.ops.quote_name(Job._meta.db_table)
+        sql = _STATEMENTS[key] = f"""
+            WITH picked AS (
+                SELECT c.id FROM {table} AS c
+                WHERE {_candidates(connection, targets)} AND c.thread_id IS NULL
+                ORDER BY {CLAIM_ORDER_SQL}
+                LIMIT %s
+                FOR UPDATE OF c SKIP LOCKED
+            )
+            UPDATE {table} AS j
+            SET status = %s, executor_id = %s, claimed_at = {NOW_SQL},
+                dispatched_at = NULL, lease_until = {NOW_SQL} + %s,
+                claim_token = gen_random_uuid(), run_after = NULL,
+                updated_at = {NOW_SQL}
+            FROM picked
+            WHERE j.id = picked.id AND j.status = 'queued'
+            RETURNING {returning_columns(connection, "j")}
+        """
+    return sql
+
+
+def complete_statement(
+    connection: BaseDatabaseWrapper, columns: tuple[str, ...], reports: int
+) -> tuple[str, list[Field[Any, Any]]]:
+    """The fenced completion of ``reports`` reports that patch ``columns``: one
+    ``UPDATE ... FROM (VALUES ...)``, each row matched by id and claim token. Its
+    parameters per report: id, token, status, then the fields returned, in order."""
+    key = ("complete", columns, reports)
+    cached = _STATEMENTS.get(key)
+    if cached is None:
+        quote = connection.ops.quote_name
+        table = quote(Job._meta.db_table)
+        fields = [job_field(name) for name in ("id", "claim_token", "status", *columns)]
+        patched_fields = fields[3:]
+        casts = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field in fields)
+        values = ", ".join([f"({casts})"] * reports)
+        aliases = ", ".join(f"v{index}" for index in range(len(fields)))
+        patched = "".join(
+            f"{quote(column(field))} = v.v{index + 3}, "
+            for index, field in enumerate(patched_fields)
+        )
+        statuses = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
+        sql = f"""
+            UPDATE {table} AS j
+            SET {patched}status = v.v2, {_cleared_claim(connection)}, updated_at = {NOW_SQL}
+            FROM (VALUES {values}) AS v({aliases})
+            WHERE j.id = v.v0 AND j.claim_token = v.v1 AND j.status IN ({statuses})
+            RETURNING {returning_columns(connection, "j")}
+        """
+        cached = _STATEMENTS[key] = (sql, patched_fields)
+    return cast("tuple[str, list[Field[Any, Any]]]", cached)
+
+
+def finish_statement(
+    connection: BaseDatabaseWrapper, columns: tuple[str, ...], tokened: bool, notifications: int
+) -> tuple[str, list[Field[Any, Any]]]:
+    """The outbox completion for a patch of ``columns``, an original with (``tokened``)
+    or without a claim token, and ``notifications`` outbox rows. Data-modifying ``WITH``
+    queries all run, once, on the same snapshot; the inserts select from the
+    ``UPDATE``'s ``RETURNING`` rows, so they write nothing when it wrote nothing. The
+    entry's ``ts`` and the rows' due and creation times are the tables' database
+    defaults (the database clock), as the ORM leaves them.
+
+    Its parameters: the patched fields in order, the job id, the original status, its
+    claim token (when ``tokened``), the entry's stage, severity, title, summary and
+    detail, then per notification its id, channel, destination, payload and key."""
+    key = ("finish", columns, tokened, notifications)
+    cached = _STATEMENTS.get(key)
+    if cached is None:
+        quote = connection.ops.quote_name
+        table = quote(Job._meta.db_table)
+        fields = [job_field(name) for name in columns]
+        patched = "".join(
+            f"{quote(column(field))} = CAST(%s AS {field.db_type(connection)}), "
+            for field in fields
+        )
+        token = "j.claim_token = %s" if tokened else "j.claim_token IS NULL"
+        entries = quote(AuditEntry._meta.db_table)
+        outbox = ""
+        if notifications:
+            rows = quote(Notification._meta.db_table)
+            row = "(CAST(%s AS uuid), %s, %s, CAST(%s AS jsonb), %s)"
+            outbox = f""",
+            outbox AS (
+                INSERT INTO {rows}
+                    (id, job_id, channel, destination, payload, idempotency_key, state, attempts)
+                SELECT v.id, moved.id, v.channel, v.destination, v.payload, v.idempotency_key,
+                       '{NotificationState.PENDING.value}', 0
+                FROM moved, (VALUES {", ".join([row] * notifications)})
+                    AS v(id, channel, destination, payload, idempotency_key)
+            )"""
+        sql = f"""
+            WITH moved AS (
+                UPDATE {table} AS j
+                SET {patched}{_cleared_claim(connection)}, updated_at = {NOW_SQL}
+                WHERE j.id = %s AND j.status = %s AND {token}
+                RETURNING {returning_columns(connection, "j")}
+            ),
+            finished AS (
+                INSERT INTO {entries}
+                    (job_id, request_id, event, stage, severity, title, summary, detail)
+                SELECT moved.id, moved.request_id, 'finished', %s, %s, %s, %s, CAST(%s AS jsonb)
+                FROM moved
+            ){outbox}
+            SELECT * FROM moved
+        """
+        cached = _STATEMENTS[key] = (sql, fields)
+    return cast("tuple[str, list[Field[Any, Any]]]", cached)
+
+
+#: The columns the database stamps when a row is inserted (``db_default=Now()``).
+DATABASE_STAMPED = frozenset({"created_at", "updated_at"})
+
+
+def enqueue_task_statement(connection: BaseDatabaseWrapper) -> str:
+    """The task enqueue: the insert of every column but :data:`DATABASE_STAMPED`, and
+    ``pg_notify`` in the same statement when its first parameter after the values is
+    true. Returns the row and the notification's (empty) result."""
+    sql = _STATEMENTS.get(("enqueue",))
+    if sql is None:
+        quote = connection.ops.quote_name
+        table = quote(Job._meta.db_table)
+        fields = inserted_fields()
+        columns = ", ".join(quote(column(field)) for field in fields)
+        values = ", ".join(["%s"] * len(fields))
+        sql = _STATEMENTS["enqueue",] = f"""
+            WITH inserted AS (
+                INSERT INTO {table} ({columns}) VALUES ({values}) RETURNING *
+            )
+            SELECT {returning_columns(connection, "inserted")},
+                   CASE WHEN %s THEN pg_notify(%s, %s) END
+            FROM inserted
+        """
+    return sql
+
+
+def inserted_fields() -> list[Field[Any, Any]]:
+    """The fields an enqueue gives values for, in model order."""
+    return [field for field in Job._meta.concrete_fields if field.name not in DATABASE_STAMPED]
+
+
+def task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
+    """The task claim for a worker of any queue (``shape`` ``"any"``), one queue
+    (``"one"``) or several (``"several"``).
+
+    It reads the partial index ``jobstate_job_task_claim_idx`` (target, queue, then
+    claim order) in claim order. A worker of several queues reads each queue's part of
+    the index in order (a ``LATERAL`` subquery per queue, each locking at most ``n``
+    rows) and keeps the first ``n`` overall; a worker of any queue first finds the
+    queues that hold tasks by skipping through the index. No claim sorts a backlog."""
+    key = ("tasks", shape)
+    sql = _STATEMENTS.get(key)
+    if sql is None:
+        sql = _STATEMENTS[key] = _task_claim_statement(connection, shape)
+    return sql
+
+
+def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    pauses = connection.ops.quote_name(QueuePause._meta.db_table)
+    ready = rule(connection, TASK_READY_SQL)
+    queues = ""
+    # A paused queue is left out before its part of the claim index is read: one probe
+    # of the pause table's unique key per queue, not per task.
+    if shape == "one":
+        picked = f"""
+            SELECT c.id FROM {table} AS c
+            WHERE {ready} AND c.queue_name = %s
+              AND NOT EXISTS (SELECT 1 FROM {pauses} AS p
+                              WHERE p.target = %s AND p.queue_name = %s)
+            ORDER BY {TASK_CLAIM_ORDER_SQL}
+            LIMIT %s
+            FOR UPDATE OF c SKIP LOCKED
+        """
+    else:
+        if shape == "several":
+            names = f"""
+                SELECT name FROM unnest(%s::text[]) AS given(name)
+                WHERE NOT EXISTS (SELECT 1 FROM {pauses} AS p
+                                  WHERE p.target = %s AND p.queue_name = given.name)
+            """
+        else:
+            # Every queue that holds a waiting task of the target, found by skipping
+            # through the claim index one queue name at a time (a handful of probes,
+            # however long each queue is).
+            waiting = "c.status = 'queued' AND c.task_path IS NOT NULL AND c.target = %s"
+            queues = f"""
+                RECURSIVE waiting(name) AS (
+                    (SELECT c.queue_name FROM {table} AS c WHERE {waiting}
+                     ORDER BY c.queue_name LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT c.queue_name FROM {table} AS c
+                            WHERE {waiting} AND c.queue_name > waiting.name
+                            ORDER BY c.queue_name LIMIT 1)
+                    FROM waiting WHERE waiting.name IS NOT NULL
+                ),
+            """
+            names = f"""
+                SELECT name FROM waiting
+                WHERE name IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM {pauses} AS p
+                                  WHERE p.target = %s AND p.queue_name = waiting.name)
+            """
+        # One ordered read of the index per queue, each locking at most LIMIT rows;
+        # the first LIMIT of all of them are claimed, the others unlocked at the end of
+        # the statement.
+        picked = f"""
+            SELECT p.id FROM ({names}) AS q,
+            LATERAL (
+                SELECT c.id, c.priority, {TASK_DUE_SQL} AS due, c.created_at
+                FROM {table} AS c
+                WHERE {ready} AND c.queue_name = q.name
+                ORDER BY {TASK_CLAIM_ORDER_SQL}
+                LIMIT %s
+                FOR UPDATE OF c SKIP LOCKED
+            ) AS p
+            ORDER BY p.priority DESC, p.due, p.created_at, p.id
+            LIMIT %s
+        """
+    # The claim starts an attempt: ``attempts`` counts the attempts that started.
+    return f"""
+        WITH {queues} picked AS ({picked})
+        UPDATE {table} AS j
+        SET status = %s, executor_id = %s, claimed_at = {NOW_SQL},
+            dispatched_at = NULL, lease_until = {NOW_SQL} + %s,
+            claim_token = gen_random_uuid(), attempts = j.attempts + 1,
+            updated_at = {NOW_SQL}
+        FROM picked
+        WHERE j.id = picked.id AND j.status = 'queued'
+        RETURNING {returning_columns(connection, "j")}
+    """
+
+
+# --- columns --------------------------------------------------------------------------
+
+
+def returning_columns(connection: BaseDatabaseWrapper, alias: str) -> str:
+    """Every concrete column of ``Job`` qualified by ``alias``, in model field order (the
+    order ``load_jobs`` expects)."""
+    key = ("returning", alias)
+    text = _STATEMENTS.get(key)
+    if text is None:
+        quote = connection.ops.quote_name
+        text = ", ".join(f"{alias}.{quote(column(field))}" for field in Job._meta.concrete_fields)
+        _STATEMENTS[key] = text
+    return text
+
+
+def _cleared_claim(connection: BaseDatabaseWrapper) -> str:
+    quote = connection.ops.quote_name
+    return ", ".join(f"{quote(column(job_field(name)))} = NULL" for name in JOB_CLAIM_FIELDS)
+
+
+def column(field: Field[Any, Any]) -> str:
+    return field.column or field.attname
+
+
+def job_field(name: str) -> Field[Any, Any]:
+    field = Job._meta.get_field(name)
+    if not isinstance(field, Field):
+        raise TypeError(f"Job.{name} is not a concrete field.")
+    return field
