@@ -16,9 +16,7 @@ API runs an event loop in this thread, where Django refuses ORM calls.
 from __future__ import annotations
 
 import re
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,66 +26,22 @@ from django.contrib.auth.models import Permission
 
 from jobstate.models import AuditEntry, Job, JobStatus
 from jobstate.stores.database import DatabaseStateStore
+from tests.support.browser import (
+    ARTIFACTS,
+    PASSWORD,
+    USERNAME,
+    chromium_page,
+    log_in,
+    make_operator,
+)
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 SCREENSHOT = ARTIFACTS / "admin-e2e.png"
 FAILURE_SCREENSHOT = ARTIFACTS / "admin-e2e-failure.png"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-#: Playwright waits this long for a page or an element before failing the test.
-TIMEOUT_MS = 15_000
-
-USERNAME = "operator-ada"
-PASSWORD = "correct horse battery staple"
-
-
-@contextmanager
-def chromium_page() -> Iterator[Page]:
-    """A page in a fresh headless Chromium profile; fails (never skips) without one."""
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: the admin's browser test needs Debian's Chromium. "
-            "Install it with scripts/ensure-chromium (apt-get install -y chromium).",
-            pytrace=False,
-        )
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as exc:
-        pytest.fail(
-            f"Playwright for Python is missing ({exc}); install the dev dependency group "
-            "(pip install --group dev -e .).",
-            pytrace=False,
-        )
-    with (
-        tempfile.TemporaryDirectory(prefix="jobstate-chromium-") as profile,
-        sync_playwright() as playwright,
-    ):
-        context = playwright.chromium.launch_persistent_context(
-            profile,
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 900},
-        )
-        context.set_default_timeout(TIMEOUT_MS)
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
 
 
 def _operator_with_requeue_permission() -> None:
@@ -187,27 +141,6 @@ PAGE_LAYOUT_SCREENSHOT = ARTIFACTS / "admin-job-page-layout.png"
 LONG_REQUEST_ID = "demo-3f1c9a52-8d7e-4b0a-9c61-2e5f7a8b9c0d-retry-2026-12-01T21:05:38Z"
 
 
-def make_operator(*codenames: str) -> None:
-    """The staff user the browser tests log in as, with these jobstate permissions."""
-    operator = get_user_model().objects.create_user(
-        USERNAME, "ada@example.com", PASSWORD, is_staff=True
-    )
-    operator.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="jobstate", codename__in=codenames)
-    )
-
-
-def log_in(page: Page, base: str) -> None:
-    """Log in on the admin's login page as :func:`make_operator`'s user."""
-    from playwright.sync_api import expect
-
-    page.goto(f"{base}/admin/login/?next=/admin/")
-    page.get_by_label("Username").fill(USERNAME)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("button", name="Log out")).to_be_visible()
-
-
 def _in_browser(live_server: object, drive: Callable[[Page, str], None], failure: Path) -> None:
     with chromium_page() as page:
         try:
@@ -293,7 +226,7 @@ def test_operator_finds_jobs_by_a_key_of_their_input(live_server: object) -> Non
 
 @pytest.mark.django_db(transaction=True)
 def test_operator_reads_a_retried_tasks_timeline(live_server: object, settings: object) -> None:
-    from tests.admin.test_admin_tasks import failed_task
+    from tests.support.admin_kit import failed_task
     from tests.support.tasks_kit import use_options
 
     use_options(settings, MAX_ATTEMPTS=3)

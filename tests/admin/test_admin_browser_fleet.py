@@ -29,7 +29,7 @@ from jobstate.admin.workers import worker_state
 from jobstate.core.states import JobStatus
 from jobstate.models import AuditEntry, Job, Worker
 from jobstate.stores import get_state_store
-from tests.admin.test_admin_browser import ARTIFACTS, USERNAME, chromium_page, log_in, make_operator
+from tests.support.browser import ARTIFACTS, USERNAME, chromium_page, log_in, make_operator
 from tests.support.task_functions import add
 from tests.support.tasks_kit import start_worker, stop, use_options, wait_for
 

@@ -18,7 +18,7 @@ from jobstate.models import AuditEntry, BulkOperation, BulkState, Job
 from jobstate.stores.base import JobStatus
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
-from tests.admin.test_admin_jobs import failed_job, logged_in, operator, running_job, shown_messages
+from tests.support.admin_kit import failed_job, logged_in, operator, running_job, shown_messages
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
 

@@ -14,21 +14,9 @@ from django.urls import reverse
 from jobstate.admin.dashboard import DEPTH_TARGETS, finished_per_minute, queue_depth_by_target
 from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
-from tests.admin.test_admin_jobs import failed_job, logged_in, operator, running_job
+from tests.support.admin_kit import failed_job, logged_in, operator, running_job
 
 PAGE = "/admin/jobstate/job/operations/"
-
-
-@pytest.fixture
-def store(db: None) -> DatabaseStateStore:
-    return DatabaseStateStore()
-
-
-@pytest.fixture
-def admin_user(db: None, django_user_model: Any) -> Any:
-    """A superuser without a password: the clients log in with ``force_login``, and
-    skipping the password hash keeps every test fast."""
-    return django_user_model.objects.create_superuser("admin", "admin@example.com", None)
 
 
 def finished_at(store: DatabaseStateStore, request_id: str, status: str, when: datetime) -> None:

@@ -6,22 +6,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from django.db.models import F
 from django.test import Client
 
 from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
-from tests.admin.test_admin_jobs import JOBS, act, logged_in, operator, running_job
-from tests.admin.test_admin_runs import SKEW
-from tests.admin.test_admin_runs import skew_app_clock as skew_app_clock  # a fixture
+from tests.support.admin_kit import JOBS, SKEW, act, logged_in, operator, running_job
 
 LOCKS = "/admin/jobstate/runtimelock/"
-
-
-@pytest.fixture
-def store(db: None) -> DatabaseStateStore:
-    return DatabaseStateStore()
 
 
 def row_of(page: str, label: str) -> str:

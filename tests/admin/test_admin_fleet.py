@@ -18,7 +18,7 @@ from jobstate.admin.dashboard import CHART_HOURS, finished_per_hour
 from jobstate.core.states import NewTask, WorkerKind, WorkerRegistration, task_target
 from jobstate.models import AuditEntry, Job, QueuePause, Worker
 from jobstate.stores.database import DatabaseStateStore
-from tests.admin.test_admin_jobs import logged_in, operator, shown_messages
+from tests.support.admin_kit import logged_in, operator, shown_messages
 
 #: The console's pages and their queries run on MariaDB/MySQL too (scripts/test's MariaDB step).
 pytestmark = pytest.mark.mysql
@@ -29,16 +29,6 @@ PAUSE = "/admin/jobstate/queuepause/pause/"
 RESUME = "/admin/jobstate/queuepause/resume/"
 OPERATIONS = "/admin/jobstate/job/operations/"
 LEASE = timedelta(seconds=30)
-
-
-@pytest.fixture
-def store(db: None) -> DatabaseStateStore:
-    return DatabaseStateStore()
-
-
-@pytest.fixture
-def admin_user(db: None, django_user_model: Any) -> Any:
-    return django_user_model.objects.create_superuser("admin", "admin@example.com", None)
 
 
 def register(store: DatabaseStateStore, worker_id: str, **fields: Any) -> None:

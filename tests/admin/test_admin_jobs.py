@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test import Client
@@ -22,82 +21,18 @@ from jobstate.models import ApprovalDecision, AuditEntry, DeliveryAttempt, Job
 from jobstate.stores.base import JobStatus, StateStore
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.factories import NotificationFactory
-from jobstate.testing.memory_state import MemoryStateStore
-from tests.stores.test_state_races import in_parallel
-
-JOBS = "/admin/jobstate/job/"
-PAST = datetime(2020, 1, 1, tzinfo=UTC)
-
-
-# --- helpers shared by the admin tests -------------------------------------------------
-
-
-def operator(user_model: Any, username: str, *codenames: str) -> Any:
-    """A staff user with exactly the given jobstate permissions."""
-    # No password: tests log in with force_login, and hashing one is slow.
-    user = user_model.objects.create_user(username=username, password=None, is_staff=True)
-    perms = list(
-        Permission.objects.filter(content_type__app_label="jobstate", codename__in=codenames)
-    )
-    assert len(perms) == len(codenames), f"unknown permission among {codenames}"
-    user.user_permissions.add(*perms)
-    return user
-
-
-def logged_in(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def act(
-    client: Client, url: str, action: str, pks: list[Any], *, confirm: bool = False, **extra: Any
-) -> Any:
-    """Post an admin action like the changelist's form does; ``confirm`` posts the
-    confirmation page's form instead. Follows the redirect back to the list."""
-    data: dict[str, Any] = {"action": action, "_selected_action": [str(pk) for pk in pks]}
-    if confirm:
-        data["post"] = "yes"
-    else:
-        data["index"] = "0"
-    data.update(extra)
-    return client.post(url, data, follow=True)
-
-
-def confirm_page(client: Client, url: str, action: str, pks: list[Any], **extra: Any) -> Any:
-    """The confirmation page: the first step, posted without ``index`` as the job
-    page's buttons do (the changelist's "Go" posts ``index`` and lands on it too)."""
-    data: dict[str, Any] = {"action": action, "_selected_action": [str(pk) for pk in pks]}
-    data.update(extra)
-    return client.post(url, data)
-
-
-def shown_messages(response: Any) -> list[str]:
-    return [str(message) for message in response.context["messages"]]
-
-
-def failed_job(store: StateStore, request_id: str, **fields: Any) -> Job:
-    """A job that was claimed, ran and failed."""
-    fields.setdefault("target", "mail")
-    store.create_job(request_id=request_id, **fields)
-    claimed = store.claim_next_inhub_job([fields["target"]], "worker-1")
-    assert claimed is not None and claimed.request_id == request_id
-    result = store.complete_claimed_job(
-        claimed.id, claimed.claim_token, "error", error="boom", attempts=2
-    )
-    assert result.job is not None
-    return result.job
-
-
-def running_job(store: StateStore, request_id: str, *, expired: bool) -> Job:
-    store.create_job(request_id=request_id, target="llm")
-    job = store.claim_next_inhub_job(["llm"], "worker-7")
-    assert job is not None and job.request_id == request_id
-    if expired:
-        # The worker vanished: its lease ran out long ago.
-        job = store.update_job(job.id, lease_until=PAST)
-        assert job is not None
-    return job
+from tests.support.admin_kit import (
+    JOBS,
+    PAST,
+    act,
+    confirm_page,
+    failed_job,
+    logged_in,
+    operator,
+    running_job,
+    shown_messages,
+)
+from tests.support.threads import in_parallel
 
 
 def audit_events(job: Job) -> list[tuple[str, dict[str, Any]]]:
@@ -105,18 +40,6 @@ def audit_events(job: Job) -> list[tuple[str, dict[str, Any]]]:
         (entry.event, entry.detail)
         for entry in AuditEntry.objects.filter(job_id=job.id).order_by("ts", "id")
     ]
-
-
-@pytest.fixture
-def store(db: None) -> DatabaseStateStore:
-    return DatabaseStateStore()
-
-
-@pytest.fixture
-def admin_user(db: None, django_user_model: Any) -> Any:
-    """A superuser without a password: the clients log in with ``force_login``, and
-    skipping the password hash keeps every test fast."""
-    return django_user_model.objects.create_superuser("admin", "admin@example.com", None)
 
 
 # --- the changelist --------------------------------------------------------------------
@@ -600,14 +523,6 @@ def test_postgresql_estimates_unfiltered_and_caps_filtered_counts(
 
 
 # --- the store methods behind reject and expired-lease requeue ------------------------
-
-
-@pytest.fixture(params=["database", "memory"])
-def any_store(request: pytest.FixtureRequest) -> StateStore:
-    if request.param == "database":
-        request.getfixturevalue("db")
-        return DatabaseStateStore()
-    return MemoryStateStore()
 
 
 def test_reject_queued_job_moves_only_a_queued_job(any_store: StateStore) -> None:

@@ -20,47 +20,15 @@ from jobstate.models import (
     Notification,
     RuntimeLock,
 )
-from jobstate.stores.base import JobRunStatus, NotificationState, Trigger
+from jobstate.stores.base import JobRunStatus, NotificationState
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
-from jobstate.testing.factories import NotificationFactory, RuntimeLockFactory
-from tests.admin.test_admin_jobs import act, logged_in, operator, shown_messages
+from jobstate.testing.factories import RuntimeLockFactory
+from tests.support.admin_kit import act, dead_letter, logged_in, operator, run, shown_messages
 
 RUNS = "/admin/jobstate/jobrun/"
 LOCKS = "/admin/jobstate/runtimelock/"
 NOTIFICATIONS = "/admin/jobstate/notification/"
 AUDIT = "/admin/jobstate/auditentry/"
-
-
-@pytest.fixture
-def store(db: None) -> DatabaseStateStore:
-    return DatabaseStateStore()
-
-
-@pytest.fixture
-def admin_user(db: None, django_user_model: Any) -> Any:
-    """A superuser without a password: the clients log in with ``force_login``, and
-    skipping the password hash keeps every test fast."""
-    return django_user_model.objects.create_superuser("admin", "admin@example.com", None)
-
-
-@pytest.fixture
-def runs(db: None) -> DatabaseJobRunStore:
-    return DatabaseJobRunStore()
-
-
-def run(runs: DatabaseJobRunStore, key: str, *, stale: bool) -> str:
-    run_id = runs.claim(
-        job_key="billing.close-day",
-        overlap_key=key,
-        trigger=Trigger("CLI", "ops"),
-        input={"day": "2030-01-01"},
-        started_at=datetime.now(UTC),
-    )
-    assert run_id is not None
-    if stale:
-        # The runner died an hour ago: its heartbeat stopped then.
-        JobRun.objects.filter(id=run_id).update(heartbeat_at=datetime.now(UTC) - timedelta(hours=1))
-    return run_id
 
 
 def finished_run(runs: DatabaseJobRunStore, key: str) -> str:
@@ -69,20 +37,6 @@ def finished_run(runs: DatabaseJobRunStore, key: str) -> str:
         run_id=run_id, status="SUCCEEDED", finished_at=datetime.now(UTC), duration_ms=1500
     )
     return run_id
-
-
-def dead_letter(job: Any = None, key: str = "k1", **fields: Any) -> Notification:
-    values: dict[str, Any] = {
-        "job": job,
-        "channel": "webhook",
-        "destination": "https://hooks.example/orders",
-        "payload": {"order": 7, "secret": "s-hidden"},
-        "idempotency_key": key,
-        "attempts": 8,
-        "last_error": "HTTP 503",
-    }
-    values.update(fields)
-    return NotificationFactory(dead=True, **values)
 
 
 # --- runs ------------------------------------------------------------------------------

@@ -3,11 +3,9 @@ it, however far the application server's clock is off."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from django.db import connection
 from django.db.models import F
 from django.test import Client
@@ -17,29 +15,10 @@ from django.utils import timezone
 from jobstate.models import AuditEntry, JobRun
 from jobstate.stores.base import JobRunStatus, Trigger
 from jobstate.stores.database import DatabaseJobRunStore
-from tests.admin.test_admin_jobs import act, logged_in, operator, shown_messages
+from tests.support.admin_kit import SKEW, act, logged_in, operator, shown_messages
 
 RUNS = "/admin/jobstate/jobrun/"
-# Far beyond STALE_RUN_AFTER (five minutes), so only the clock used can decide.
-SKEW = timedelta(hours=2)
 STALE_CELL = ", stale</strong>"
-
-
-@pytest.fixture
-def runs(db: None) -> DatabaseJobRunStore:
-    return DatabaseJobRunStore()
-
-
-@pytest.fixture
-def skew_app_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[timedelta], None]:
-    """Move the application server's clock (``timezone.now``) by an offset; the
-    database's clock stays where it is."""
-    true_now = timezone.now
-
-    def skew(offset: timedelta) -> None:
-        monkeypatch.setattr(timezone, "now", lambda: true_now() + offset)
-
-    return skew
 
 
 def claimed(runs: DatabaseJobRunStore, key: str, *, heartbeat_age: timedelta | None) -> str:

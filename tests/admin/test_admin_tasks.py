@@ -16,50 +16,11 @@ from jobstate.core.states import NewTask
 from jobstate.models import Job
 from jobstate.stores import get_state_store
 from jobstate.tasks.compat import TaskResultStatus
-from tests.admin.test_admin_jobs import JOBS, act
+from tests.support.admin_kit import JOBS, act, failed_task
 from tests.support.task_functions import add, echo
 from tests.support.tasks_kit import use_options
 
 pytestmark = pytest.mark.django_db
-
-
-def failed_task(secret: str) -> Any:
-    """An ``echo`` task whose two attempts failed, the second for good: a worker lost,
-    then an exception quoting ``secret``."""
-    queued = echo.using(priority=5, queue_name="emails").enqueue(
-        "hello", password=secret, nested={"token": secret}
-    )
-    store = get_state_store()
-    (claimed,) = store.claim_tasks(
-        target="tasks:default", queues=["emails"], worker_id="w-1", lease=timedelta(1), limit=1
-    )
-    assert claimed.claim_token is not None
-    started = claimed.claimed_at.isoformat() if claimed.claimed_at else None
-    log = [
-        {
-            "worker_id": "w-0",
-            "started_at": started,
-            "finished_at": None,
-            "outcome": "worker lost",
-            "exception_class_path": "jobstate.exceptions.WorkerLost",
-            "message": "the worker running this attempt stopped renewing its lease",
-            "traceback": "jobstate.exceptions.WorkerLost: the worker stopped\n",
-        },
-        {
-            "worker_id": "w-1",
-            "started_at": started,
-            "finished_at": timezone.now().isoformat(),
-            "outcome": "failed",
-            "exception_class_path": "builtins.ValueError",
-            "message": f"bad password {secret}",
-            "traceback": f"Traceback (most recent call last):\nValueError: bad password {secret}\n",
-        },
-    ]
-    outcome = store.complete_claimed_job(
-        claimed.id, claimed.claim_token, "error", attempt_log=log, error="builtins.ValueError"
-    )
-    assert outcome.completed
-    return queued
 
 
 def test_a_tasks_page_shows_its_task_arguments_and_attempts_redacted(

@@ -15,8 +15,7 @@ from django.utils import timezone
 
 from jobstate.core.states import NewTask
 from jobstate.stores.database import DatabaseStateStore
-from tests.admin.test_admin_jobs import JOBS
-from tests.admin.test_admin_tasks import failed_task
+from tests.support.admin_kit import JOBS, failed_task
 from tests.support.task_functions import fails_before
 from tests.support.tasks_kit import finish, start_worker, stop, use_options
 

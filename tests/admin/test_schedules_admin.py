@@ -10,7 +10,7 @@ import pytest
 
 from jobstate.models import AuditEntry, Schedule, ScheduleOccurrence
 from jobstate.schedules import enqueue_due, sync_schedules
-from tests.admin.test_admin_jobs import act, confirm_page, logged_in, operator, shown_messages
+from tests.support.admin_kit import act, confirm_page, logged_in, operator, shown_messages
 from tests.support.schedule_kit import T0, declare
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ from jobstate.console.bulk import advance_bulk_operation, start_bulk_operation
 from jobstate.models import AuditEntry, BulkOperation, BulkState, Job
 from jobstate.stores.base import JobStatus
 from jobstate.stores.database import DatabaseStateStore
-from tests.stores.test_state_races import in_parallel
+from tests.support.threads import in_parallel
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -15,7 +15,7 @@ from jobstate.console.bulk import start_bulk_operation
 from jobstate.console.job_search import SearchError, parse_search
 from jobstate.models import AuditEntry, BulkOperation, Job
 from jobstate.stores.database import DatabaseStateStore
-from tests.admin.test_admin_jobs import shown_messages
+from tests.support.admin_kit import shown_messages
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
 

@@ -14,7 +14,7 @@ from jobstate.console import job_search as job_queries
 from jobstate.console.job_search import SearchError, filter_jobs, parse_search
 from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
-from tests.admin.test_admin_jobs import shown_messages
+from tests.support.admin_kit import shown_messages
 from tests.support.plans import plans_without_table_scans
 
 #: The console's pages and their queries run on MariaDB/MySQL too (scripts/test's MariaDB step).

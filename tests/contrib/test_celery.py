@@ -34,7 +34,7 @@ from jobstate.stores.base import JobRunStatus, JobStatus, NotificationRequest, N
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.factories import AuditEntryFactory, JobFactory, JobRunFactory
 from project.demo.notifications import ACCEPTS
-from tests.management.test_commands_ops import child_env
+from tests.support.processes import child_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,21 +4,12 @@ it is on every admin page, and the app's own admin templates still render beneat
 from __future__ import annotations
 
 import re
-from typing import Any
 
-import pytest
 from django.test import Client
 
 from jobstate.testing.factories import JobFactory
 
 BRAND = "jobstate console"
-
-
-@pytest.fixture
-def admin_client(db: None, django_user_model: Any) -> Client:
-    client = Client()
-    client.force_login(django_user_model.objects.create_superuser("admin", "a@example.com", None))
-    return client
 
 
 def branded(page: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from tests.management.test_commands_ops import database_url
+from tests.support.processes import database_url
 from tests.support.schedule_kit import schedules_env
 from tests.support.task_functions import add
 from tests.support.tasks_kit import FAST

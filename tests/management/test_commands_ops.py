@@ -5,7 +5,6 @@ processes, including two cron-style reapers started at the same instant."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,13 +15,11 @@ from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError, OutputWrapper
-from django.db import connection
 from django.db.models.functions import Now
 
 from jobstate.management.commands._common import ProgressLine
@@ -34,17 +31,11 @@ from jobstate.testing.factories import (
     JobRunFactory,
     RuntimeLockFactory,
 )
+from tests.support.processes import Terminal, child_env, finish
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
-
-
-class Terminal(StringIO):
-    """A stream that says it is a terminal."""
-
-    def isatty(self) -> bool:
-        return True
 
 
 def run(*args: str, **options: Any) -> tuple[str, str]:
@@ -277,29 +268,6 @@ def test_the_progress_line_stays_silent_off_a_terminal() -> None:
 # --- real processes: exit status and two cron reapers at once ----------------------------
 
 
-def database_url() -> str:
-    """The URL of the test database this test runs against, for child processes."""
-    db = connection.settings_dict
-    scheme = {"postgresql": "postgres", "mysql": "mysql"}.get(connection.vendor)
-    if scheme is not None:
-        auth = quote(db["USER"] or "", safe="")
-        if db["PASSWORD"]:
-            auth += ":" + quote(db["PASSWORD"], safe="")
-        port = f":{db['PORT']}" if db["PORT"] else ""
-        return f"{scheme}://{auth}@{db['HOST'] or ''}{port}/{quote(db['NAME'], safe='')}"
-    return f"sqlite:///{db['NAME']}"
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
-        "PYTHONUNBUFFERED": "1",
-        **extra,
-    }
-
-
 def manage_py(*args: str) -> subprocess.Popen[str]:
     base = Path(settings.BASE_DIR)
     return subprocess.Popen(
@@ -310,11 +278,6 @@ def manage_py(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=timeout)
-    return process.returncode, out, err
 
 
 @pytest.mark.slow

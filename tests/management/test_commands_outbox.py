@@ -28,7 +28,7 @@ from jobstate.stores.base import NotificationState as State
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.notification_outbox import DatabaseNotificationOutbox
 from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
-from tests.management.test_commands_ops import Terminal, child_env, finish
+from tests.support.processes import Terminal, child_env, finish
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,7 +24,7 @@ from jobstate.models import JobRun
 from jobstate.runner import RunContext, operations_job, registry
 from jobstate.stores.base import REAPED_RUN_ERROR, JobRunStatus, Trigger
 from jobstate.stores.database import DatabaseJobRunStore
-from tests.management.test_commands_ops import database_url
+from tests.support.processes import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -40,11 +40,6 @@ HOOK = "https://hooks.example.com/jobs"
 
 
 @pytest.fixture
-def store() -> DatabaseStateStore:
-    return DatabaseStateStore()
-
-
-@pytest.fixture
 def outbox(store: DatabaseStateStore) -> DatabaseNotificationOutbox:
     return store.notification_outbox
 

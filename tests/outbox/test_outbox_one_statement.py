@@ -26,16 +26,11 @@ from jobstate.exceptions import DuplicateNotification
 from jobstate.models import AuditEntry, Job, Notification
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.notification_outbox import _complete_portably
-from tests.stores.test_state_races import in_parallel
+from tests.support.threads import in_parallel
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 HOOK = "https://hooks.example.com/jobs"
-
-
-@pytest.fixture
-def store() -> DatabaseStateStore:
-    return DatabaseStateStore()
 
 
 def claimed(store: DatabaseStateStore, request_id: str, target: str = "llm") -> Job:

@@ -33,8 +33,8 @@ from jobstate.stores.base import (
 )
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.notification_outbox import LEASE_EXPIRED_ERROR
-from tests.management.test_commands_ops import database_url
-from tests.stores.test_state_races import in_parallel
+from tests.support.processes import database_url
+from tests.support.threads import in_parallel
 
 pytestmark = [
     pytest.mark.concurrent,

@@ -19,11 +19,6 @@ pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
 HOOK = "https://hooks.example.com/jobs"
 
 
-@pytest.fixture
-def store() -> DatabaseStateStore:
-    return DatabaseStateStore()
-
-
 def webhook(**payload: Any) -> NotificationRequest:
     return NotificationRequest(channel="webhook", destination=HOOK, payload=payload)
 

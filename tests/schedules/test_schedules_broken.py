@@ -18,7 +18,7 @@ from django.utils import timezone
 from jobstate.models import JobRun, Schedule
 from jobstate.schedules import ScheduleFailures, enqueue_due, evaluate_schedules, sync_schedules
 from jobstate.tasks.compat import TaskResultStatus
-from tests.admin.test_admin_jobs import logged_in, operator
+from tests.support.admin_kit import logged_in, operator
 from tests.support.schedule_kit import declare, jobs_of, schedules_env, slots_of
 from tests.support.task_functions import add, echo
 

@@ -16,9 +16,8 @@ from django.utils import timezone
 from jobstate.core.clock import instant_filter
 from jobstate.models import Schedule
 from jobstate.schedules import enqueue_due
-from tests.management.test_commands_ops import database_url
-from tests.schedules.test_schedules_commands import manage
-from tests.support.schedule_kit import declare, jobs_of, row, slots_of
+from tests.support.processes import database_url
+from tests.support.schedule_kit import declare, jobs_of, manage, row, slots_of
 
 pytestmark = [pytest.mark.mysql, pytest.mark.slow]
 

@@ -5,15 +5,11 @@ which brings the rows in step with settings. Commands and workers are real proce
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.apps import apps
-from django.conf import settings as django_settings
 from django.utils import timezone
 
 from jobstate.contrib.celery.beat import JOBSTATE_BEAT_SCHEDULE, beat_schedule
@@ -22,7 +18,7 @@ from jobstate.models import Job, JobRun, Schedule, ScheduleOccurrence
 from jobstate.schedules import sync_schedules
 from jobstate.signals import sync_schedules_after_migrate
 from jobstate.tasks.compat import TaskResultStatus
-from tests.support.schedule_kit import declare, jobs_of, schedules_env, slots_of
+from tests.support.schedule_kit import declare, jobs_of, manage, slots_of
 from tests.support.task_functions import add
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -32,22 +28,6 @@ ADD = "tests.support.task_functions.add"
 # none comes due while a test runs (short of New Year's midnight).
 YEARLY = {"task": ADD, "cron": "0 0 1 1 *", "args": [2, 3]}
 REPORT = {"operations_job": "demo.report-build", "cron": "0 0 1 1 *", "kwargs": {"rows": 4}}
-
-
-def manage(
-    *args: str, schedules: dict[str, Any], timeout: float = 120, env: dict[str, str] | None = None
-) -> Any:
-    """``manage.py *args`` as a process on the test database with ``schedules`` (and
-    ``env`` over the environment)."""
-    base = Path(django_settings.BASE_DIR)
-    return subprocess.run(
-        [sys.executable, str(base / "manage.py"), *args],
-        cwd=base,
-        env={**schedules_env(**schedules), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def declared_a_while_ago(settings: Any, **schedules: dict[str, Any]) -> None:

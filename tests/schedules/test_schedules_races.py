@@ -21,8 +21,8 @@ from django.conf import settings as django_settings
 
 from jobstate.models import Job, ScheduleOccurrence
 from jobstate.schedules import EnqueuedOccurrence, enqueue_due, sync_schedules
-from tests.stores.test_state_races import in_parallel
 from tests.support.schedule_kit import T0, declare, schedules_env, slots_of
+from tests.support.threads import in_parallel
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

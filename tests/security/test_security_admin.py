@@ -26,14 +26,11 @@ import pytest
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Permission
 from django.db.models import Model
 from django.test import Client, RequestFactory
 
 from jobstate.models import (
-    ApprovalDecision,
     AuditEntry,
-    DeliveryReplay,
     Job,
     JobRun,
     Notification,
@@ -45,24 +42,23 @@ from jobstate.models import (
 from jobstate.schedules.definitions import parse_declaration
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
-from tests.admin.test_admin_jobs import act, failed_job, logged_in
-from tests.admin.test_admin_other import dead_letter, run
+from tests.support.admin_kit import act, dead_letter, logged_in, run
+from tests.support.security_kit import (
+    OPERATOR,
+    _failed_job,
+    _job_status,
+    _queued_job,
+    changelist_url,
+    csrf_client,
+    jobstate_permissions,
+    snapshot,
+    staff,
+    view_permission,
+)
 
 pytestmark = pytest.mark.django_db
 
 OPERATIONS = "/admin/jobstate/job/operations/"
-OPERATOR = "olga.operator"
-
-
-@pytest.fixture
-def admin_user(django_user_model: Any) -> Any:
-    """A superuser without a password (the clients use ``force_login``; hashing one is
-    slow). ``admin_client`` logs in as this user."""
-    return django_user_model.objects.create_superuser("admin", "admin@example.com", None)
-
-
-def changelist_url(model: type[Model]) -> str:
-    return f"/admin/jobstate/{model._meta.model_name}/"
 
 
 def change_url(model: type[Model], pk: str) -> str:
@@ -70,14 +66,6 @@ def change_url(model: type[Model], pk: str) -> str:
 
 
 # --- the actions and what each one changes -----------------------------------------------
-
-
-def _failed_job() -> str:
-    return str(failed_job(DatabaseStateStore(), "broken").id)
-
-
-def _queued_job() -> str:
-    return str(DatabaseStateStore().create_job(request_id="waiting", target="mail").id)
 
 
 def _stale_run() -> str:
@@ -110,10 +98,6 @@ def _schedule(*, paused: bool = False) -> str:
         paused=paused,
     )
     return str(row.pk)
-
-
-def _job_status(pk: str) -> str:
-    return Job.objects.get(pk=pk).status
 
 
 @dataclass(frozen=True)
@@ -256,29 +240,6 @@ def superuser_request(django_user_model: Any) -> Any:
     request = RequestFactory().get("/admin/")
     request.user = django_user_model.objects.create_superuser("root", "root@example.com", None)
     return request
-
-
-def staff(django_user_model: Any, username: str, permissions: list[Permission]) -> Any:
-    user = django_user_model.objects.create_user(username=username, password=None, is_staff=True)
-    user.user_permissions.add(*permissions)
-    return user
-
-
-def jobstate_permissions() -> Any:
-    return Permission.objects.filter(content_type__app_label="jobstate")
-
-
-def view_permission(model: type[Model]) -> Permission:
-    return jobstate_permissions().get(codename=f"view_{model._meta.model_name}")
-
-
-def snapshot() -> tuple[int, int, int]:
-    """What an action leaves behind besides the row itself."""
-    return (
-        AuditEntry.objects.count(),
-        ApprovalDecision.objects.count(),
-        DeliveryReplay.objects.count(),
-    )
 
 
 def offered(page: str, action: str) -> bool:
@@ -424,12 +385,6 @@ def test_with_its_permission_an_action_runs_and_is_audited_with_the_user(
 # --- CSRF ---------------------------------------------------------------------------------
 
 
-def csrf_client(user: Any) -> Client:
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(user)
-    return client
-
-
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_an_action_posted_without_a_csrf_token_is_refused(
     admin_user: Any, case: ActionCase
@@ -476,15 +431,6 @@ def test_the_token_the_pages_carry_lets_the_action_through(
 
 
 # --- who may open the console at all ------------------------------------------------------
-
-
-@pytest.fixture
-def outsiders(django_user_model: Any) -> dict[str, Client]:
-    """An anonymous visitor and a signed-in user who is not staff (holding every
-    jobstate permission, which must not matter)."""
-    member = django_user_model.objects.create_user(username="nina", password=None)
-    member.user_permissions.add(*jobstate_permissions())
-    return {"anonymous": Client(), "not staff": logged_in(member)}
 
 
 @pytest.mark.parametrize("who", ["anonymous", "not staff"])

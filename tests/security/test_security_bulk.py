@@ -14,8 +14,8 @@ from django.test import Client
 from jobstate.console.bulk import start_bulk_operation
 from jobstate.models import AuditEntry, BulkOperation, Job
 from jobstate.stores.base import JobStatus
-from tests.admin.test_admin_jobs import logged_in
-from tests.security.test_security_admin import (
+from tests.support.admin_kit import logged_in
+from tests.support.security_kit import (
     OPERATOR,
     _failed_job,
     _job_status,
@@ -23,16 +23,12 @@ from tests.security.test_security_admin import (
     changelist_url,
     csrf_client,
     jobstate_permissions,
-    outsiders,
     snapshot,
     staff,
     view_permission,
 )
 
 pytestmark = pytest.mark.django_db
-
-# The fixture is defined in the inventory's module; naming it here lets pytest find it.
-__all__ = ["outsiders"]
 
 
 BULK = "/admin/jobstate/job/bulk/"

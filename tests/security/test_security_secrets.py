@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,7 +37,7 @@ from jobstate.outbox.relay import deliver_notifications
 from jobstate.stores.base import NotificationRequest, Trigger
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from jobstate.testing.factories import NotificationFactory
-from tests.outbox.test_relay import Receiver
+from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,31 +59,14 @@ PAYLOAD = {
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    server.routes.update({"/error": 500, "/away": ("redirect", 302, "http://elsewhere.test/")})
-    server.thread.start()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
-
-
-@pytest.fixture
-def store(settings: Any) -> DatabaseStateStore:
+def store(store: DatabaseStateStore, settings: Any) -> DatabaseStateStore:
+    """The shared store, with a signing key and one delivery attempt."""
     settings.JOBSTATE = {
         "WEBHOOK_SECRET": SECRET,
         "WEBHOOK_TIMEOUT": timedelta(seconds=5),
         "OUTBOX_MAX_ATTEMPTS": 1,
     }
-    return DatabaseStateStore()
-
-
-@pytest.fixture
-def admin_client(django_user_model: Any) -> Client:
-    user = django_user_model.objects.create_superuser("admin", "admin@example.com", None)
-    client = Client()
-    client.force_login(user)
-    return client
+    return store
 
 
 @notification_handler

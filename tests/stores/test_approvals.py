@@ -21,18 +21,16 @@ from jobstate.stores.base import (
 )
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
-from tests.stores.test_state_races import WORKERS, in_parallel
+from tests.support.threads import WORKERS, in_parallel
 
 Outcome = ApprovalRequeueOutcome
 LATER = datetime(2031, 1, 1, tzinfo=UTC)
 
 
-@pytest.fixture(params=["database", "memory"])
-def store(request: pytest.FixtureRequest) -> StateStore:
-    if request.param == "database":
-        request.getfixturevalue("db")
-        return DatabaseStateStore()
-    return MemoryStateStore()
+@pytest.fixture
+def store(any_store: StateStore) -> StateStore:
+    """Every test here runs on the database store and on the in-memory one."""
+    return any_store
 
 
 def finished_job(store: StateStore, request_id: str = "r1", **fields: Any) -> Job:

@@ -21,7 +21,7 @@ from django.db import connection
 
 from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
-from tests.stores.test_state_races import in_parallel
+from tests.support.threads import in_parallel
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

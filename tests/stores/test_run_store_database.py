@@ -27,8 +27,9 @@ CLOCK_SLACK = timedelta(seconds=1)
 
 
 @pytest.fixture
-def store() -> DatabaseJobRunStore:
-    return DatabaseJobRunStore()
+def store(runs: DatabaseJobRunStore) -> DatabaseJobRunStore:
+    """The store under test here is the run store."""
+    return runs
 
 
 def claim(store: DatabaseJobRunStore, key: str = "billing.close-day", **kwargs: Any) -> str:

@@ -11,53 +11,23 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from django.db import connections
 
 from jobstate.exceptions import ThreadQuotaExceeded
 from jobstate.models import Job, RuntimeLock
 from jobstate.stores.base import CompletionOutcome, JobStatus
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.factories import RuntimeLockFactory
+from tests.support.threads import WORKERS, in_parallel
 
 pytestmark = [
     pytest.mark.concurrent,
     pytest.mark.mysql,
     pytest.mark.django_db(transaction=True),
 ]
-
-WORKERS = 8
-T = TypeVar("T")
-
-
-def in_parallel(count: int, work: Callable[[int], T], *, timeout: float = 60) -> list[T]:
-    """Run ``work(i)`` on ``count`` threads started together; re-raise the first error."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def body(index: int) -> None:
-        try:
-            barrier.wait(timeout=timeout)
-            results[index] = work(index)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=timeout)
-    assert not any(thread.is_alive() for thread in threads), "a worker hung"
-    if errors:
-        raise errors[0]
-    return results
 
 
 def test_eight_executors_claim_every_ready_job_exactly_once() -> None:

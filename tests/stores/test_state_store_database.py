@@ -32,11 +32,6 @@ pytestmark = pytest.mark.django_db
 OLD = datetime(1999, 6, 1, tzinfo=UTC)
 
 
-@pytest.fixture
-def store() -> DatabaseStateStore:
-    return DatabaseStateStore()
-
-
 def jobstate(settings: Any, **values: object) -> None:
     """Override some JOBSTATE settings for one test (the ``settings`` fixture restores)."""
     settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), **values}

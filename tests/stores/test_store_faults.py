@@ -226,16 +226,6 @@ def assert_documented(error: StoreError, kind: type[StoreError], sqlstate: str |
 # --- fixtures: one row of each kind -------------------------------------------------------
 
 
-@pytest.fixture
-def store() -> DatabaseStateStore:
-    return DatabaseStateStore()
-
-
-@pytest.fixture
-def runs() -> DatabaseJobRunStore:
-    return DatabaseJobRunStore()
-
-
 def queued(store: DatabaseStateStore, name: str, **fields: Any) -> Job:
     return store.create_job(request_id=name, target="faults", input={"token": "SECRET"}, **fields)
 

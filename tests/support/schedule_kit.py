@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings as django_settings
+
 from jobstate.models import Job, Schedule, ScheduleOccurrence
-from tests.management.test_commands_ops import database_url
+from tests.support.processes import database_url
 from tests.support.tasks_kit import FAST
 
 #: A Sunday noon in UTC; the tests' schedules start from instants around it.
@@ -65,3 +70,19 @@ def row(key: str) -> Schedule:
 
 def utc(*fields: int) -> datetime:
     return datetime(*fields, tzinfo=UTC)  # type: ignore[misc]
+
+
+def manage(
+    *args: str, schedules: dict[str, Any], timeout: float = 120, env: dict[str, str] | None = None
+) -> Any:
+    """``manage.py *args`` as a process on the test database with ``schedules`` (and
+    ``env`` over the environment)."""
+    base = Path(django_settings.BASE_DIR)
+    return subprocess.run(
+        [sys.executable, str(base / "manage.py"), *args],
+        cwd=base,
+        env={**schedules_env(**schedules), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

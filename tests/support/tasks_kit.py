@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
-from tests.management.test_commands_ops import database_url
+from tests.support.processes import database_url
 
 #: The options the tests' backend runs with unless a test says otherwise: retries at
 #: once, and leases short enough for a killed worker's tasks to come back quickly.

@@ -11,7 +11,6 @@ with ``InvalidPayload``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -35,7 +34,7 @@ from jobstate.core.attempt_log import (
     storable_class_path,
 )
 from jobstate.core.jsonvalues import json_size
-from jobstate.core.states import ClaimReport, JobStatus, NewTask
+from jobstate.core.states import JobStatus
 from jobstate.exceptions import InvalidPatch, InvalidPayload, TaskTimedOut
 from jobstate.models import Job
 from jobstate.stores.base import StateStore
@@ -47,28 +46,14 @@ from jobstate.tasks.compat import TaskResultStatus, task_backends
 from jobstate.tasks.results import LEFT_OUT_WORKER_ID
 from jobstate.tasks.worker import Worker, WorkerConfig
 from jobstate.tasks.worker.execution import failure
-from jobstate.testing.memory_state import MemoryStateStore
+from tests.support.attempts import NOW, claim, enqueue, failed_attempt, raised, report_failures
 from tests.support.hostile_tasks import MISBEHAVIOURS, hostile
 from tests.support.task_functions import add, always_fails, echo, started_then_sleeps
 from tests.support.tasks_kit import use_options
 
 pytestmark = pytest.mark.mysql
 
-TARGET = "tasks:default"
 KEPT = KEPT_FIRST + KEPT_LATEST
-NOW = timezone.now()
-
-
-def raised(exc: BaseException) -> BaseException:
-    """``exc`` with the traceback of having been raised."""
-    try:
-        raise exc
-    except BaseException as caught:
-        return caught
-
-
-def failed_attempt(message: str, *, worker: str = "w-1") -> TaskAttempt:
-    return failure(worker, NOW, raised(ValueError(message)))
 
 
 def settle_many(
@@ -176,52 +161,11 @@ def test_a_class_path_no_store_can_keep_falls_back_to_a_base_class() -> None:
 # --- the stores -----------------------------------------------------------------------
 
 
-@pytest.fixture(params=["database", "memory"])
-def store(request: pytest.FixtureRequest, settings: Any) -> Iterator[StateStore]:
+@pytest.fixture
+def store(any_store: StateStore, settings: Any) -> StateStore:
+    """Both stores, with a payload limit the long logs here stay under."""
     settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), "MAX_PAYLOAD_BYTES": 100_000}
-    if request.param == "database":
-        request.getfixturevalue("db")
-        yield DatabaseStateStore()
-    else:
-        yield MemoryStateStore()
-
-
-def enqueue(store: StateStore, max_attempts: int) -> Job:
-    return store.enqueue_task(
-        NewTask(
-            target=TARGET,
-            task_path="tests.support.task_functions.always_fails",
-            queue_name="default",
-            priority=0,
-            args=["boom"],
-            kwargs={},
-            max_attempts=max_attempts,
-        )
-    )
-
-
-def claim(store: StateStore, worker_id: str) -> Job:
-    (job,) = store.claim_tasks(
-        target=TARGET, queues=["default"], worker_id=worker_id, lease=timedelta(minutes=1), limit=1
-    )
-    return job
-
-
-def report_failures(store: StateStore, job_id: Any, count: int) -> None:
-    """What a worker reports for ``count`` attempts that fail with 30 kB messages."""
-    for number in range(count):
-        job = claim(store, f"w-{number}")
-        settlement = settle_attempt(
-            attempt_log=job.attempt_log,
-            attempts=job.attempts,
-            max_attempts=job.max_attempts,
-            attempt=failed_attempt("x" * 30_000, worker=f"w-{number}"),
-        )
-        (result,) = store.complete_claimed_jobs(
-            [ClaimReport(job.id, job.claim_token or "", settlement.status, settlement.patch)]
-        )
-        assert result.completed
-        assert job_id == job.id
+    return any_store
 
 
 def test_reports_and_the_recovery_of_a_lost_attempt_never_fail_on_size(

@@ -29,7 +29,6 @@ from jobstate.tasks.compat import (
     task_backends,
 )
 from jobstate.tasks.options import parse_task_options
-from jobstate.testing.memory_state import MemoryStateStore
 from tests.support.task_functions import add, async_add, echo
 from tests.support.tasks_kit import use_options
 
@@ -305,14 +304,10 @@ def test_the_system_check_names_every_bad_option_and_queue(settings: Any) -> Non
 def test_a_state_store_without_tasks_fails_the_check(settings: Any) -> None:
     settings.JOBSTATE = {
         **getattr(settings, "JOBSTATE", {}),
-        "STATE_STORE": "tests.tasks.test_tasks_backend.NoTasksStore",
+        "STATE_STORE": "tests.support.stores.NoTasksStore",
     }
     messages = [m for m in checks.run_checks() if m.id == "jobstate.E024"]
     assert len(messages) == 1 and "NoTasksStore" in messages[0].msg
-
-
-class NoTasksStore(MemoryStateStore):
-    supports_tasks = False
 
 
 def test_good_options_pass_the_check(settings: Any) -> None:

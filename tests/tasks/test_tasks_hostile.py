@@ -23,6 +23,7 @@ from jobstate.core.states import TERMINAL_JOB_STATUSES
 from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.tasks.compat import TaskResult, TaskResultStatus
+from tests.support.attempts import claim, enqueue, report_failures
 from tests.support.hostile_tasks import (
     MISBEHAVIOURS,
     drops_hostile_objects,
@@ -31,7 +32,6 @@ from tests.support.hostile_tasks import (
 )
 from tests.support.task_functions import add, always_fails
 from tests.support.tasks_kit import start_worker, use_options, wait_for
-from tests.tasks.test_tasks_attempt_log import claim, enqueue, report_failures
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -35,13 +34,10 @@ LEASE = timedelta(minutes=1)
 LONG_AGO = timezone.now() - timedelta(days=1)
 
 
-@pytest.fixture(params=["database", "memory"])
-def store(request: pytest.FixtureRequest) -> Iterator[StateStore]:
-    if request.param == "database":
-        request.getfixturevalue("db")
-        yield DatabaseStateStore()
-    else:
-        yield MemoryStateStore()
+@pytest.fixture
+def store(any_store: StateStore) -> StateStore:
+    """Every test here runs on the database store and on the in-memory one."""
+    return any_store
 
 
 def new_task(

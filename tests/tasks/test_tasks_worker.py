@@ -243,7 +243,7 @@ def test_a_state_store_without_tasks_is_refused(settings: Any) -> None:
     use_options(settings)
     settings.JOBSTATE = {
         **getattr(settings, "JOBSTATE", {}),
-        "STATE_STORE": "tests.tasks.test_tasks_backend.NoTasksStore",
+        "STATE_STORE": "tests.support.stores.NoTasksStore",
     }
     with pytest.raises(CommandError, match="does not support tasks") as raised:
         call_command("jobstate_worker", "--batch")

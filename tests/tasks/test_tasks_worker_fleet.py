@@ -24,7 +24,7 @@ from jobstate.admin.workers import worker_state
 from jobstate.core.states import JobStatus
 from jobstate.models import Job, Worker
 from jobstate.stores import get_state_store
-from tests.management.test_commands_ops import database_url
+from tests.support.processes import database_url
 from tests.support.task_functions import add, started_then_sleeps
 from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
 
