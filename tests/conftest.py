@@ -13,6 +13,11 @@
 - ``only_on(vendor)``: a test of one backend's own behaviour (``"sqlite"``,
   ``"postgresql"``, ``"mysql"``), or a harness driving a MariaDB server of its own
   (``"mysql"``); deselected, and counted, on the other backends' runs.
+- ``slow``: starts a process, a server or a browser, or waits on the real clock for a
+  second or more. ``-m "not slow"`` (added to a step's own selection, e.g.
+  ``-m "not postgres and not concurrent and not slow"`` on SQLite) is the quick tier,
+  a few minutes long; the steps of the test command run every tier.
+
 The test command runs SQLite with ``-m "not postgres and not concurrent"``, PostgreSQL
 with everything, and MariaDB with ``-m mysql``.
 

@@ -38,7 +38,7 @@ from tests.support.browser import (
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = [pytest.mark.browser, pytest.mark.postgres]
+pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.slow]
 
 SCREENSHOT = ARTIFACTS / "admin-e2e.png"
 FAILURE_SCREENSHOT = ARTIFACTS / "admin-e2e-failure.png"

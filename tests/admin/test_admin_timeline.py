@@ -36,6 +36,7 @@ def position(items: list[str], *needles: str) -> int:
     raise AssertionError(f"no timeline item with {needles}: {items}")
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_retried_tasks_timeline_reads_in_order(admin_client: Client, settings: Any) -> None:
     options = use_options(settings, MAX_ATTEMPTS=3, RETRY_BACKOFF=0.3)

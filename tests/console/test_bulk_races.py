@@ -58,6 +58,7 @@ def claimers_and_drivers(
     return in_parallel(claimers + drivers, body, timeout=120)
 
 
+@pytest.mark.slow
 def test_bulk_reject_while_workers_claim_never_rejects_a_claimed_job() -> None:
     store = DatabaseStateStore()
     jobs = {store.create_job(request_id=f"q{n}", target=TARGET).pk for n in range(400)}
@@ -91,6 +92,7 @@ def test_bulk_reject_while_workers_claim_never_rejects_a_claimed_job() -> None:
     assert operation.done + operation.skipped <= operation.total
 
 
+@pytest.mark.slow
 def test_bulk_requeue_while_workers_claim_and_fail_handles_each_job_once() -> None:
     store = DatabaseStateStore()
     for n in range(300):
@@ -136,6 +138,7 @@ def test_bulk_requeue_while_workers_claim_and_fail_handles_each_job_once() -> No
     assert operation.state == BulkState.DONE
 
 
+@pytest.mark.slow
 def test_bulk_delete_while_workers_run_jobs_deletes_only_finished_ones() -> None:
     store = DatabaseStateStore()
     for n in range(300):
@@ -176,6 +179,7 @@ def test_bulk_delete_while_workers_run_jobs_deletes_only_finished_ones() -> None
     assert sum(results[:4]) == 200
 
 
+@pytest.mark.slow
 def test_a_driver_killed_mid_run_is_resumed_without_handling_a_job_twice() -> None:
     store = DatabaseStateStore()
     for n in range(1500):

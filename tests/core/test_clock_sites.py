@@ -60,6 +60,7 @@ def test_a_lookup_it_does_not_know_is_refused() -> None:
         instant_filter("default", "run_after", "range", datetime.now(UTC))
 
 
+@pytest.mark.slow
 def test_the_bulk_requeue_takes_a_lease_that_ended_on_the_real_clock_only() -> None:
     # The console's "Requeue all matching" on running jobs: the lease the database's
     # clock wrote is judged against the same clock, in SQL.

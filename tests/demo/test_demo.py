@@ -73,6 +73,7 @@ def test_demo_setup_leaves_jobs_in_every_status_with_notifications(capsys):
     assert Notification.objects.get(destination=BUSY_ONCE).attempts == 1
 
 
+@pytest.mark.slow
 def test_demo_traffic_delivers_retries_and_dead_letters_notifications():
     call_command("demo_setup", stdout=StringIO())
     out = StringIO()
@@ -164,6 +165,7 @@ def test_demo_traffic_logs_a_failing_step_and_goes_on(monkeypatch):
     assert "RuntimeError: the relay tripped over something" in err and "Traceback" in err
 
 
+@pytest.mark.slow
 def test_demo_traffic_runs_a_setup_sample_requeued_from_the_console():
     call_command("demo_setup", stdout=StringIO())
     store = get_state_store()
@@ -183,6 +185,7 @@ def test_demo_setup_names_the_address_the_demo_serves(capsys, monkeypatch):
     assert "Demo ready. Admin: http://127.0.0.1:8123/admin/" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_demo_traffic_works_off_a_backlog_an_operator_requeued():
     # "Requeue all matching" on a few dozen finished jobs: the simulated owners take
     # them up several at a time instead of one job a tick.

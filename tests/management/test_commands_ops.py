@@ -376,6 +376,7 @@ def test_two_cron_reapers_started_at_once_report_disjoint_work_that_sums_to_the_
 # --- the demo's live traffic -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_traffic_moves_jobs_through_every_state_and_recovers_crashes() -> None:
     # The lease is long next to a tick so a slow machine does not turn ordinary reports
     # into stale ones, and short enough that crashed claims are recovered within the run.

@@ -100,6 +100,7 @@ def finish(store: DatabaseStateStore, request_id: str, destination: str = HANDLE
     return done
 
 
+@pytest.mark.slow
 def test_a_crash_between_commit_and_send_loses_no_notification() -> None:
     """A real process commits two completions and dies: one before any relay ran, one
     right after a relay claimed its row. Both are delivered afterwards, once each."""

@@ -457,6 +457,7 @@ def test_a_broken_channel_does_not_strand_the_batch(
     assert errors["broken"] == "no channel named 'broken' in JOBSTATE['CHANNELS']."
 
 
+@pytest.mark.slow
 def test_a_pass_stops_sending_when_half_the_lease_is_spent(store: DatabaseStateStore) -> None:
     for n in range(3):
         finish(

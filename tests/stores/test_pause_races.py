@@ -57,6 +57,7 @@ def database_clock() -> datetime:
     return now  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_no_claim_that_starts_after_a_pause_commits_takes_the_paused_queue() -> None:
     seed()
     store = DatabaseStateStore()

@@ -424,6 +424,7 @@ def test_a_relay_claim_killed_inside_its_transaction_leaves_the_notification_due
     assert deliveries == {note.idempotency_key: 1}
 
 
+@pytest.mark.slow
 @postgres
 def test_a_relay_settle_killed_inside_its_transaction_sends_again_after_the_lease(
     store: DatabaseStateStore,

@@ -346,6 +346,7 @@ def _listener() -> Any:
     return listener
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_enqueue_notifies_once_per_queue_when_its_transaction_commits() -> None:
     listener = _listener()
