@@ -13,14 +13,31 @@
 - ``only_on(vendor)``: a test of one backend's own behaviour (``"sqlite"``,
   ``"postgresql"``, ``"mysql"``), or a harness driving a MariaDB server of its own
   (``"mysql"``); deselected, and counted, on the other backends' runs.
+- ``slow``: starts a process, a server or a browser, or waits on the real clock for a
+  second or more. ``-m "not slow"`` (added to a step's own selection, e.g.
+  ``-m "not postgres and not concurrent and not slow"`` on SQLite) is the quick tier,
+  a few minutes long; the steps of the test command run every tier.
+
 The test command runs SQLite with ``-m "not postgres and not concurrent"``, PostgreSQL
 with everything, and MariaDB with ``-m mysql``.
+
+The fixtures here are the ones tests of several packages share (the stores, an admin
+user, a local HTTP receiver); each folder's ``conftest.py`` holds its own, and
+``tests/support/`` the helpers that are not fixtures.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 from django.db import connection
+
+from jobstate.stores.base import StateStore
+from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
+from jobstate.testing.memory_state import MemoryStateStore
+from tests.support.receiver import Receiver
 
 
 def _only_on(item: pytest.Item) -> str | None:
@@ -67,3 +84,43 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "or mark it mysql once it holds there.",
             pytrace=False,
         )
+
+
+@pytest.fixture
+def store(db: None) -> DatabaseStateStore:
+    """The database state store, on the test database."""
+    return DatabaseStateStore()
+
+
+@pytest.fixture(params=["database", "memory"])
+def any_store(request: pytest.FixtureRequest) -> StateStore:
+    """The test runs twice: on the database store and on the in-memory reference store
+    (which needs no database)."""
+    if request.param == "database":
+        request.getfixturevalue("db")
+        return DatabaseStateStore()
+    return MemoryStateStore()
+
+
+@pytest.fixture
+def runs(db: None) -> DatabaseJobRunStore:
+    """The database run store, on the test database."""
+    return DatabaseJobRunStore()
+
+
+@pytest.fixture
+def admin_user(db: None, django_user_model: Any) -> Any:
+    """A superuser without a password: the clients log in with ``force_login`` (as
+    pytest-django's ``admin_client`` does with this user), and skipping the password
+    hash keeps every test fast."""
+    return django_user_model.objects.create_superuser("admin", "admin@example.com", None)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A local HTTP server taking the relay's webhooks, stopped after the test."""
+    server = Receiver()
+    server.thread.start()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()

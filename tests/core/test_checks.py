@@ -1,0 +1,214 @@
+"""The settings check: a bad ``JOBSTATE`` value stops ``manage.py check`` (and so
+``runserver`` and ``migrate``) at start-up, naming the setting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.checks import ERROR
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connections
+
+from jobstate.checks import (
+    check_database_guarantees,
+    check_operations_modules,
+    check_schedules,
+    check_settings,
+)
+
+
+def test_the_default_settings_pass() -> None:
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({"OBSERVABILITY_TOKEN": ""}, "OBSERVABILITY_TOKEN"),
+        ({"WORKER_LEASE": timedelta(0)}, "WORKER_LEASE"),
+        ({"NO_SUCH_SETTING": 1}, "NO_SUCH_SETTING"),
+        ({"PREPARED_STATEMENTS": "off"}, "PREPARED_STATEMENTS"),
+        ({"PREPARED_STATEMENTS": 0}, "PREPARED_STATEMENTS"),
+    ],
+)
+def test_a_bad_setting_fails_the_check_at_start_up(
+    settings: Any, value: dict[str, Any], named: str
+) -> None:
+    settings.JOBSTATE = value
+
+    [message] = check_settings()
+
+    assert message.id == "jobstate.E001" and named in message.msg
+    with pytest.raises(SystemCheckError, match=named):
+        call_command("check")
+
+
+# --- what each database guarantees --------------------------------------------------------
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db
+def test_the_test_database_gives_every_guarantee() -> None:
+    assert check_database_guarantees(databases=["default"]) == []
+
+
+def _options(alias: str = "default") -> dict[str, Any]:
+    return connections[alias].settings_dict.setdefault("OPTIONS", {})
+
+
+@pytest.mark.only_on("sqlite")
+@pytest.mark.django_db
+def test_sqlite_without_immediate_transactions_fails_the_check_until_accepted(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(_options(), "transaction_mode")
+
+    [message] = check_database_guarantees(databases=["default"])
+
+    assert message.id == "jobstate.E040" and message.level == ERROR
+    assert "IMMEDIATE" in message.msg and "SILENCED_SYSTEM_CHECKS" in (message.hint or "")
+    with pytest.raises(SystemCheckError, match=r"jobstate\.E040"):
+        call_command("check", databases=["default"])
+    settings.SILENCED_SYSTEM_CHECKS = ["jobstate.E040"]
+    call_command("check", databases=["default"])
+
+
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db
+@pytest.mark.parametrize("level", ["repeatable read", "serializable", None])
+def test_mariadb_away_from_read_committed_fails_the_check(
+    monkeypatch: pytest.MonkeyPatch, level: str | None
+) -> None:
+    monkeypatch.setitem(_options(), "isolation_level", level)
+
+    [message] = check_database_guarantees(databases=["default"])
+
+    assert message.id == "jobstate.E043" and message.level == ERROR
+    assert repr(level) in message.msg and "per-thread gate" in message.msg
+
+
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db
+def test_mariadb_at_read_committed_spelled_by_the_host_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(_options(), "isolation_level", "READ COMMITTED")
+
+    assert check_database_guarantees(databases=["default"]) == []
+
+
+# --- every problem at once, and what each is ----------------------------------------------
+
+
+def test_an_unknown_setting_names_the_setting_it_was_likely_meant_as(settings: Any) -> None:
+    settings.JOBSTATE = {"HEARTBEAT_INTERVALL": timedelta(seconds=10)}
+
+    [message] = check_settings()
+
+    assert message.id == "jobstate.E001"
+    assert "'HEARTBEAT_INTERVALL'" in message.msg
+    assert "did you mean HEARTBEAT_INTERVAL?" in message.msg
+
+
+def test_check_reports_every_problem_in_one_pass(settings: Any) -> None:
+    settings.JOBSTATE = {
+        "HEARTBEAT_INTERVALL": timedelta(seconds=10),
+        "WORKER_LEASE": timedelta(0),
+        "LIST_LIMIT": 0,
+    }
+    with pytest.raises(SystemCheckError) as caught:
+        call_command("check")
+    text = str(caught.value)
+    for named in ("HEARTBEAT_INTERVALL", "WORKER_LEASE", "LIST_LIMIT"):
+        assert named in text
+    assert text.count("jobstate.E001") == 3
+
+
+def test_schedules_report_their_declaration_and_their_target_problems_together(
+    settings: Any,
+) -> None:
+    settings.JOBSTATE = {
+        "SCHEDULES": {
+            "bad-cron": {"task": "tests.support.task_functions.add", "cron": "61 * * * *"},
+            "renamed": {"task": "tests.support.task_functions.renamed_away", "cron": "* * * * *"},
+        }
+    }
+    messages = check_schedules()
+    assert sorted(m.id for m in messages) == ["jobstate.E030", "jobstate.E031"]
+    assert "['bad-cron']['cron']" in messages[0].msg
+    assert "schedule 'renamed'" in messages[1].msg and "renamed_away" in messages[1].msg
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"note": "a\x00b"}, "NUL character"),
+        ({"note": "\ud800"}, "not valid Unicode"),
+        ({"note\x00": 1}, "NUL character"),
+        ({"note": "x" * 2048}, "the limit is 1024"),
+    ],
+    ids=["nul", "lone-surrogate", "nul-in-a-key", "too-large"],
+)
+def test_schedule_arguments_the_job_table_cannot_hold_fail_the_check(
+    settings: Any, kwargs: dict[str, Any], says: str
+) -> None:
+    settings.JOBSTATE = {
+        "MAX_PAYLOAD_BYTES": 1024,
+        "SCHEDULES": {
+            "nightly": {
+                "task": "tests.support.task_functions.echo",
+                "cron": "0 2 * * *",
+                "kwargs": kwargs,
+            }
+        },
+    }
+    [message] = check_schedules()
+    assert message.id == "jobstate.E030"
+    assert "['nightly']['kwargs']" in message.msg and says in message.msg
+
+
+def test_an_operations_job_module_that_does_not_import_fails_the_check(settings: Any) -> None:
+    settings.JOBSTATE = {"OPERATIONS_JOB_MODULES": ["billing.operations"]}
+
+    [message] = check_operations_modules()
+
+    assert message.id == "jobstate.E002"
+    assert "'billing.operations'" in message.msg and "No module named 'billing'" in message.msg
+    with pytest.raises(SystemCheckError, match=r"jobstate\.E002"):
+        call_command("check")
+
+
+@pytest.mark.slow
+def test_manage_py_check_reports_bad_task_options_on_every_django_version(
+    tmp_path: Path,
+) -> None:
+    """On Django 6, ``django.tasks`` registers its check only when imported, which a
+    bare ``manage.py check`` never does; jobstate's own check runs regardless."""
+    base = Path(django_settings.BASE_DIR)
+    process = subprocess.run(
+        [sys.executable, str(base / "manage.py"), "check"],
+        cwd=base,
+        env={
+            **os.environ,
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'unused.sqlite3'}",
+            "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
+            "JOBSTATE_TEST_TASK_OPTIONS": json.dumps({"MAX_ATTEMPTS": 0}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert process.returncode == 1, process.stdout + process.stderr
+    assert "(jobstate.E020) TASKS['default']: OPTIONS['MAX_ATTEMPTS']" in process.stderr
+    assert process.stderr.count("jobstate.E020") == 1

@@ -1,0 +1,378 @@
+"""``JobStateBackend`` through Django's task API: what ``enqueue`` stores and returns,
+``get_result`` from anywhere, transactional enqueue, the checks of bad tasks and bad
+options, and the ``NOTIFY`` an enqueue sends on PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.utils import timezone
+
+from jobstate.core.states import JobStatus, NewTask
+from jobstate.exceptions import InvalidPayload, StoreError
+from jobstate.models import Job
+from jobstate.stores import get_state_store
+from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+)
+from jobstate.tasks.options import parse_task_options
+from tests.support.task_functions import add, async_add, echo
+from tests.support.tasks_kit import use_options
+
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True)]
+
+
+def backend() -> JobStateBackend:
+    found = task_backends["default"]
+    assert isinstance(found, JobStateBackend)
+    return found
+
+
+def test_the_backend_supports_defer_results_priority_and_async_tasks() -> None:
+    assert backend().supports_defer
+    assert backend().supports_get_result
+    assert backend().supports_priority
+    assert backend().supports_async_task
+
+
+def test_enqueue_returns_a_ready_result_and_get_result_reads_it_back(settings: Any) -> None:
+    use_options(settings, MAX_ATTEMPTS=3)
+    before = timezone.now()
+    result = echo.enqueue(1, (2, 3), key={"a": (4,)})
+
+    assert result.status == TaskResultStatus.READY
+    assert result.args == [1, [2, 3]] and result.kwargs == {"key": {"a": [4]}}
+    assert (result.worker_ids, result.errors, result.attempts) == ([], [], 0)
+    assert result.enqueued_at is not None and result.enqueued_at >= before - timedelta(seconds=5)
+    assert (result.started_at, result.last_attempted_at, result.finished_at) == (None, None, None)
+    assert result.backend == "default" and result.task.func is echo.func
+    with pytest.raises(ValueError, match="not finished"):
+        _ = result.return_value
+
+    again = echo.get_result(result.id)
+    assert (again.id, again.status, again.args, again.kwargs) == (
+        result.id,
+        TaskResultStatus.READY,
+        [1, [2, 3]],
+        {"key": {"a": [4]}},
+    )
+    job = Job.objects.get(id=result.id)
+    assert (job.target, job.task_path, job.queue_name, job.priority, job.max_attempts) == (
+        "tasks:default",
+        "tests.support.task_functions.echo",
+        "default",
+        0,
+        3,
+    )
+    assert job.status == JobStatus.QUEUED and job.attempts == 0 and job.attempt_log == []
+    assert job.input == {"args": [1, [2, 3]], "kwargs": {"key": {"a": [4]}}}
+
+
+def test_priority_queue_and_run_after_are_kept() -> None:
+    later = timezone.now() + timedelta(hours=1)
+    result = add.using(priority=7, queue_name="emails", run_after=later).enqueue(1, 2)
+    job = Job.objects.get(id=result.id)
+    assert (job.priority, job.queue_name, job.run_after) == (7, "emails", later)
+    read = add.get_result(result.id)
+    assert (read.task.priority, read.task.queue_name, read.task.run_after) == (7, "emails", later)
+
+
+def test_enqueue_is_part_of_the_callers_transaction() -> None:
+    seen_elsewhere: list[bool] = []
+
+    def look(result_id: str) -> None:
+        seen_elsewhere.append(Job.objects.filter(id=result_id).exists())
+        connection.close()
+
+    with transaction.atomic():
+        kept = add.enqueue(1, 1)
+        assert add.get_result(kept.id).status == TaskResultStatus.READY  # same transaction
+        other = threading.Thread(target=look, args=(kept.id,))
+        other.start()
+        other.join()
+    with transaction.atomic():
+        dropped = add.enqueue(2, 2)
+        transaction.set_rollback(True)
+
+    assert seen_elsewhere == [False]  # nobody sees a task before its transaction commits
+    assert add.get_result(kept.id).status == TaskResultStatus.READY
+    with pytest.raises(TaskResultDoesNotExist):
+        add.get_result(dropped.id)
+    assert Job.objects.count() == 1
+
+
+def test_get_result_of_an_unknown_malformed_or_foreign_id_raises(settings: Any) -> None:
+    settings.TASKS = {
+        **settings.TASKS,
+        "other": {"BACKEND": "jobstate.tasks.backend.JobStateBackend"},
+    }
+    foreign = add.using(backend="other").enqueue(1, 2)
+    hub_job = get_state_store().create_job(request_id="not-a-task", target="t")
+    for unknown in (str(uuid.uuid4()), "not-a-uuid", "", str(hub_job.id), foreign.id):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend().get_result(unknown)
+    assert task_backends["other"].get_result(foreign.id).status == TaskResultStatus.READY
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: add.using(priority=101).enqueue(1, 2), InvalidTask),
+        (lambda: add.using(queue_name="nowhere").enqueue(1, 2), InvalidTask),
+        (
+            lambda: add.using(run_after=timezone.now().replace(tzinfo=None)).enqueue(1, 2),
+            InvalidTask,
+        ),
+        (lambda: echo.enqueue(object()), TypeError),
+        (lambda: echo.enqueue(math.nan), InvalidPayload),
+        (lambda: echo.enqueue(payload="x" * (1024 * 1024)), InvalidPayload),
+    ],
+)
+def test_a_task_that_cannot_be_queued_raises_and_writes_nothing(make: Any, error: type) -> None:
+    with pytest.raises(error):
+        make()
+    assert not Job.objects.exists()
+
+
+def test_an_enqueue_on_a_database_jobstate_is_not_migrated_on_says_to_migrate(
+    settings: Any,
+) -> None:
+    use_options(settings)
+    table = Job._meta.db_table
+    with connection.schema_editor() as editor:
+        editor.alter_db_table(Job, table, f"{table}_away")
+    try:
+        with pytest.raises(StoreError, match=r"missing: .* Run manage\.py migrate"):
+            echo.enqueue(1)
+    finally:
+        with connection.schema_editor() as editor:
+            editor.alter_db_table(Job, f"{table}_away", table)
+
+
+def test_aenqueue_and_aget_result_work() -> None:
+    async def enqueue_and_read() -> tuple[Any, Any]:
+        queued = await async_add.aenqueue(2, 3)
+        return queued, await async_add.aget_result(queued.id)
+
+    queued, read = async_to_sync(enqueue_and_read)()
+    assert read.id == queued.id and read.status == TaskResultStatus.READY
+    assert read.args == [2, 3]
+
+
+def test_the_result_follows_the_job_through_a_claim_and_a_report() -> None:
+    store = get_state_store()
+    queued = add.enqueue(2, 2)
+    (claimed,) = store.claim_tasks(
+        target="tasks:default",
+        queues=["default"],
+        worker_id="w-1",
+        lease=timedelta(minutes=1),
+        limit=5,
+    )
+    running = add.get_result(queued.id)
+    assert running.status == TaskResultStatus.RUNNING
+    assert running.worker_ids == ["w-1"] and running.attempts == 1
+    assert running.started_at == claimed.claimed_at == running.last_attempted_at
+    assert claimed.claim_token is not None
+    log = [
+        {
+            "worker_id": "w-1",
+            "started_at": claimed.claimed_at.isoformat(),
+            "finished_at": timezone.now().isoformat(),
+            "outcome": "successful",
+        }
+    ]
+    store.complete_claimed_job(claimed.id, claimed.claim_token, "done", result=4, attempt_log=log)
+    done = add.get_result(queued.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 4
+    assert done.finished_at is not None and done.worker_ids == ["w-1"]
+
+
+def test_the_result_of_a_task_this_process_cannot_import_reads_all_the_same() -> None:
+    """A web process reading the results of another service's tasks."""
+    store = get_state_store()
+    enqueued = store.enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="elsewhere.billing.tasks.close_day",
+            queue_name="default",
+            priority=3,
+            args=[7],
+            kwargs={"day": "2026-01-02"},
+            max_attempts=1,
+        )
+    )
+    queued = backend().get_result(str(enqueued.id))
+    assert queued.status == TaskResultStatus.READY and queued.args == [7]
+    assert queued.task.module_path == "elsewhere.billing.tasks.close_day"
+    assert queued.task.priority == 3 and queued.task.queue_name == "default"
+    (claimed,) = store.claim_tasks(
+        target="tasks:default", queues=["default"], worker_id="w-1", lease=timedelta(1), limit=1
+    )
+    assert claimed.claim_token is not None
+    log = [
+        {
+            "worker_id": "w-1",
+            "started_at": claimed.claimed_at.isoformat() if claimed.claimed_at else None,
+            "finished_at": timezone.now().isoformat(),
+            "outcome": "successful",
+        }
+    ]
+    store.complete_claimed_job(
+        claimed.id, claimed.claim_token, "done", result={"closed": 7}, attempt_log=log
+    )
+    done = backend().get_result(str(enqueued.id))
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == {"closed": 7}
+    assert done.worker_ids == ["w-1"] and done.kwargs == {"day": "2026-01-02"}
+    with pytest.raises(ImportError, match="cannot be imported in this process"):
+        done.task.call(7)
+
+
+def test_the_result_of_a_task_whose_module_raises_on_import_reads_all_the_same() -> None:
+    enqueued = get_state_store().enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.support.raises_on_import.close_day",
+            queue_name="default",
+            priority=0,
+            args=[7],
+            kwargs={},
+            max_attempts=1,
+        )
+    )
+    result = backend().get_result(str(enqueued.id))
+    assert result.status == TaskResultStatus.READY and result.args == [7]
+    assert result.task.module_path == "tests.support.raises_on_import.close_day"
+    with pytest.raises(ImportError, match=r"cannot be imported in this process.*needs a setting"):
+        result.task.call(7)
+
+
+def test_a_cancelled_task_reads_as_failed() -> None:
+    queued = add.enqueue(1, 2)
+    assert get_state_store().reject_queued_job(queued.id, by="ops", reason="not needed")
+    cancelled = add.get_result(queued.id)
+    assert cancelled.status == TaskResultStatus.FAILED and cancelled.finished_at is not None
+    with pytest.raises(ValueError, match="failed"):
+        _ = cancelled.return_value
+
+
+def test_the_system_check_names_every_bad_option_and_queue(settings: Any) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "jobstate.tasks.backend.JobStateBackend",
+            "QUEUES": ["default", "a,b", "*"],
+            "OPTIONS": {
+                "MAX_ATTEMPTS": 0,
+                "RETRY_BACKOFF": -timedelta(seconds=1),
+                "LEASE": timedelta(milliseconds=10),
+                "TIMEOUT": 30,
+                "UNKNOWN_TASK_TIMEOUT": 3600,
+                "RETRIES": 3,
+            },
+        }
+    }
+    messages = [m for m in checks.run_checks() if m.id and m.id.startswith("jobstate.E02")]
+    text = "\n".join(message.msg for message in messages)
+    assert sorted(m.id for m in messages) == ["jobstate.E020"] * 6 + ["jobstate.E021"] * 2
+    for fragment in (
+        "unknown key(s) RETRIES",
+        "'MAX_ATTEMPTS'] must be an int from 1",
+        "'RETRY_BACKOFF'] must be a datetime.timedelta of zero or more",
+        "'LEASE'] must be a datetime.timedelta of at least 1 second",
+        "'TIMEOUT'] must be None or a positive datetime.timedelta, got 30",
+        "'UNKNOWN_TASK_TIMEOUT'] must be None or a datetime.timedelta of zero or more",
+        "QUEUES holds 'a,b'",
+        "QUEUES holds '*'",
+    ):
+        assert fragment in text
+    assert all(message.msg.startswith("TASKS['default']: ") for message in messages)
+
+
+def test_a_state_store_without_tasks_fails_the_check(settings: Any) -> None:
+    settings.JOBSTATE = {
+        **getattr(settings, "JOBSTATE", {}),
+        "STATE_STORE": "tests.support.stores.NoTasksStore",
+    }
+    messages = [m for m in checks.run_checks() if m.id == "jobstate.E024"]
+    assert len(messages) == 1 and "NoTasksStore" in messages[0].msg
+
+
+def test_good_options_pass_the_check(settings: Any) -> None:
+    use_options(settings, MAX_ATTEMPTS=5, TIMEOUT=60, UNKNOWN_TASK_TIMEOUT=None)
+    assert not [m for m in checks.run_checks() if m.id and m.id.startswith("jobstate.E02")]
+    assert backend().task_options.unknown_task_timeout is None
+
+
+def test_a_task_no_worker_can_import_fails_after_an_hour_by_default() -> None:
+    assert parse_task_options({}).unknown_task_timeout == timedelta(hours=1)
+
+
+def test_an_enqueue_on_bad_options_names_the_backend_alias(settings: Any) -> None:
+    use_options(settings, MAX_ATTEMPTS=0)
+    with pytest.raises(
+        ImproperlyConfigured, match=r"^TASKS\['default'\]: OPTIONS\['MAX_ATTEMPTS'\]"
+    ):
+        add.enqueue(1, 2)
+    assert not Job.objects.exists()
+
+
+# --- waking workers: NOTIFY at commit -------------------------------------------------------
+
+
+def _listener() -> Any:
+    import psycopg
+
+    params = connection.get_connection_params()
+    params = {
+        k: v
+        for k, v in params.items()
+        if k not in {"cursor_factory", "context", "prepare_threshold"}
+    }
+    listener = psycopg.connect(**params, autocommit=True)
+    listener.execute("LISTEN jobstate_tasks")
+    return listener
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_enqueue_notifies_once_per_queue_when_its_transaction_commits() -> None:
+    listener = _listener()
+    try:
+        with transaction.atomic():
+            for n in range(3):
+                add.enqueue(n, n)
+            add.using(queue_name="emails").enqueue(1, 1)
+            assert not list(listener.notifies(timeout=0.2))  # nothing before the commit
+        received = [n.payload for n in listener.notifies(timeout=1.0)]
+        assert sorted(received) == ['["tasks:default", "default"]', '["tasks:default", "emails"]']
+
+        with transaction.atomic():
+            add.enqueue(9, 9)
+            transaction.set_rollback(True)
+        assert not list(listener.notifies(timeout=0.3))  # a rolled-back task announces nothing
+    finally:
+        listener.close()
+
+
+@pytest.mark.postgres
+def test_listen_notify_off_sends_nothing(settings: Any) -> None:
+    settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), "LISTEN_NOTIFY": False}
+    listener = _listener()
+    try:
+        add.enqueue(1, 1)
+        assert not list(listener.notifies(timeout=0.3))
+    finally:
+        listener.close()

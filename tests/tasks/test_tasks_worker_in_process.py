@@ -1,0 +1,158 @@
+"""The worker run in-process: :class:`~jobstate.tasks.worker.Worker` on the test's own
+thread, on the in-memory state store and a fake clock (the ``memory_tasks`` fixture).
+
+The subprocess tests (``test_tasks_worker*.py``) run the same worker as
+``manage.py jobstate_worker`` on a real database and wait for it on the wall clock;
+these start no process and sleep for nothing. A task runs and its result is stored, a
+failing task is retried up to ``MAX_ATTEMPTS`` once each backoff has passed on the
+clock, then fails, ``--max-tasks`` and ``--batch`` stop the worker, and a task whose
+worker lost its lease is recovered and run again."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from jobstate.core.states import JobStatus
+from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.compat import TaskResultStatus, task_backends
+from jobstate.tasks.worker import Worker, WorkerConfig, WorkerSummary
+from jobstate.testing import FakeClock
+from tests.support.stores import MemoryTasks
+from tests.support.task_functions import add, always_fails
+from tests.support.tasks_kit import use_options
+
+pytestmark = pytest.mark.mysql
+
+SUCCESSFUL, FAILED, READY = (
+    TaskResultStatus.SUCCESSFUL,
+    TaskResultStatus.FAILED,
+    TaskResultStatus.READY,
+)
+
+#: What the watchdog gives as the stop reason of a worker that did not stop by itself.
+STUCK = "the test's watchdog"
+
+
+def run_worker(*, timeout: float = 30, **config: Any) -> WorkerSummary:
+    """Run a worker on this thread until it stops by itself (``batch``, ``max_tasks``).
+    One still running after ``timeout`` seconds is stopped and fails the test."""
+    backend = task_backends["default"]
+    assert isinstance(backend, JobStateBackend)
+    worker = Worker(WorkerConfig(interval=0.01, schedules=False, grace=5, **config), backend)
+    watchdog = threading.Timer(timeout, worker.request_stop, args=(STUCK,))
+    watchdog.start()
+    try:
+        summary = worker.run()
+    finally:
+        watchdog.cancel()
+    assert summary.stopped_by != STUCK, f"the worker did not stop within {timeout} s"
+    return summary
+
+
+def test_a_task_runs_and_its_result_is_stored(settings: Any, memory_tasks: MemoryTasks) -> None:
+    use_options(settings, MAX_ATTEMPTS=3)
+    queued = add.enqueue(2, 3)
+
+    summary = run_worker(batch=True, worker_id="worker-a")
+
+    assert (summary.started, summary.succeeded, summary.failed) == (1, 1, 0)
+    assert summary.stopped_by == "--batch: no task ready"
+    result = add.get_result(queued.id)
+    assert result.status == SUCCESSFUL and result.return_value == 5
+    assert result.worker_ids == ["worker-a"] and result.attempts == 1 and result.errors == []
+    # Every instant is the fake clock's: it did not move, so they are all the same.
+    assert result.enqueued_at == result.started_at == memory_tasks.clock.now()
+    job = memory_tasks.store.get_job(queued.id)
+    assert job is not None and job.status == JobStatus.DONE and job.claim_token is None
+
+
+def test_a_failing_task_retries_up_to_max_attempts_then_fails(
+    settings: Any, memory_tasks: MemoryTasks
+) -> None:
+    use_options(settings, MAX_ATTEMPTS=3, RETRY_BACKOFF=60.0)
+    clock: FakeClock = memory_tasks.clock
+    queued = always_fails.enqueue("no luck")
+
+    for attempt in (1, 2):
+        summary = run_worker(batch=True, worker_id="worker-b")
+        assert (summary.started, summary.retrying, summary.failed) == (1, 1, 0)
+        result = always_fails.get_result(queued.id)
+        assert result.status == READY and result.attempts == attempt
+        # The retry is not due before its backoff (60 s doubling, ±10 %) has passed on
+        # the store's clock: a worker now finds nothing ready.
+        assert run_worker(batch=True, worker_id="worker-b").started == 0
+        clock.advance(timedelta(seconds=60 * 2 ** (attempt - 1) * 1.1 + 1))
+
+    summary = run_worker(batch=True, worker_id="worker-b")
+    assert (summary.started, summary.retrying, summary.failed) == (1, 0, 1)
+    result = always_fails.get_result(queued.id)
+    assert result.status == FAILED and result.attempts == 3
+    assert result.worker_ids == ["worker-b"] * 3
+    assert [e.exception_class_path for e in result.errors] == [
+        "tests.support.task_functions.Boom"
+    ] * 3
+    assert all("no luck" in error.traceback for error in result.errors)
+    job = memory_tasks.store.get_job(queued.id)
+    assert job is not None and job.status == JobStatus.ERROR
+    assert job.error == "tests.support.task_functions.Boom: no luck"
+    # Nothing is left to run, however far the clock moves.
+    clock.advance(timedelta(days=1))
+    assert run_worker(batch=True).started == 0
+
+
+def test_max_tasks_stops_the_worker_and_batch_stops_it_once_nothing_is_ready(
+    settings: Any, memory_tasks: MemoryTasks
+) -> None:
+    use_options(settings)
+    queued = [add.enqueue(n, n) for n in range(3)]
+
+    summary = run_worker(max_tasks=2, worker_id="worker-c")
+
+    assert (summary.started, summary.succeeded) == (2, 2)
+    assert summary.stopped_by == "--max-tasks 2 reached"
+    statuses = [add.get_result(result.id).status for result in queued]
+    assert statuses == [SUCCESSFUL, SUCCESSFUL, READY]  # claimed in enqueue order
+
+    summary = run_worker(batch=True, concurrency=2, worker_id="worker-d")
+
+    assert (summary.started, summary.succeeded) == (1, 1)
+    assert summary.stopped_by == "--batch: no task ready"
+    assert [add.get_result(result.id).return_value for result in queued] == [0, 2, 4]
+    assert add.get_result(queued[2].id).worker_ids == ["worker-d"]
+
+
+def test_a_task_whose_worker_lost_its_lease_is_recovered_and_run_again(
+    settings: Any, memory_tasks: MemoryTasks
+) -> None:
+    use_options(settings, MAX_ATTEMPTS=2, LEASE=30.0)
+    store, clock = memory_tasks.store, memory_tasks.clock
+    queued = add.enqueue(1, 2)
+    backend = task_backends["default"]
+    assert isinstance(backend, JobStateBackend)
+    # A worker claimed the task, then died: it never renews the lease nor reports.
+    (claimed,) = store.claim_tasks(
+        target=backend.target,
+        queues=["default"],
+        worker_id="worker-dead",
+        lease=timedelta(seconds=30),
+        limit=1,
+    )
+    assert str(claimed.id) == queued.id
+
+    # While the lease holds on the store's clock, the task is the dead worker's.
+    assert run_worker(batch=True, worker_id="worker-e").started == 0
+    assert add.get_result(queued.id).status == TaskResultStatus.RUNNING
+
+    clock.advance(timedelta(seconds=31))
+    summary = run_worker(batch=True, worker_id="worker-e")
+
+    assert (summary.started, summary.succeeded) == (1, 1)
+    result = add.get_result(queued.id)
+    assert result.status == SUCCESSFUL and result.return_value == 3
+    assert result.attempts == 2 and result.worker_ids == ["worker-dead", "worker-e"]
+    (lost,) = result.errors
+    assert lost.exception_class_path == "jobstate.exceptions.WorkerLost"

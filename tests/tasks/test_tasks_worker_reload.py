@@ -1,0 +1,108 @@
+"""``jobstate_worker --reload`` as a real process: a change to a task's module stops the
+worker gracefully and a fresh one runs the new code; SIGTERM to the supervising process
+stops the worker gracefully and the supervisor exits with the worker's status."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobstate.core.states import NewTask
+from jobstate.models import Job, Worker
+from jobstate.stores import get_state_store
+from jobstate.tasks.compat import TaskResultStatus, task_backends
+from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
+
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+MODULE = """
+from jobstate.tasks.compat import task
+
+
+@task
+def version():
+    return {version}
+"""
+
+
+def enqueue_version() -> Job:
+    return get_state_store().enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="jobstate_reloaded_tasks.version",
+            queue_name="default",
+            priority=0,
+            args=[],
+            kwargs={},
+            max_attempts=1,
+        )
+    )
+
+
+def returned(job: Job) -> Any:
+    result = task_backends["default"].get_result(str(job.id))
+    return result.status == TaskResultStatus.SUCCESSFUL and result.return_value
+
+
+def test_a_reload_worker_runs_the_changed_code_and_sigterm_stops_it(
+    settings: Any, tmp_path: Path
+) -> None:
+    options = use_options(settings)
+    code = tmp_path / "code"
+    code.mkdir()
+    module = code / "jobstate_reloaded_tasks.py"
+    module.write_text(MODULE.format(version=1))
+    first = enqueue_version()
+    worker = start_worker("--reload", "--interval", "0.2", options=options, PYTHONPATH=str(code))
+    try:
+        assert wait_for(lambda: returned(first), timeout=60, what="version 1") == 1
+        module.write_text(MODULE.format(version=2))
+        bumps = itertools.count(1)
+
+        def restarted() -> bool:
+            # Newer and newer: the watcher may have first seen the file after the write.
+            later = time.time() + next(bumps)
+            os.utime(module, (later, later))
+            return (
+                Worker.objects.filter(stopped_reason__startswith="code changed").exists()
+                and Worker.objects.filter(stopped_at__isnull=True).exists()
+            )
+
+        wait_for(restarted, timeout=60, what="a fresh worker after the change")
+        second = enqueue_version()
+        assert wait_for(lambda: returned(second), timeout=60, what="version 2") == 2
+        worker.send_signal(signal.SIGTERM)
+        status, _out, err = finish(worker, timeout=30)
+    finally:
+        stop(worker)
+    assert status == 0, err
+    assert "Traceback" not in err
+    assert "jobstate_reloaded_tasks.py changed" in err
+    rows = list(Worker.objects.order_by("started_at"))
+    assert len(rows) == 2
+    assert all(row.pid != worker.pid for row in rows)  # the workers were its children
+    assert rows[0].stopped_reason.startswith("code changed")
+    assert rows[1].stopped_reason == "SIGTERM"
+
+
+def test_a_reload_supervisor_whose_worker_was_killed_says_so(settings: Any) -> None:
+    options = use_options(settings)
+    worker = start_worker("--reload", "--interval", "0.2", options=options)
+    try:
+        child = wait_for(
+            lambda: Worker.objects.filter(stopped_at__isnull=True).first(),
+            timeout=60,
+            what="the supervised worker",
+        )
+        os.kill(child.pid, signal.SIGKILL)
+        status, _out, err = finish(worker, timeout=30)
+    finally:
+        stop(worker)
+    assert status == 128 + signal.SIGKILL
+    assert f"The worker (pid {child.pid}) was killed by SIGKILL" in err

@@ -1,0 +1,199 @@
+"""How a ``jobstate_worker`` process stops and what happens to its tasks: a graceful
+SIGTERM or SIGINT, a grace that runs out, a second signal, and SIGKILL, after which the
+task is recovered (by ``reap_stale`` or by another worker) and succeeds on attempt 2
+with both workers recorded. Also: a running task's lease is renewed, so nobody recovers
+it; and on PostgreSQL an idle worker starts a new task at once (LISTEN/NOTIFY)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db.models.functions import Now
+
+from jobstate.core.states import JobStatus
+from jobstate.models import Job
+from jobstate.tasks.compat import TaskResultStatus
+from tests.support.task_functions import add, started_then_sleeps
+from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
+SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
+
+
+def running(result_id: str) -> bool:
+    return Job.objects.filter(id=result_id, status=JobStatus.RUNNING).exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_lets_the_running_task_finish_and_claims_nothing_more(
+    settings: Any, signum: int, tmp_path: Path
+) -> None:
+    options = use_options(settings)
+    marker = tmp_path / "started"
+    first = started_then_sleeps.enqueue(1.5, str(marker))
+    later = [add.enqueue(n, n) for n in range(3)]
+    worker = start_worker("--concurrency", "1", options=options)
+    try:
+        wait_for(marker.exists, what="the first task to start")
+        worker.send_signal(signum)
+        signalled = time.monotonic()
+        code, _out, err = finish(worker, timeout=20)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    assert time.monotonic() - signalled < 10
+    assert "Traceback" not in err
+    assert started_then_sleeps.get_result(first.id).status == SUCCESSFUL
+    for result in later:
+        assert add.get_result(result.id).status == READY
+        assert add.get_result(result.id).attempts == 0
+    assert f"stopped ({signal.Signals(signum).name})" in err
+
+
+def test_a_task_still_running_when_the_grace_ends_is_handed_back_with_its_attempt(
+    settings: Any, tmp_path: Path
+) -> None:
+    options = use_options(settings, MAX_ATTEMPTS=2)
+    marker = tmp_path / "started"
+    slow = started_then_sleeps.enqueue(30, str(marker))
+    worker = start_worker("--grace", "1", "--worker-id", "graceful", options=options)
+    try:
+        wait_for(marker.exists, what="the task to start")
+        worker.send_signal(signal.SIGTERM)
+        code, _out, err = finish(worker, timeout=20)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    result = started_then_sleeps.get_result(slow.id)
+    assert result.status == READY and result.attempts == 1
+    assert result.worker_ids == ["graceful"]
+    assert result.errors[0].exception_class_path == "jobstate.exceptions.WorkerLost"
+    assert "grace of 1 s ran out" in result.errors[0].traceback
+    assert "1 interrupted" in err
+
+
+def test_a_second_signal_exits_at_once_and_the_lease_brings_the_task_back(settings: Any) -> None:
+    options = use_options(settings, MAX_ATTEMPTS=2, LEASE=1.0)
+    slow = started_then_sleeps.enqueue(30)
+    worker = start_worker("--grace", "60", "--worker-id", "impatient", options=options)
+    try:
+        wait_for(lambda: running(slow.id), what="the task to start")
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        worker.send_signal(signal.SIGTERM)
+        code, _out, err = finish(worker, timeout=10)
+    finally:
+        stop(worker)
+    assert code == 128 + signal.SIGTERM, err
+    assert "exiting at once" in err
+    assert started_then_sleeps.get_result(slow.id).status == RUNNING  # until its lease ends
+    time.sleep(1.2)
+    call_command("reap_stale", verbosity=0)
+    result = started_then_sleeps.get_result(slow.id)
+    assert result.status == READY and result.worker_ids == ["impatient"]
+
+
+def test_a_killed_workers_task_is_recovered_and_succeeds_on_attempt_two(settings: Any) -> None:
+    options = use_options(settings, MAX_ATTEMPTS=2, LEASE=1.0)
+    task = started_then_sleeps.enqueue(2)
+    doomed = start_worker("--worker-id", "doomed", options=options)
+    try:
+        wait_for(lambda: running(task.id), what="the task to start")
+        doomed.send_signal(signal.SIGKILL)
+        code, _out, _err = finish(doomed)
+    finally:
+        stop(doomed)
+    assert code == -signal.SIGKILL
+    assert started_then_sleeps.get_result(task.id).status == RUNNING
+    # Once its lease has run out, the sweep puts it back with the lost attempt counted.
+    wait_for(
+        lambda: Job.objects.filter(id=task.id, lease_until__lt=Now()).exists(),
+        what="the lease to run out",
+    )
+    call_command("reap_stale", verbosity=0)
+    recovered = started_then_sleeps.get_result(task.id)
+    assert recovered.status == READY and recovered.worker_ids == ["doomed"]
+
+    worker = start_worker("--batch", "--worker-id", "rescuer", options=options)
+    try:
+        code, _out, err = finish(worker)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    result = started_then_sleeps.get_result(task.id)
+    assert result.status == SUCCESSFUL and result.attempts == 2
+    assert result.worker_ids == ["doomed", "rescuer"]
+    (lost,) = result.errors
+    assert lost.exception_class_path == "jobstate.exceptions.WorkerLost"
+
+
+def test_a_running_worker_recovers_a_killed_workers_task_by_itself(settings: Any) -> None:
+    options = use_options(settings, MAX_ATTEMPTS=2, LEASE=1.0)
+    task = started_then_sleeps.enqueue(1)
+    doomed = start_worker("--worker-id", "doomed", options=options)
+    try:
+        wait_for(lambda: running(task.id), what="the task to start")
+        doomed.send_signal(signal.SIGKILL)
+        finish(doomed)
+    finally:
+        stop(doomed)
+    survivor = start_worker("--worker-id", "survivor", options=options)
+    try:
+        wait_for(
+            lambda: started_then_sleeps.get_result(task.id).status == SUCCESSFUL,
+            timeout=30,
+            what="the survivor to recover and run the task",
+        )
+        survivor.send_signal(signal.SIGTERM)
+        code, _out, err = finish(survivor)
+    finally:
+        stop(survivor)
+    assert code == 0, err
+    result = started_then_sleeps.get_result(task.id)
+    assert result.worker_ids == ["doomed", "survivor"] and result.attempts == 2
+    assert "Recovered 1 task(s)" in err
+
+
+def test_a_running_tasks_lease_is_renewed_so_nobody_recovers_it(settings: Any) -> None:
+    options = use_options(settings, LEASE=1.0)
+    task = started_then_sleeps.enqueue(3)
+    worker = start_worker("--batch", options=options)
+    try:
+        wait_for(lambda: running(task.id), what="the task to start")
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:  # well past the 1 s lease
+            call_command("reap_stale", verbosity=0)
+            time.sleep(0.3)
+        code, _out, err = finish(worker)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    result = started_then_sleeps.get_result(task.id)
+    assert result.status == SUCCESSFUL and result.attempts == 1 and result.errors == []
+
+
+@pytest.mark.postgres
+def test_an_idle_worker_starts_a_new_task_at_once_on_postgresql(settings: Any) -> None:
+    options = use_options(settings)
+    worker = start_worker("--interval", "30", options=options)
+    try:
+        # The listener has connected once the worker is idle; give it a moment to start.
+        time.sleep(3)
+        queued = add.enqueue(1, 1)
+        enqueued = time.monotonic()
+        wait_for(lambda: add.get_result(queued.id).status == SUCCESSFUL, timeout=10)
+        latency = time.monotonic() - enqueued
+        worker.send_signal(signal.SIGTERM)
+        code, _out, err = finish(worker)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    assert "wake-up by LISTEN/NOTIFY" in err
+    assert latency < 5  # polling alone would wait up to 30 s
