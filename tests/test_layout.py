@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 import jobstate
 
 PACKAGE = Path(jobstate.__file__).resolve().parent
@@ -36,11 +34,6 @@ def test_the_package_is_found() -> None:
     assert len(_modules()) > 100
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stores/contracts/validation.py and testing/memory_state.py are over the limit "
-    "until their split lands",
-)
 def test_no_module_is_longer_than_the_limit() -> None:
     long = {
         _relative(path): count
@@ -67,11 +60,6 @@ def test_no_two_modules_share_a_name() -> None:
     assert not repeated, f"module names used more than once: {repeated}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="connection.vendor is still read outside stores/database/backends/ until the "
-    "per-backend operations land",
-)
 def test_database_vendors_are_told_apart_in_one_place() -> None:
     readers = sorted(
         f"{_relative(path)}:{number}"

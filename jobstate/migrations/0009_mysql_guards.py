@@ -57,9 +57,15 @@ def _nopad_binary(connection):
     return "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"
 
 
+def _ignores_constraint_conditions(connection):
+    # The guards stand in for partial unique constraints where the database ignores a
+    # constraint's condition: among the databases jobstate supports, MariaDB and MySQL.
+    return not connection.features.supports_partial_indexes
+
+
 def add_guards(apps, schema_editor):
     connection = schema_editor.connection
-    if connection.vendor != "mysql":
+    if not _ignores_constraint_conditions(connection):
         return
     for table, column, definition, index, columns in GUARDS:
         schema_editor.execute(
@@ -75,7 +81,7 @@ def add_guards(apps, schema_editor):
 
 
 def drop_guards(apps, schema_editor):
-    if schema_editor.connection.vendor != "mysql":
+    if not _ignores_constraint_conditions(schema_editor.connection):
         return
     for table, index, _columns in INDEXES:
         schema_editor.execute(f"DROP INDEX `{index}` ON `{table}`")

@@ -9,12 +9,19 @@ Other databases get no index (see docs/admin.md for how their search is bounded)
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+from jobstate.stores.database.backends import database_ops
+
 
 INPUT_GIN_INDEX = "jobstate_job_input_gin_idx"
 
 
+def _indexes_input_search(schema_editor):
+    # The backend's operations object says which databases get the index (PostgreSQL).
+    return database_ops(schema_editor.connection.alias).indexes_input_search
+
+
 def create_input_index(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
+    if not _indexes_input_search(schema_editor):
         return
     table = schema_editor.quote_name(apps.get_model("jobstate", "Job")._meta.db_table)
     schema_editor.execute(
@@ -24,7 +31,7 @@ def create_input_index(apps, schema_editor):
 
 
 def drop_input_index(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
+    if not _indexes_input_search(schema_editor):
         return
     schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INPUT_GIN_INDEX}")
 
