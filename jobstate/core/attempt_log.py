@@ -41,8 +41,8 @@ __all__ = [
     "MESSAGE_LIMIT",
     "TRACEBACK_LIMIT",
     "AttemptOutcome",
+    "AttemptSettlement",
     "LeftOut",
-    "Settlement",
     "TaskAttempt",
     "attempt_history",
     "error_summary",
@@ -264,7 +264,7 @@ def bounded_log(
 
 
 @dataclass(frozen=True)
-class Settlement:
+class AttemptSettlement:
     """How an ended attempt settles its claimed job: the status to report and the patch
     of a fenced report (``complete_claimed_job`` / ``complete_claimed_jobs``)."""
 
@@ -285,7 +285,7 @@ def settle_attempt(
     return_value: Any = None,
     retry_at: datetime | None = None,
     limit: int | None = None,
-) -> Settlement:
+) -> AttemptSettlement:
     """The report that ends ``attempt`` of a claimed task whose ``attempts`` (this one
     included) and ``attempt_log`` are as given.
 
@@ -297,14 +297,14 @@ def settle_attempt(
     one-line summary, a success clears it."""
     log = bounded_log([*attempt_history(list(attempt_log or ())), attempt], limit=limit)
     if not attempt.failed:
-        return Settlement(
+        return AttemptSettlement(
             JobStatus.DONE, {"attempt_log": log, "result": return_value, "error": None}
         )
     patch: dict[str, Any] = {"attempt_log": log, "error": error_summary(attempt)}
     if attempts < (max_attempts or 1):
         patch["run_after"] = retry_at
-        return Settlement(JobStatus.QUEUED, patch)
-    return Settlement(JobStatus.ERROR, patch)
+        return AttemptSettlement(JobStatus.QUEUED, patch)
+    return AttemptSettlement(JobStatus.ERROR, patch)
 
 
 def refused_settlement(
@@ -314,7 +314,7 @@ def refused_settlement(
     refusal: BaseException,
     what: str,
     with_log: bool = True,
-) -> tuple[TaskAttempt, Settlement]:
+) -> tuple[TaskAttempt, AttemptSettlement]:
     """How to settle a task whose report of ``attempt`` the store refused (``what``:
     "report" or "recovery"): ``error`` whatever attempts it had left, the attempt logged
     as failed with :class:`~jobstate.exceptions.TaskReportRefused` naming the refusal.
@@ -339,7 +339,7 @@ def refused_settlement(
     patch: dict[str, Any] = {"error": error_summary(record)}
     if with_log:
         patch["attempt_log"] = bounded_log([*attempt_history(list(attempt_log or ())), record])
-    return record, Settlement(JobStatus.ERROR, patch)
+    return record, AttemptSettlement(JobStatus.ERROR, patch)
 
 
 def error_summary(attempt: TaskAttempt) -> str:

@@ -21,7 +21,7 @@ from jobstate.operations.outcomes import RunReason
 from jobstate.stores.base import JobRunStore, Trigger
 from jobstate.stores.errors import discard_broken_connection
 
-__all__ = ["RunContext", "RunExecution", "Settlement", "discard_connection"]
+__all__ = ["RunContext", "RunExecution", "RunSettlement", "discard_connection"]
 
 # The runner's one logger, whichever of its modules writes: hosts route and silence the
 # runner's warnings by this name.
@@ -77,7 +77,7 @@ class RunContext:
 
 
 @dataclass(frozen=True)
-class Settlement:
+class RunSettlement:
     """What the runner finds when it settles a run (:meth:`RunExecution.settle`)."""
 
     abort_reason: RunReason | None
@@ -142,12 +142,12 @@ class RunExecution:
                 extra=self.log_extra,
             )
 
-    def settle(self) -> Settlement:
+    def settle(self) -> RunSettlement:
         """Close the run to the body and to aborts; what each had recorded by now is the
         whole outcome, so nothing later can change it."""
         with self.lock:
             self.settled = True
-            return Settlement(
+            return RunSettlement(
                 abort_reason=self.abort_reason,
                 body_first=self.body_first,
                 value=self.body_value,

@@ -43,7 +43,7 @@ from jobstate.stores.database import DatabaseStateStore
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends
 from jobstate.tasks.results import LEFT_OUT_WORKER_ID
-from jobstate.tasks.worker import Worker, WorkerConfig
+from jobstate.tasks.worker import TaskWorker, WorkerConfig
 from jobstate.tasks.worker.execution import failure
 from tests.support.attempts import NOW, claim, enqueue, failed_attempt, raised, report_failures
 from tests.support.hostile_tasks import MISBEHAVIOURS, hostile
@@ -224,7 +224,7 @@ def refusing(settings: Any) -> type[RefusingStore]:
 def run_worker(**config: Any) -> Any:
     backend = task_backends["default"]
     assert isinstance(backend, JobStateBackend)
-    return Worker(WorkerConfig(batch=True, interval=0.01, **config), backend).run()
+    return TaskWorker(WorkerConfig(batch=True, interval=0.01, **config), backend).run()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ from jobstate.exceptions import StoreError, StoreUnavailable
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends
-from jobstate.tasks.worker import Worker, WorkerConfig
+from jobstate.tasks.worker import TaskWorker, WorkerConfig
 from tests.support.task_functions import add
 from tests.support.tasks_kit import use_options
 
@@ -56,7 +56,7 @@ def flaky(settings: Any) -> type[FlakyStore]:
 def run_worker(**config: Any) -> Any:
     backend = task_backends["default"]
     assert isinstance(backend, JobStateBackend)
-    return Worker(WorkerConfig(batch=True, interval=0.01, **config), backend).run()
+    return TaskWorker(WorkerConfig(batch=True, interval=0.01, **config), backend).run()
 
 
 def test_failed_claims_and_reports_are_retried_and_no_attempt_is_dropped(

@@ -19,7 +19,7 @@ import pytest
 from jobstate.core.states import JobStatus
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends
-from jobstate.tasks.worker import Worker, WorkerConfig, WorkerSummary
+from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
 from jobstate.testing import FakeClock
 from tests.support.stores import MemoryTasks
 from tests.support.task_functions import add, always_fails
@@ -42,7 +42,7 @@ def run_worker(*, timeout: float = 30, **config: Any) -> WorkerSummary:
     One still running after ``timeout`` seconds is stopped and fails the test."""
     backend = task_backends["default"]
     assert isinstance(backend, JobStateBackend)
-    worker = Worker(WorkerConfig(interval=0.01, schedules=False, grace=5, **config), backend)
+    worker = TaskWorker(WorkerConfig(interval=0.01, schedules=False, grace=5, **config), backend)
     watchdog = threading.Timer(timeout, worker.request_stop, args=(STUCK,))
     watchdog.start()
     try:

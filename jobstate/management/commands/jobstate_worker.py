@@ -192,7 +192,7 @@ class Command(JobStateCommand):
         # Imported here, so the other commands work on Django 5.2 without the backport.
         from jobstate.schedules import WorkerSchedulePass
         from jobstate.tasks.backend import JobStateBackend
-        from jobstate.tasks.worker import Worker, WorkerConfig, default_worker_id
+        from jobstate.tasks.worker import TaskWorker, WorkerConfig, default_worker_id
         from jobstate.tasks.worker.reloading import (
             RELOAD_EXIT,
             CodeWatcher,
@@ -257,7 +257,7 @@ class Command(JobStateCommand):
                 grace=options["grace"],
                 schedules=not options["no_schedules"],
             )
-            worker = Worker(
+            worker = TaskWorker(
                 config,
                 backend,
                 WorkerSchedulePass(using=config.using, worker_id=config.worker_id),

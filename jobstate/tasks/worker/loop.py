@@ -1,6 +1,6 @@
 """The worker: claims tasks of its queues, runs them in threads, reports how they ended.
 
-One control loop (the thread that calls :meth:`Worker.run`) does all the database work
+One control loop (the thread that calls :meth:`TaskWorker.run`) does all the database work
 of the worker itself:
 
 - it claims tasks in batches of at most its free slots, so it never holds a task it
@@ -13,7 +13,7 @@ of the worker itself:
   gracefully it says so, so the console shows it stopped rather than lost;
 - it interrupts an attempt that runs past the backend's ``TIMEOUT`` and fails it once
   its thread has stopped; when the thread does not stop within ``grace`` of the
-  interrupt, the worker stops (see :meth:`Worker._enforce_timeouts`);
+  interrupt, the worker stops (see :meth:`TaskWorker._enforce_timeouts`);
 - it hands back, uncounted, a task whose dotted path it cannot import (its code is
   older than the enqueuer's), for a worker with newer code, or fails it once it was
   enqueued longer ago than ``UNKNOWN_TASK_TIMEOUT``;
@@ -60,7 +60,7 @@ from jobstate.tasks.worker.shutdown import stop_signals
 from jobstate.tasks.worker.unknown_tasks import UnknownTasks
 from jobstate.tasks.worker.waiter import NotificationListener, listen_notify_available
 
-__all__ = ["Worker", "WorkerConfig", "WorkerSummary", "default_worker_id"]
+__all__ = ["TaskWorker", "WorkerConfig", "WorkerSummary", "default_worker_id"]
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -70,7 +70,7 @@ _RETRY_CAP = 30.0
 _RECOVERY_BOUNDS = (1.0, 60.0)
 
 
-class Worker:
+class TaskWorker:
     """One worker process's control loop; see the module docstring."""
 
     def __init__(

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from jobstate.core.attempt_log import (
     AttemptOutcome,
-    Settlement,
+    AttemptSettlement,
     TaskAttempt,
     refused_settlement,
     settle_attempt,
@@ -60,7 +60,7 @@ class SettledAttempt:
     """What settling one attempt did."""
 
     outcome: Outcome
-    settlement: Settlement
+    settlement: AttemptSettlement
     written: bool
     """``False``: the claim was gone, nothing was written."""
 
@@ -126,7 +126,7 @@ class Reporter:
         return settled
 
     def _report(
-        self, outcomes: Sequence[Outcome], settlements: Sequence[Settlement]
+        self, outcomes: Sequence[Outcome], settlements: Sequence[AttemptSettlement]
     ) -> list[CompletionResult]:
         reports = [
             ClaimReport(
@@ -150,7 +150,7 @@ class Reporter:
 
     def _settle_refused(
         self, outcome: Outcome, refusal: Exception
-    ) -> tuple[list[Outcome], list[Settlement], list[CompletionResult]]:
+    ) -> tuple[list[Outcome], list[AttemptSettlement], list[CompletionResult]]:
         """Settle a task whose report was refused as failed, naming the refusal; should
         its log be refused too, with the ``error`` alone."""
         job = outcome.attempt.job
@@ -169,7 +169,7 @@ class Reporter:
 
     def _report_refused(
         self, outcome: Outcome, refusal: Exception, *, with_log: bool
-    ) -> tuple[list[Outcome], list[Settlement], list[CompletionResult]]:
+    ) -> tuple[list[Outcome], list[AttemptSettlement], list[CompletionResult]]:
         record, settlement = refused_settlement(
             attempt_log=outcome.attempt.job.attempt_log,
             attempt=outcome.record,
@@ -239,7 +239,7 @@ class Reporter:
                     exc_info=response,
                 )
 
-    def _settlement(self, outcome: Outcome) -> Settlement:
+    def _settlement(self, outcome: Outcome) -> AttemptSettlement:
         job = outcome.attempt.job
         retry_at = None
         if outcome.record.failed:
@@ -255,7 +255,9 @@ class Reporter:
             retry_at=retry_at,
         )
 
-    def _audit(self, outcome: Outcome, settlement: Settlement, result: CompletionResult) -> None:
+    def _audit(
+        self, outcome: Outcome, settlement: AttemptSettlement, result: CompletionResult
+    ) -> None:
         job = outcome.attempt.job
         detail: dict[str, Any] = {
             "task": job.task_path,
@@ -308,12 +310,12 @@ class Reporter:
         )
 
 
-def _retry_at(settlement: Settlement) -> str | None:
+def _retry_at(settlement: AttemptSettlement) -> str | None:
     run_after = settlement.patch.get("run_after")
     return None if run_after is None else run_after.isoformat()
 
 
-def _wait(settlement: Settlement) -> timedelta:
+def _wait(settlement: AttemptSettlement) -> timedelta:
     run_after = settlement.patch.get("run_after")
     if run_after is None:
         return timedelta(0)
