@@ -413,12 +413,12 @@ def test_a_backend_that_is_not_jobstates_is_refused(settings: Any) -> None:
         **settings.TASKS,
         "immediate": {
             "BACKEND": settings.TASKS["default"]["BACKEND"].replace(
-                "jobstate.tasks.backend.JobStateBackend", IMMEDIATE
+                "jobstate.tasks.JobStateBackend", IMMEDIATE
             )
         },
     }
     found = messages(settings, now={"task": ADD, "cron": "* * * * *", "backend": "immediate"})
-    assert found and "needs jobstate.tasks.backend.JobStateBackend" in found[0][1]
+    assert found and "needs jobstate.tasks.JobStateBackend" in found[0][1]
 
 
 IMMEDIATE = (

@@ -117,7 +117,7 @@ def test_enqueue_is_part_of_the_callers_transaction() -> None:
 def test_get_result_of_an_unknown_malformed_or_foreign_id_raises(settings: Any) -> None:
     settings.TASKS = {
         **settings.TASKS,
-        "other": {"BACKEND": "jobstate.tasks.backend.JobStateBackend"},
+        "other": {"BACKEND": "jobstate.tasks.JobStateBackend"},
     }
     foreign = add.using(backend="other").enqueue(1, 2)
     hub_job = get_state_store().create_job(request_id="not-a-task", target="t")
@@ -272,7 +272,7 @@ def test_a_cancelled_task_reads_as_failed() -> None:
 def test_the_system_check_names_every_bad_option_and_queue(settings: Any) -> None:
     settings.TASKS = {
         "default": {
-            "BACKEND": "jobstate.tasks.backend.JobStateBackend",
+            "BACKEND": "jobstate.tasks.JobStateBackend",
             "QUEUES": ["default", "a,b", "*"],
             "OPTIONS": {
                 "MAX_ATTEMPTS": 0,

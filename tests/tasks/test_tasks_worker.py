@@ -225,7 +225,7 @@ def test_a_backend_that_is_not_jobstates_is_refused(settings: Any) -> None:
         **settings.TASKS,
         "immediate": {
             "BACKEND": settings.TASKS["default"]["BACKEND"].replace(
-                "jobstate.tasks.backend.JobStateBackend",
+                "jobstate.tasks.JobStateBackend",
                 "django.tasks.backends.immediate.ImmediateBackend",
             )
         },
