@@ -6,47 +6,18 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobstate.models import Job
 from jobstate.stores.base import ClaimReport, CompletionOutcome, JobStatus
 from jobstate.stores.database import DatabaseStateStore
+from tests.support.threads import WORKERS, in_parallel
 
 pytestmark = pytest.mark.postgres
-
-WORKERS = 8
-T = TypeVar("T")
-
-
-def in_parallel(count: int, work: Callable[[int], T], *, timeout: float = 60) -> list[T]:
-    """Run ``work(i)`` on ``count`` threads started together; re-raise the first error."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def body(index: int) -> None:
-        try:
-            barrier.wait(timeout=timeout)
-            results[index] = work(index)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=timeout)
-    assert not any(thread.is_alive() for thread in threads), "a worker hung"
-    if errors:
-        raise errors[0]
-    return results
 
 
 def drain_in_batches(store: DatabaseStateStore, worker: str, limit: int) -> list[uuid.UUID]:
