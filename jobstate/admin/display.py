@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.formats import number_format
 from django.utils.functional import Promise
@@ -25,10 +27,13 @@ __all__ = [
     "BADGE_COLOURS",
     "choice_badge",
     "json_block",
+    "moment",
     "relative_time",
     "short_duration",
+    "short_id",
     "status_badge",
     "text_block",
+    "worker_link",
 ]
 
 #: Text longer than this (lines or characters) is folded in a ``<details>`` element.
@@ -144,3 +149,58 @@ def relative_time(instant: datetime | None, now: datetime | None = None) -> str:
     if delta <= 0:
         return _("%(time)s ago") % {"time": short_duration(delta)}
     return _("in %(time)s") % {"time": short_duration(delta)}
+
+
+def moment(instant: datetime | None, now: datetime | None = None) -> SafeString | str:
+    """An instant, the one way every console page shows one: ``2026-12-02 15:30:12 UTC``
+    (seconds included, in the server's zone) inside a ``<time>`` element whose
+    ``datetime`` attribute carries the ISO instant, so the console's script can show it
+    in the viewer's zone, and whose tooltip says how long ago (or ahead) it is. A dash
+    for ``None``."""
+    if instant is None:
+        return "—"
+    local = timezone.localtime(instant) if timezone.is_aware(instant) else instant
+    return format_html(
+        '<time class="jobstate-moment" datetime="{}" title="{}">{}</time>',
+        instant.isoformat(),
+        relative_time(instant, now),
+        local.strftime("%Y-%m-%d %H:%M:%S %Z").strip(),
+    )
+
+
+#: Characters kept at each end of an id shortened by :func:`short_id`.
+ID_HEAD = 4
+ID_TAIL = 6
+
+
+def short_id(value: object) -> SafeString | str:
+    """A long id shortened in the middle (``0193…a41f2c``), the whole id in its tooltip
+    and a copy button beside it. Ids of UUIDv7 share their first characters (they begin
+    with their time), so the end is kept as well as the start: ids of one list stay
+    distinct. Short values are shown whole; ``None`` as a dash."""
+    if value is None or value == "":
+        return "—"
+    text = str(value)
+    shown = text if len(text) <= ID_HEAD + ID_TAIL + 2 else f"{text[:ID_HEAD]}…{text[-ID_TAIL:]}"
+    return format_html(
+        '<span class="jobstate-id" title="{}"><code>{}</code>'
+        '<button type="button" class="jobstate-copy" data-copy="{}" aria-label="{}">'
+        "⧉</button></span>",
+        text,
+        shown,
+        text,
+        _("Copy %(id)s") % {"id": text},
+    )
+
+
+def worker_link(worker_id: str | None) -> SafeString | str:
+    """A worker's name linked to its row on the Workers page (the list narrowed to that
+    exact worker id); the bare name when the Workers page is not registered, a dash when
+    there is none."""
+    if not worker_id:
+        return "—"
+    try:
+        url = reverse("admin:jobstate_worker_changelist")
+    except NoReverseMatch:
+        return worker_id
+    return format_html('<a href="{}?{}">{}</a>', url, urlencode({"q": worker_id}), worker_id)
