@@ -17,6 +17,8 @@ with Django's test ``Client`` logged in as a superuser:
 - the operations dashboard (with its two finished-jobs charts);
 - the Workers page (16 registered workers, the executors of the seeded claimed jobs,
   some lost and some stopped) and the Queues page (one queue paused);
+- the job runs, notifications, schedules, runtime locks and bulk operations lists and
+  the pages of one run, notification, schedule and worker (``bench.admin_pages``);
 - the console's jobs pages (``bench.admin_console``): the jobs list with each search
   kind, a job's page with its timeline, and a bulk requeue over a filter (``--no-bulk``
   leaves it out);
@@ -52,7 +54,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.admin_console import print_console
+from bench.admin_console import PAGE_LIMIT_MS, QUERY_LIMIT, print_console
+from bench.admin_pages import over_budget
 from bench.pg import (
     BenchError,
     connect,
@@ -320,13 +323,14 @@ def _run(*, jobs: int, audit: int, warm: int, bulk: bool = True) -> dict[str, An
     from django.test import Client
     from django.test.utils import override_settings
 
-    from bench import admin_console
+    from bench import admin_console, admin_pages
 
     started = time.perf_counter()
     call_command("migrate", verbosity=0, interactive=False)
     migrated = time.perf_counter()
     _seed(connection, jobs=jobs, audit=audit)
     admin_console.seed_tasks(connection, jobs)
+    admin_pages.seed(connection, jobs)
     seeded = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
@@ -346,6 +350,12 @@ def _run(*, jobs: int, audit: int, warm: int, bulk: bool = True) -> dict[str, An
             measurements.append(_measure(client, "jobstate", page, warm))
             if page.key in stock:
                 measurements.append(_measure(client, "stock", stock[page.key], warm))
+    for extra_page in admin_pages.pages(connection):
+        measurements.append(
+            _measure(
+                client, "jobstate", Page(extra_page.key, extra_page.label, extra_page.url), warm
+            )
+        )
     measurements.append(_measure_chart(warm))
     console: dict[str, Any] = {"pages": []}
     for extra in admin_console.console_pages(connection):
@@ -618,6 +628,12 @@ def _print_report(report: dict[str, Any]) -> None:
             f"{stock['queries']} vs {ours['queries']} queries   ({stock['label']})"
         )
     print_console(report)
+    print()
+    over = over_budget(report["measurements"] + report["console"]["pages"])
+    print(
+        f"every page under {PAGE_LIMIT_MS:.0f} ms (median) and {QUERY_LIMIT} queries: "
+        + ("yes" if not over else "NO: " + "; ".join(over))
+    )
 
 
 if __name__ == "__main__":
