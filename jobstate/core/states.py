@@ -326,6 +326,18 @@ TASK_TARGET_PREFIX = "tasks:"
 #: workers listen to.
 TASK_NOTIFY_CHANNEL = "jobstate_tasks"
 
+#: The name of the ``TaskResultStatus`` member each job status is, for a task: kept as
+#: names so the console can say them without importing ``django.tasks`` (optional on
+#: Django 5.2); :data:`jobstate.tasks.results.RESULT_STATUSES` is built from it.
+TASK_RESULT_STATUS_NAMES: dict[str, str] = {
+    JobStatus.QUEUED: "READY",
+    JobStatus.RUNNING: "RUNNING",
+    JobStatus.DISPATCHED: "RUNNING",
+    JobStatus.DONE: "SUCCESSFUL",
+    JobStatus.ERROR: "FAILED",
+    JobStatus.REJECTED: "FAILED",
+}
+
 
 def task_target(alias: str) -> str:
     """The ``target`` of the tasks of backend ``alias``."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils.module_loading import import_string
 
 from jobstate.core.attempt_log import LeftOut, attempt_history
-from jobstate.core.states import TERMINAL_JOB_STATUSES, JobStatus
+from jobstate.core.states import TASK_RESULT_STATUS_NAMES, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.exceptions import AttemptsLeftOut, InvalidJobState
 from jobstate.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
 
@@ -42,12 +42,7 @@ _LEFT_OUT_PATH = f"{AttemptsLeftOut.__module__}.{AttemptsLeftOut.__qualname__}"
 
 #: The ``TaskResult`` status of each job status.
 RESULT_STATUSES: dict[str, TaskResultStatus] = {
-    JobStatus.QUEUED: TaskResultStatus.READY,
-    JobStatus.RUNNING: TaskResultStatus.RUNNING,
-    JobStatus.DISPATCHED: TaskResultStatus.RUNNING,
-    JobStatus.DONE: TaskResultStatus.SUCCESSFUL,
-    JobStatus.ERROR: TaskResultStatus.FAILED,
-    JobStatus.REJECTED: TaskResultStatus.FAILED,
+    status: TaskResultStatus[name] for status, name in TASK_RESULT_STATUS_NAMES.items()
 }
 
 

@@ -6,15 +6,19 @@ it; and on PostgreSQL an idle worker starts a new task at once (LISTEN/NOTIFY)."
 
 from __future__ import annotations
 
+import re
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.db.models.functions import Now
+from django.utils import timezone
 
+from jobstate.core.attempt_log import read_attempt_log
 from jobstate.core.states import JobStatus
 from jobstate.models import Job
 from jobstate.tasks.compat import TaskResultStatus
@@ -22,6 +26,9 @@ from tests.support.task_functions import add, started_then_sleeps
 from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+#: How far the database's clock and this process's may disagree in these tests.
+CLOCK_SLACK = timedelta(seconds=1)
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
@@ -77,6 +84,11 @@ def test_a_task_still_running_when_the_grace_ends_is_handed_back_with_its_attemp
     assert result.errors[0].exception_class_path == "jobstate.exceptions.WorkerLost"
     assert "grace of 1 s ran out" in result.errors[0].traceback
     assert "1 interrupted" in err
+    # The attempt ran through the whole grace (and before the signal): its log line says
+    # so, not "in 0 ms".
+    ran = re.search(r"attempt 1/2 worker lost .* in (\d+) ms", err)
+    assert ran is not None, err
+    assert int(ran.group(1)) >= 1000
 
 
 def test_a_second_signal_exits_at_once_and_the_lease_brings_the_task_back(settings: Any) -> None:
@@ -117,9 +129,16 @@ def test_a_killed_workers_task_is_recovered_and_succeeds_on_attempt_two(settings
         lambda: Job.objects.filter(id=task.id, lease_until__lt=Now()).exists(),
         what="the lease to run out",
     )
+    before_sweep = timezone.now()
     call_command("reap_stale", verbosity=0)
     recovered = started_then_sleeps.get_result(task.id)
     assert recovered.status == READY and recovered.worker_ids == ["doomed"]
+    # The lost attempt ends when the sweep found it lost, so the job's page can place
+    # it in time and say how long it was held.
+    (lost_attempt,) = read_attempt_log(Job.objects.get(id=task.id).attempt_log)
+    assert lost_attempt.started_at is not None and lost_attempt.finished_at is not None
+    assert lost_attempt.finished_at >= before_sweep - CLOCK_SLACK
+    assert lost_attempt.finished_at > lost_attempt.started_at
 
     worker = start_worker("--batch", "--worker-id", "rescuer", options=options)
     try:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from django.utils import timezone
+
 from jobstate.core.attempt_log import (
     AttemptOutcome,
     TaskAttempt,
@@ -110,7 +112,8 @@ class TasksPart(LedgerPart):
         tasks whose lease ran out: their worker died, hung or lost its database.
 
         The lost attempt was counted when it was claimed; it is recorded in the attempt
-        log with a :class:`~jobstate.exceptions.WorkerLost` error. While ``attempts`` is
+        log with a :class:`~jobstate.exceptions.WorkerLost` error, ended when it was
+        found lost (the recovering process's clock). While ``attempts`` is
         below ``max_attempts`` the task goes back to ``queued``, due at once; otherwise
         it is ``error``. Each recovery is its own unit of work, fenced by the lost
         claim's token with the job held and its lease re-checked, so a worker that
@@ -155,7 +158,9 @@ class TasksPart(LedgerPart):
             attempt = TaskAttempt(
                 worker_id=worker,
                 started_at=job.claimed_at,
-                finished_at=None,
+                # When it was found lost: this process's clock, as a worker records the
+                # end of the attempts it ran itself.
+                finished_at=timezone.now(),
                 outcome=AttemptOutcome.WORKER_LOST,
                 exception_class_path=_WORKER_LOST_PATH,
                 traceback=f"{_WORKER_LOST_PATH}: {LOST_WORKER_MESSAGE}\n",

@@ -15,6 +15,7 @@ attempt's result is dropped, with a warning.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -69,7 +70,8 @@ def interrupted(attempt: Attempt, why: str) -> Outcome:
     """The outcome of an attempt the worker stopped waiting for (``why``): counted as
     an attempt whose worker was lost, since the task may have done part of its work."""
     record = ended_by_worker(attempt, AttemptOutcome.WORKER_LOST, WorkerLost, why)
-    return Outcome(attempt, record)
+    ran = 0.0 if attempt.started_at is None else time.monotonic() - attempt.started_at
+    return Outcome(attempt, record, duration=ran)
 
 
 #: The errors the worker records itself (the task raised none of them), by class path.
