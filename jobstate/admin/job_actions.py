@@ -13,6 +13,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext_lazy
 
 from jobstate.admin.common import ActionRow, ActionSpec, RejectForm, counted, relative_time
+from jobstate.admin.job_page import job_name
 from jobstate.admin.page_bases import database_now
 from jobstate.models import ApprovalDecision, Job
 from jobstate.stores import get_state_store
@@ -41,7 +42,7 @@ class ApproveForm(forms.Form):
 
 
 def _job_label(job: Job) -> str:
-    return job.request_id
+    return job_name(job)
 
 
 def _now_status(job: Job) -> str:

@@ -35,6 +35,7 @@ from jobstate.admin.dashboard import (
     finished_per_minute,
     queue_depth_by_target,
 )
+from jobstate.admin.display import moment, short_id
 from jobstate.admin.filters import (
     DelayedFilter,
     ExpiredLeaseFilter,
@@ -44,7 +45,16 @@ from jobstate.admin.filters import (
     TaskFilter,
 )
 from jobstate.admin.job_actions import approve_spec, lease_text, reject_spec, requeue_spec
-from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
+from jobstate.admin.job_page import (
+    audit_data,
+    audit_summary,
+    job_status_badge,
+    moment_field,
+    page_heading,
+    shown_fieldsets,
+    summary_items,
+)
+from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin
 from jobstate.admin.timeline import job_timeline
 from jobstate.console.job_search import SEARCH_FIELDS, SearchError, parse_search
 from jobstate.models import AuditEntry, Job, Notification
@@ -61,10 +71,17 @@ TRAIL_LIMIT = 200
 NOTIFICATIONS_LIMIT = 50
 
 
-#: The job page: every field, read-only, JSON pretty-printed.
+#: The job page's sections under its summary and timeline: every field, read-only, JSON
+#: pretty-printed, times with seconds. A page leaves out what its summary shows, what is
+#: empty and, on a task's page, the hub's fields (:mod:`jobstate.admin.job_page`).
 _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
+    (gettext_lazy("Input"), ("input_preview_text", "input_json")),
     (
-        None,
+        gettext_lazy("Outcome"),
+        ("result_json", "report_json", "usage_json", "error_text", "metadata_json"),
+    ),
+    (
+        gettext_lazy("Details"),
         (
             "id",
             "request_id",
@@ -80,21 +97,16 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
     (
         gettext_lazy("Timing and claim"),
         (
-            "created_at",
-            "updated_at",
-            "run_after",
-            "claimed_at",
-            "dispatched_at",
-            "lease_until",
+            "created_at_moment",
+            "updated_at_moment",
+            "run_after_moment",
+            "claimed_at_moment",
+            "dispatched_at_moment",
+            "lease_until_moment",
             "lease",
             "executor_id",
             "claim_token",
         ),
-    ),
-    (gettext_lazy("Input"), ("input_preview_text", "input_json")),
-    (
-        gettext_lazy("Outcome"),
-        ("result_json", "report_json", "usage_json", "error_text", "metadata_json"),
     ),
 ]
 
@@ -172,9 +184,10 @@ class JobAdmin(TaskFieldsAdmin):
         return super().changelist_view(request, context)
 
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
-        # A task's page shows what it runs right after what the job is.
-        first, *rest = super().get_fieldsets(request, obj)
-        return [first, *self.task_fieldset(request, obj), *rest]
+        # A task's arguments come first, once; the summary above holds the rest of what
+        # the job is.
+        sections = [*self.task_fieldset(request, obj), *super().get_fieldsets(request, obj)]
+        return shown_fieldsets(obj, sections)
 
     # --- columns and fields ----------------------------------------------------------
 
@@ -217,6 +230,12 @@ class JobAdmin(TaskFieldsAdmin):
             return format_html('<strong style="color:#cf222e">{}</strong>', text)
         return text
 
+    created_at_moment = moment_field("created_at", gettext_lazy("created at"))
+    updated_at_moment = moment_field("updated_at", gettext_lazy("updated at"))
+    run_after_moment = moment_field("run_after", gettext_lazy("run after"))
+    claimed_at_moment = moment_field("claimed_at", gettext_lazy("claimed at"))
+    dispatched_at_moment = moment_field("dispatched_at", gettext_lazy("dispatched at"))
+    lease_until_moment = moment_field("lease_until", gettext_lazy("lease until"))
     input_json = redacted_field("input", gettext_lazy("input"))
     result_json = redacted_field("result", gettext_lazy("result"))
     report_json = redacted_field("report", gettext_lazy("report"))
@@ -272,6 +291,7 @@ class JobAdmin(TaskFieldsAdmin):
     ) -> HttpResponse:
         if obj is not None:
             context.update(self.job_page_context(request, obj))
+            context["title"], context["subtitle"] = page_heading(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def job_page_context(self, request: HttpRequest, job: Job) -> dict[str, Any]:
@@ -312,13 +332,19 @@ class JobAdmin(TaskFieldsAdmin):
                 buttons.append({"action": action, "label": label, "return_to": request.path})
         return {
             "jobstate_job_page": True,
+            "job_summary": summary_items(job, self.lease(job)),
+            "job_status_badge": job_status_badge(job),
+            "job_short_id": short_id(job.pk),
             "job_timeline": job_timeline(job, trail, page, database_now(job)),
             "audit_trail": [
                 {
                     "entry": entry,
+                    "ts": moment(entry.ts),
                     "title": page.text(entry.title),
-                    "summary": page.summary(entry.summary, entry.detail),
-                    "detail": json_block(entry.detail, page) if entry.detail else "",
+                    "summary": page.summary(
+                        audit_summary(entry.summary, entry.detail), entry.detail
+                    ),
+                    "detail": audit_data(entry.detail, page),
                 }
                 for entry in trail
             ],
@@ -339,7 +365,6 @@ class JobAdmin(TaskFieldsAdmin):
                 }
                 for notification in notifications
             ],
-            "task_attempts": attempt_rows(job, page),
             "job_is_task": job.task_path is not None,
             "job_action_buttons": buttons,
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),

@@ -1,7 +1,8 @@
 """A job's timeline on its page: what happened to it, in order, readable without the
-audit admin — enqueued, each attempt claimed (by which worker, and how long after the
-previous failure), its heartbeats summarised (the lease they keep), failed with the
-traceback or succeeded, retries scheduled, operator actions, finished.
+audit admin — enqueued, each attempt of a task once (its worker, how long after the
+previous failure it started, how long it ran, its outcome and error, the traceback
+folded), its heartbeats summarised (the lease they keep), retries scheduled, operator
+actions, finished.
 
 It merges the job's audit entries with its task attempt log and its current claim.
 Everything shown passes through the page's redactor (:mod:`jobstate.admin.redaction`),
@@ -15,16 +16,20 @@ from datetime import datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
-from jobstate.admin.common import relative_time, short_duration, text_block
+from jobstate.admin.common import relative_time, short_duration
+from jobstate.admin.display import moment, worker_link
+from jobstate.admin.job_page import audit_summary, status_name
 from jobstate.admin.redaction import Redactor
-from jobstate.core.attempt_log import LeftOut, attempt_history
+from jobstate.core.attempt_log import AttemptOutcome, LeftOut, TaskAttempt, attempt_history
 from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.models import AuditEntry, Job
 
-__all__ = ["TimelineEvent", "job_timeline", "left_out_text"]
+__all__ = ["TimelineEvent", "job_timeline", "left_out_text", "traceback_fold"]
 
 
 @dataclass(frozen=True)
@@ -33,10 +38,16 @@ class TimelineEvent:
     kind: str
     """A CSS-friendly word: enqueued, claimed, heartbeat, failed, succeeded, left-out,
     audit."""
-    title: str
+    title: SafeString | str
     text: str = ""
     traceback: SafeString | str = ""
     severity: str = "info"
+    error: str = ""
+    """A failed attempt's exception: class path and message."""
+
+    @property
+    def moment(self) -> SafeString | str:
+        return moment(self.at)
 
 
 def _length(seconds: float) -> str:
@@ -47,17 +58,21 @@ def _length(seconds: float) -> str:
 
 
 def _audit_event(entry: AuditEntry, page: Redactor) -> TimelineEvent:
-    text = page.summary(entry.summary, entry.detail)
+    text = page.summary(audit_summary(entry.summary, entry.detail), entry.detail)
     detail = entry.detail if isinstance(entry.detail, dict) else {}
     if entry.event == "retry_scheduled" and isinstance(detail.get("retry_at"), str):
         retry_at = parse_datetime(detail["retry_at"])
         if retry_at is not None:
             wait = _length((retry_at - entry.ts).total_seconds())
-            text = _("retry at %(at)s (after %(wait)s) · %(rest)s") % {
-                "at": retry_at.strftime("%Y-%m-%d %H:%M:%S"),
-                "wait": wait,
-                "rest": text,
-            }
+            text = " · ".join(
+                part
+                for part in (
+                    _("retry at %(at)s (after %(wait)s)")
+                    % {"at": retry_at.strftime("%Y-%m-%d %H:%M:%S"), "wait": wait},
+                    text,
+                )
+                if part
+            )
     return TimelineEvent(
         at=entry.ts,
         kind="audit",
@@ -75,7 +90,60 @@ def left_out_text(gap: LeftOut) -> str:
     ) % {"first": gap.first, "last": gap.last, "count": gap.count}
 
 
+def traceback_fold(text: str, page: Redactor) -> SafeString | str:
+    """A traceback, redacted, folded in a ``<details>`` whose summary is its last line
+    (the exception), so an attempt reads in one line until it is opened."""
+    if not text:
+        return ""
+    shown = page.text(text)
+    lines = shown.rstrip("\n").split("\n")
+    return format_html(
+        '<details class="jobstate-traceback"><summary>{}</summary><pre class="jobstate-text">'
+        "{}</pre></details>",
+        ngettext("Traceback (%(n)d line)", "Traceback (%(n)d lines)", len(lines))
+        % {"n": len(lines)},
+        shown,
+    )
+
+
+def _attempt_title(number: int, worker: str, outcome: str, severity: str) -> SafeString:
+    return format_html(
+        '{} <span class="jobstate-attempt-worker">{}</span> '
+        '<span class="jobstate-attempt-outcome jobstate-outcome-{}">{}</span>',
+        _("Attempt %(n)d on") % {"n": number},
+        worker_link(worker),
+        severity,
+        outcome,
+    )
+
+
+def _attempt_text(attempt: TaskAttempt, previous_end: datetime | None) -> str:
+    """How long the attempt ran (or, lost, when it was found so), and how long after
+    the previous one ended it started."""
+    parts = []
+    if previous_end is not None and attempt.started_at is not None:
+        parts.append(
+            _("retried %(wait)s after the previous attempt ended")
+            % {"wait": _length((attempt.started_at - previous_end).total_seconds())}
+        )
+    if attempt.started_at is not None and attempt.finished_at is not None:
+        took = _length((attempt.finished_at - attempt.started_at).total_seconds())
+        if attempt.outcome is AttemptOutcome.WORKER_LOST:
+            parts.append(
+                _("found lost %(time)s after it started, at %(at)s")
+                % {"time": took, "at": attempt.finished_at.strftime("%H:%M:%S")}
+            )
+        else:
+            parts.append(_("ran %(time)s") % {"time": took})
+    elif attempt.outcome is AttemptOutcome.WORKER_LOST:
+        parts.append(_("found lost (when was not recorded)"))
+    return " · ".join(parts)
+
+
 def _attempt_events(job: Job, page: Redactor) -> list[TimelineEvent]:
+    """One item per ended attempt, at its start: its worker, outcome, how long it ran,
+    and for a failure the error with its traceback folded; the attempts a long log
+    left out as one item where they were."""
     events: list[TimelineEvent] = []
     previous_end: datetime | None = None
     number = 1
@@ -93,44 +161,25 @@ def _attempt_events(job: Job, page: Redactor) -> list[TimelineEvent]:
             gap = events[undated_gap]
             events[undated_gap] = TimelineEvent(attempt.started_at, gap.kind, gap.title)
             undated_gap = None
-        claimed = _("Attempt %(n)d claimed by %(worker)s") % {
-            "n": number,
-            "worker": attempt.worker_id,
-        }
-        text = ""
-        if previous_end is not None and attempt.started_at is not None:
-            text = _("retried %(wait)s after the previous attempt ended") % {
-                "wait": _length((attempt.started_at - previous_end).total_seconds())
-            }
-        events.append(TimelineEvent(attempt.started_at, "claimed", claimed, text))
-        took = ""
-        if attempt.started_at and attempt.finished_at:
-            took = _("after %(time)s") % {
-                "time": _length((attempt.finished_at - attempt.started_at).total_seconds())
-            }
+        severity = "info"
+        if attempt.failed:
+            severity = "warning" if attempt.outcome is AttemptOutcome.WORKER_LOST else "error"
+        error = ""
         if attempt.failed:
             error = attempt.exception_class_path
             if attempt.message:
                 error = f"{error}: {attempt.message}"
-            events.append(
-                TimelineEvent(
-                    attempt.finished_at,
-                    "failed",
-                    _("Attempt %(n)d %(outcome)s %(took)s")
-                    % {"n": number, "outcome": attempt.outcome.value, "took": took},
-                    page.text(error),
-                    text_block(attempt.traceback, page) if attempt.traceback else "",
-                    severity="error",
-                )
+        events.append(
+            TimelineEvent(
+                attempt.started_at,
+                "failed" if attempt.failed else "succeeded",
+                _attempt_title(number, attempt.worker_id, attempt.outcome.value, severity),
+                _attempt_text(attempt, previous_end),
+                traceback_fold(attempt.traceback, page) if attempt.failed else "",
+                severity=severity,
+                error=page.text(error),
             )
-        else:
-            events.append(
-                TimelineEvent(
-                    attempt.finished_at,
-                    "succeeded",
-                    _("Attempt %(n)d succeeded %(took)s") % {"n": number, "took": took},
-                )
-            )
+        )
         previous_end = attempt.finished_at
         number += 1
     return events
@@ -146,12 +195,10 @@ def _current_claim(job: Job, now: datetime) -> list[TimelineEvent]:
         "holder": holder,
         "status": JobStatus(job.status).label,
     }
-    if job.task_path is not None:
-        title = _("Attempt %(n)d claimed by %(holder)s, running") % {
-            "n": job.attempts,
-            "holder": holder,
-        }
     events = [TimelineEvent(job.claimed_at, "claimed", title)]
+    if job.task_path is not None:
+        running = _attempt_title(job.attempts, holder, _("running"), "info")
+        events = [TimelineEvent(job.claimed_at, "claimed", running)]
     if job.lease_until is not None:
         held = short_duration((now - job.claimed_at).total_seconds())
         if job.lease_until >= now:
@@ -200,7 +247,7 @@ def _finished(job: Job) -> TimelineEvent:
     return TimelineEvent(
         job.updated_at,
         "finished",
-        _("Finished: %(status)s") % {"status": status.label},
+        _("Finished: %(status)s") % {"status": status_name(job)},
         severity=severity,
     )
 

@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
+from jobstate.core.states import NewTask
 from jobstate.models import Job, JobRun, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore, Trigger
@@ -160,3 +161,58 @@ def failed_task(secret: str) -> Any:
 
 # Far beyond STALE_RUN_AFTER (five minutes), so only the clock used can decide.
 SKEW = timedelta(hours=2)
+
+
+def traceback_of(attempt: int) -> str:
+    """A task's traceback, told apart from the other attempts' by its line number."""
+    return (
+        "Traceback (most recent call last):\n"
+        f'  File "/srv/app/billing.py", line {100 + attempt}, in send_invoice\n'
+        "    smtp.send(invoice)\n"
+        f"ConnectionRefusedError: SMTP refused attempt {attempt}\n"
+    )
+
+
+def thrice_failed_task() -> Job:
+    """A ``send_invoice``-like task (``echo``) whose three attempts all failed, each with
+    its own traceback, on workers w-1, w-2 and w-3, a minute apart."""
+    store = get_state_store()
+    enqueued = store.enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.support.task_functions.echo",
+            queue_name="billing",
+            priority=10,
+            args=["invoice-4711"],
+            kwargs={"customer": 42},
+            max_attempts=3,
+        )
+    )
+    (claimed,) = store.claim_tasks(
+        target="tasks:default", queues=["billing"], worker_id="w-3", lease=timedelta(1), limit=1
+    )
+    assert claimed.claim_token is not None
+    first = timezone.now() - timedelta(minutes=3)
+    log = [
+        {
+            "worker_id": f"w-{n}",
+            "started_at": (first + timedelta(minutes=n - 1)).isoformat(),
+            "finished_at": (first + timedelta(minutes=n - 1, seconds=2.3)).isoformat(),
+            "outcome": "failed",
+            "exception_class_path": "builtins.ConnectionRefusedError",
+            "message": f"SMTP refused attempt {n}",
+            "traceback": traceback_of(n),
+        }
+        for n in (1, 2, 3)
+    ]
+    outcome = store.complete_claimed_job(
+        claimed.id,
+        claimed.claim_token,
+        "error",
+        attempt_log=log,
+        attempts=3,
+        error="builtins.ConnectionRefusedError: SMTP refused attempt 3",
+    )
+    assert outcome.completed and outcome.job is not None
+    assert outcome.job.id == enqueued.id
+    return outcome.job
