@@ -29,7 +29,6 @@ from jobstate.admin.display import (
     choice_badge,
     json_block,
     moment,
-    short_id,
     worker_link,
 )
 from jobstate.admin.redaction import Redactor
@@ -148,6 +147,7 @@ def shown_fieldsets(job: Job | None, fieldsets: Iterable[Any]) -> list[Any]:
             for name in options["fields"]
             if name not in SUMMARY_FIELDS
             and not (task and name in HUB_ONLY_FIELDS)
+            and not (name == "request_id" and not task)  # a hub job's page title
             and not _is_empty(job, name)
         ]
         if names:
@@ -219,8 +219,8 @@ def _last_worker(job: Job) -> str | None:
 
 
 def summary_items(job: Job, lease: str) -> list[SummaryItem]:
-    """What the top of the page says of ``job``, empty values left out. ``lease``: the
-    lease column's text."""
+    """What the top of the page says of ``job``, empty values left out (its id is in
+    the page's subtitle). ``lease``: the lease column's text."""
     finished = job.updated_at if job.status in TERMINAL_JOB_STATUSES else None
     due = job.run_after if job.status == JobStatus.QUEUED else None
     if job.task_path is not None:
@@ -237,7 +237,6 @@ def summary_items(job: Job, lease: str) -> list[SummaryItem]:
             (gettext_lazy("Finished"), moment(finished) if finished else None),
             (gettext_lazy("Worker"), worker_link(_last_worker(job)) if _last_worker(job) else None),
             (gettext_lazy("Lease"), lease),
-            (gettext_lazy("Result id"), short_id(job.id)),
         ]
     else:
         pairs = [
@@ -252,9 +251,8 @@ def summary_items(job: Job, lease: str) -> list[SummaryItem]:
             (gettext_lazy("Finished"), moment(finished) if finished else None),
             (gettext_lazy("Executor / worker"), job.executor_id),
             (gettext_lazy("Lease"), lease),
-            (gettext_lazy("Job id"), short_id(job.id)),
         ]
-    return [SummaryItem(str(label), value) for label, value in pairs if value]
+    return [SummaryItem(str(label), value) for label, value in pairs if value and value != "—"]
 
 
 # --- audit entries ---------------------------------------------------------------------------

@@ -359,7 +359,7 @@ class JobAdmin(TaskFieldsAdmin):
                     "payload": json_block(notification.payload, page),
                     "last_error": page.text(notification.last_error or ""),
                     "attempts": [
-                        (attempt, page.text(attempt.error or ""))
+                        (attempt, page.text(attempt.error or ""), moment(attempt.started_at))
                         for attempt in notification.delivery_attempts.all()
                     ],
                 }
