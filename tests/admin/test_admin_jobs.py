@@ -418,7 +418,8 @@ def test_the_job_page_shows_its_fields_with_json_pretty_redacted_and_folded(
     assert "<code>{&quot;lines&quot;: [&quot;line 0&quot;" in page  # its one-line preview
     assert "Traceback" in page
     assert "whsec-never-shown" not in page
-    for label in ("Request id", "Metadata", "Input preview" if job.input_preview else "Input"):
+    assert "<h1>r1</h1>" in page  # a job's page is titled by its request id
+    for label in ("Metadata", "Input preview" if job.input_preview else "Input"):
         assert f"{label}:</label>" in page or f">{label}<" in page, label
     # A queued job was never claimed and reported nothing: those fields are left out.
     for label in ("Claim token", "Lease until", "Usage", "Report", "Callback URL", "Session"):
