@@ -166,3 +166,30 @@ def test_attempts_left_out_of_a_long_log_are_named_where_they_were(admin_client:
     assert steps == sorted(steps), items
     assert steps == list(range(steps[0], steps[0] + 4)), items  # in a row, the gap between
     assert "after the previous attempt" not in items[steps[2]]
+
+
+@pytest.mark.django_db
+def test_a_lost_attempt_shows_when_it_was_found_lost_in_its_place(admin_client: Client) -> None:
+    # The recovery left the lost attempt without an end: the page put it after
+    # "Finished", without a time.
+    store = DatabaseStateStore()
+    job = store.enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.support.task_functions.echo",
+            queue_name="default",
+            priority=0,
+            args=[],
+            kwargs={},
+            max_attempts=1,
+        )
+    )
+    (claimed,) = store.claim_tasks(
+        target="tasks:default", queues=["default"], worker_id="w-gone", lease=timedelta(1), limit=1
+    )
+    store.update_job(claimed.id, lease_until=timezone.now() - timedelta(minutes=5))
+    assert store.recover_expired_tasks().failed == 1
+    items = timeline_items(admin_client.get(f"{JOBS}{job.id}/change/").content.decode())
+    lost = position(items, "failed", "Attempt 1 on", "w-gone", "worker lost", "found lost")
+    assert lost < position(items, "Failed: worker lost")
+    assert re.search(r"found lost [\d.]+ s after it started, at \d\d:\d\d:\d\d", items[lost])
