@@ -68,7 +68,8 @@ class SettledAttempt:
 
 def interrupted(attempt: Attempt, why: str) -> Outcome:
     """The outcome of an attempt the worker stopped waiting for (``why``): counted as
-    an attempt whose worker was lost, since the task may have done part of its work."""
+    an attempt whose worker was lost, since the task may have done part of its work,
+    after as long as it ran until then."""
     record = ended_by_worker(attempt, AttemptOutcome.WORKER_LOST, WorkerLost, why)
     ran = 0.0 if attempt.started_at is None else time.monotonic() - attempt.started_at
     return Outcome(attempt, record, duration=ran)
