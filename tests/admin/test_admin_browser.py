@@ -240,16 +240,18 @@ def test_operator_reads_a_retried_tasks_timeline(live_server: object, settings: 
         page.goto(f"{base}/admin/jobstate/job/{task.id}/change/")
         timeline = page.locator("#jobstate-timeline li")
         expect(timeline.first).to_contain_text("Enqueued")
-        expect(timeline.filter(has_text="Attempt 1 claimed by w-0")).to_have_count(1)
-        expect(timeline.filter(has_text="Attempt 1 worker lost")).to_have_count(1)
-        second = timeline.filter(has_text="Attempt 2 failed")
+        first = timeline.filter(has_text="Attempt 1 on w-0")
+        expect(first).to_have_count(1)
+        expect(first).to_contain_text("worker lost")
+        second = timeline.filter(has_text="Attempt 2 on w-1")
+        expect(second).to_contain_text("failed")
         expect(second).to_contain_text("builtins.ValueError")
         expect(second).to_contain_text("Traceback")
         expect(page.locator("#jobstate-timeline")).not_to_contain_text("hunter2-browser-secret")
         texts = timeline.all_inner_texts()
         order = [
             next(i for i, text in enumerate(texts) if needle in text)
-            for needle in ("Enqueued", "Attempt 1 claimed", "Attempt 2 claimed", "Attempt 2 failed")
+            for needle in ("Enqueued", "Attempt 1 on", "Attempt 2 on", "Finished: FAILED")
         ]
         assert order == sorted(order), texts
         _screenshot(page, TIMELINE_SCREENSHOT)
@@ -293,8 +295,9 @@ def test_long_request_ids_stay_on_one_line_and_buttons_clear_the_title(
         expect(tools.get_by_role("button", name="Reject…")).to_be_visible()
         tools_box = tools.bounding_box()
         assert tools_box is not None
-        title = page.locator("#content h1").first
-        subtitle = page.locator("#content h2", has_text="demo-3f1c9a52").first
+        # The title is the request id; the subtitle the status and the short id.
+        title = page.locator("#content h1", has_text="demo-3f1c9a52").first
+        subtitle = page.locator("#content h2.jobstate-subtitle").first
         for heading in (title, subtitle):
             box = heading.bounding_box()
             assert box is not None
