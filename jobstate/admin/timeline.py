@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -50,6 +51,12 @@ class TimelineEvent:
         return moment(self.at)
 
 
+def _local(instant: datetime) -> datetime:
+    """``instant`` in the server's zone, as :func:`~jobstate.admin.display.moment` shows
+    times (the attempt log and audit data keep theirs as written)."""
+    return timezone.localtime(instant) if timezone.is_aware(instant) else instant
+
+
 def _length(seconds: float) -> str:
     """A length of time, with tenths below ten seconds (retries often wait less)."""
     if abs(seconds) < 10:
@@ -68,7 +75,7 @@ def _audit_event(entry: AuditEntry, page: Redactor) -> TimelineEvent:
                 part
                 for part in (
                     _("retry at %(at)s (after %(wait)s)")
-                    % {"at": retry_at.strftime("%Y-%m-%d %H:%M:%S"), "wait": wait},
+                    % {"at": _local(retry_at).strftime("%Y-%m-%d %H:%M:%S"), "wait": wait},
                     text,
                 )
                 if part
@@ -131,7 +138,7 @@ def _attempt_text(attempt: TaskAttempt, previous_end: datetime | None) -> str:
         if attempt.outcome is AttemptOutcome.WORKER_LOST:
             parts.append(
                 _("found lost %(time)s after it started, at %(at)s")
-                % {"time": took, "at": attempt.finished_at.strftime("%H:%M:%S")}
+                % {"time": took, "at": _local(attempt.finished_at).strftime("%H:%M:%S")}
             )
         else:
             parts.append(_("ran %(time)s") % {"time": took})
