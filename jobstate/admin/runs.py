@@ -28,6 +28,8 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
+from jobstate.admin.list_cells import cut_middle, one_line
+from jobstate.admin.page_bases import moment_field
 from jobstate.core.conf import jobstate_settings
 from jobstate.models import JobRun, JobRunStatus
 from jobstate.stores import get_run_store, get_state_store
@@ -63,12 +65,28 @@ class JobRunAdmin(ReadOnlyAdmin):
     list_display = [
         "job_key",
         "status_display",
-        "overlap_key",
-        "started_at",
+        "overlap_cell",
+        "started",
         "heartbeat_age",
         "duration_display",
         "trigger_display",
     ]
+    phone_hidden_columns = ("overlap_cell", "heartbeat_age", "trigger_display")
+    empty_list_text = gettext_lazy(
+        "No job runs. A run is recorded each time an operations job starts (from a "
+        "schedule, a command, a Celery task or the console), with its heartbeat while it "
+        "runs and its outcome when it ends."
+    )
+
+    started = moment_field("started_at", gettext_lazy("started"))
+
+    @admin.display(description=gettext_lazy("overlap key"), ordering="overlap_key")
+    def overlap_cell(self, run: JobRun) -> SafeString | str:
+        # One line, cut in the middle (keys share their job's prefix), whole in the tooltip.
+        if not run.overlap_key:
+            return "—"
+        return one_line(cut_middle(run.overlap_key, 12), run.overlap_key)
+
     list_filter = ["status", TriggerFilter, RunLivenessFilter]
     search_fields = ["job_key"]
     search_help_text = gettext_lazy("An exact run id, job key or overlap key.")
