@@ -30,6 +30,7 @@ from jobstate.admin.common import (
 )
 from jobstate.admin.dashboard import (
     cards,
+    endpoint_links,
     finished_per_hour,
     finished_per_minute,
     queue_depth_by_target,
@@ -404,6 +405,7 @@ class JobAdmin(TaskFieldsAdmin):
             "finished": finished_per_minute(),
             "throughput": finished_per_hour(),
             "depth": queue_depth_by_target(),
+            "endpoint_links": endpoint_links(),
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }
         request.current_app = self.admin_site.name

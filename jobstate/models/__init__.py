@@ -11,6 +11,7 @@ importable from ``jobstate.models``.
 
 from jobstate.core.states import JobRunStatus, JobStatus
 from jobstate.models.bulk_operations import BulkAction, BulkOperation, BulkState
+from jobstate.models.console import OperationsDashboard
 from jobstate.models.fleet import (
     NO_QUEUE,
     QUEUE_PAUSE_UNIQUE,
@@ -77,6 +78,7 @@ __all__ = [
     "JobStatus",
     "Notification",
     "OccurrenceTrigger",
+    "OperationsDashboard",
     "QueuePause",
     "RuntimeLock",
     "RuntimeLockQuerySet",
