@@ -191,7 +191,7 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("worker"), ordering="worker_id")
     def worker_cell(self, worker: Worker) -> SafeString | str:
-        where = f"{worker.kind} · {worker.host}:{worker.pid}"
+        where = f"{worker.get_kind_display()} · {worker.host}:{worker.pid}"
         return with_sub(one_line(cut_middle(worker.worker_id, 14), worker.worker_id), where)
 
     @admin.display(description=gettext_lazy("state"))

@@ -163,7 +163,12 @@ def test_linked_from_the_app_index_and_the_jobs_list(
     admin_client: Client, django_user_model: Any, db: None
 ) -> None:
     app_index = admin_client.get("/admin/jobstate/").content.decode()
-    assert f'<a href="{PAGE}">Operations dashboard</a>' in app_index
+    assert f'<a href="{PAGE}" id="jobstate-dashboard-link">Operations dashboard</a>' in app_index
+    # The site's index lists it with the app's models (its entry leads to the page).
+    site_index = admin_client.get("/admin/").content.decode()
+    assert ">Operations dashboard</a>" in site_index
+    entry = admin_client.get("/admin/jobstate/operationsdashboard/")
+    assert entry.status_code == 302 and entry["Location"] == PAGE
     jobs = admin_client.get("/admin/jobstate/job/").content.decode()
     assert f'href="{PAGE}" id="jobstate-operations-tool"' in jobs
     runs_only = logged_in(operator(django_user_model, "sam", "view_jobrun"))
