@@ -28,7 +28,7 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
-from jobstate.admin.list_cells import cut_middle, one_line
+from jobstate.admin.list_cells import cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
 from jobstate.core.conf import jobstate_settings
 from jobstate.models import JobRun, JobRunStatus
@@ -69,9 +69,9 @@ class JobRunAdmin(ReadOnlyAdmin):
         "started",
         "heartbeat_age",
         "duration_display",
-        "trigger_display",
+        "trigger_cell",
     ]
-    phone_hidden_columns = ("overlap_cell", "heartbeat_age", "trigger_display")
+    phone_hidden_columns = ("overlap_cell", "heartbeat_age", "trigger_cell")
     empty_list_text = gettext_lazy(
         "No job runs. A run is recorded each time an operations job starts (from a "
         "schedule, a command, a Celery task or the console), with its heartbeat while it "
@@ -79,6 +79,12 @@ class JobRunAdmin(ReadOnlyAdmin):
     )
 
     started = moment_field("started_at", gettext_lazy("started"))
+
+    @admin.display(description=gettext_lazy("trigger"), ordering="trigger_source")
+    def trigger_cell(self, run: JobRun) -> SafeString | str:
+        if not run.triggered_by:
+            return run.trigger_source
+        return with_sub(run.trigger_source, one_line(run.triggered_by, run.triggered_by))
 
     @admin.display(description=gettext_lazy("overlap key"), ordering="overlap_key")
     def overlap_cell(self, run: JobRun) -> SafeString | str:
