@@ -24,7 +24,7 @@ from jobstate.admin.common import (
 )
 from jobstate.admin.display import short_id
 from jobstate.admin.filters import AuditEventFilter, AuditStageFilter
-from jobstate.admin.list_cells import cut_middle, one_line, with_sub
+from jobstate.admin.list_cells import breakable, cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
 from jobstate.admin.redaction import Redactor
 from jobstate.models import ApprovalDecision, AuditEntry, DeliveryReplay, Job, Notification
@@ -133,7 +133,7 @@ class AuditEntryAdmin(LedgerAdmin):
 
     @admin.display(description=gettext_lazy("event / stage"), ordering="event")
     def event_cell(self, entry: AuditEntry) -> SafeString | str:
-        return with_sub(entry.event, entry.get_stage_display())
+        return with_sub(breakable(entry.event), entry.get_stage_display())
 
     @admin.display(description=gettext_lazy("what happened"))
     def what(self, entry: AuditEntry) -> SafeString | str:

@@ -189,7 +189,7 @@ class JobAdmin(TaskFieldsAdmin):
     def request_id_cell(self, job: Job) -> SafeString:
         # Cut in the middle: request ids sharing a prefix (a time, a tenant) stay
         # distinct; whole in the tooltip and on the job's page.
-        return one_line(cut_middle(job.request_id), job.request_id)
+        return one_line(cut_middle(job.request_id, 8), job.request_id)
 
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_display(self, job: Job) -> SafeString:

@@ -9,12 +9,12 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from jobstate.admin.display import relative_time
 
-__all__ = ["age_cell", "cut_middle", "one_line", "with_sub"]
+__all__ = ["age_cell", "breakable", "cut_middle", "one_line", "with_sub"]
 
 #: Characters kept at each end of a text cut by :func:`cut_middle`.
 KEPT_AT_EACH_END = 10
@@ -26,6 +26,17 @@ def cut_middle(text: str, keep: int = KEPT_AT_EACH_END) -> str:
     if len(text) <= 2 * keep + 1:
         return text
     return f"{text[:keep]}…{text[-keep:]}"
+
+
+def breakable(text: str) -> SafeString:
+    """``text`` (a dotted path, a key) allowed to wrap after its dots, underscores,
+    dashes, colons and slashes: a long name without spaces would otherwise widen its
+    column past the screen."""
+    escaped = str(escape(text))
+    for mark in "._-:/":
+        escaped = escaped.replace(mark, mark + "<wbr>")
+    # Escaped above; only <wbr> elements are added.
+    return mark_safe(escaped)
 
 
 def one_line(shown: Any, whole: str) -> SafeString:

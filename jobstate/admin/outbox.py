@@ -112,17 +112,10 @@ class NotificationAdmin(ReadOnlyAdmin):
     """Outbox rows are written with their job's transition and moved by relays; here
     they are browsed, and dead letters are replayed once through the store."""
 
-    # The delivery (when delivered, or the next attempt) sits under the state, the
-    # destination under the channel.
-    list_display = [
-        "id_cell",
-        "state_cell",
-        "channel_cell",
-        "attempts",
-        "job_link",
-        "created",
-    ]
-    phone_hidden_columns = ("attempts", "created")
+    # The delivery (its attempts, when delivered or the next attempt) sits under the
+    # state, the destination under the channel.
+    list_display = ["id_cell", "state_cell", "channel_cell", "job_link", "created"]
+    phone_hidden_columns = ("created",)
     empty_list_text = gettext_lazy(
         "No notifications. A notification is written with its job's transition when the "
         "job asked to be told (a callback URL or a configured channel); relays deliver it "
@@ -151,8 +144,14 @@ class NotificationAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("state"), ordering="state")
     def state_cell(self, notification: Notification) -> SafeString | str:
-        """The state; under it when it was delivered, or when the next attempt is due."""
-        badge = self.state_display(notification)
+        """The state and its attempts; under them when it was delivered, or when the next
+        attempt is due."""
+        badge = format_html(
+            "{} {}",
+            self.state_display(notification),
+            ngettext("%(n)d attempt", "%(n)d attempts", notification.attempts)
+            % {"n": notification.attempts},
+        )
         if notification.delivered_at is not None:
             return with_sub(badge, moment(notification.delivered_at))
         if notification.state == NotificationState.PENDING and notification.next_attempt_at:
@@ -183,8 +182,8 @@ class NotificationAdmin(ReadOnlyAdmin):
         url = admin_change_url(Job, notification.job_id, self.admin_site.name)
         job = notification.job
         request_id = job.request_id if job else "—"
-        return format_html(
-            '<a href="{}" title="{}">{}</a>', url, request_id, cut_middle(request_id)
+        return one_line(
+            format_html('<a href="{}">{}</a>', url, cut_middle(request_id, 8)), request_id
         )
 
     payload_json = redacted_field("payload", gettext_lazy("payload"))

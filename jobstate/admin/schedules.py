@@ -35,7 +35,7 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.display import moment
-from jobstate.admin.list_cells import with_sub
+from jobstate.admin.list_cells import breakable, with_sub
 from jobstate.exceptions import ScheduleError, UnknownSchedule
 from jobstate.models import Job, Schedule, ScheduleOccurrence
 from jobstate.schedules import (
@@ -111,14 +111,14 @@ class ScheduleAdmin(ReadOnlyAdmin):
     """Schedules: what each runs and when, and the operator's run now, pause and resume."""
 
     list_display = [
-        "key",
+        "key_cell",
         "state_display",
-        "target",
+        "target_cell",
         "cron_display",
         "next_run",
         "last_run",
     ]
-    phone_hidden_columns = ("target", "cron_display")
+    phone_hidden_columns = ("target_cell", "cron_display")
     empty_list_text = gettext_lazy(
         "No schedules. A schedule appears when a worker, manage.py "
         "enqueue_due_schedules or the Celery beat first evaluates the periodic "
@@ -185,6 +185,14 @@ class ScheduleAdmin(ReadOnlyAdmin):
                     % {"key": key, "problem": problem},
                 )
         return super().changelist_view(request, extra_context)
+
+    @admin.display(description=gettext_lazy("key"), ordering="key")
+    def key_cell(self, schedule: Schedule) -> SafeString:
+        return breakable(schedule.key)
+
+    @admin.display(description=gettext_lazy("target"), ordering="target")
+    def target_cell(self, schedule: Schedule) -> SafeString:
+        return breakable(schedule.target)
 
     @admin.display(description=gettext_lazy("cron"), ordering="cron")
     def cron_display(self, schedule: Schedule) -> SafeString:

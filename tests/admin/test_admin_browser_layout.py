@@ -1,5 +1,5 @@
-"""The console's lists and pages as a newcomer sees them, on a 1440×900 screen and a
-390×844 phone, in headless Chromium (as in :mod:`tests.admin.test_admin_browser`),
+"""The console's lists and pages as a newcomer sees them, on a 1440x900 screen and a
+390x844 phone, in headless Chromium (as in :mod:`tests.admin.test_admin_browser`),
 measured from the elements' boxes:
 
 - every column header of the jobs, workers, notifications, audit, runs and schedules
@@ -219,6 +219,11 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
                 assert header["right"] <= viewport["width"], (name, size, header)
             scroll = page.evaluate("document.documentElement.scrollWidth")
             assert scroll <= viewport["width"], (name, size, scroll)
+            # Nor is a column hidden behind a sideways scroll inside the list's box.
+            inner = page.locator("#changelist-form .results").evaluate(
+                "e => [e.scrollWidth, e.clientWidth]"
+            )
+            assert inner[0] <= inner[1], (name, size, inner)
         for name, path in OTHER_PAGES.items():
             page.goto(base + path)
             _shoot(page, name, size)
