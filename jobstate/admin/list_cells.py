@@ -28,12 +28,13 @@ def cut_middle(text: str, keep: int = KEPT_AT_EACH_END) -> str:
     return f"{text[:keep]}…{text[-keep:]}"
 
 
-def breakable(text: str) -> SafeString:
-    """``text`` (a dotted path, a key) allowed to wrap after its dots, underscores,
-    dashes, colons and slashes: a long name without spaces would otherwise widen its
-    column past the screen."""
+def breakable(text: str, marks: str = ".-:/") -> SafeString:
+    """``text`` (a dotted path, a key) allowed to wrap after its dots, dashes, colons
+    and slashes: a long name without spaces would otherwise widen its column past the
+    screen. Underscores join words of one name, which stays whole unless ``marks``
+    names them too."""
     escaped = str(escape(text))
-    for mark in "._-:/":
+    for mark in marks:
         escaped = escaped.replace(mark, mark + "<wbr>")
     # Escaped above; only <wbr> elements are added.
     return mark_safe(escaped)

@@ -82,7 +82,8 @@ class JobRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("job key"), ordering="job_key")
     def job_key_cell(self, run: JobRun) -> SafeString:
-        return breakable(run.job_key)
+        # A job key is a function's dotted path: its long name may wrap at underscores.
+        return breakable(run.job_key, "._-:/")
 
     @admin.display(description=gettext_lazy("heartbeat / duration"), ordering="duration_ms")
     def heartbeat_or_duration(self, run: JobRun) -> SafeString | str:

@@ -192,7 +192,9 @@ class WorkerAdmin(ReadOnlyAdmin):
     @admin.display(description=gettext_lazy("worker"), ordering="worker_id")
     def worker_cell(self, worker: Worker) -> SafeString | str:
         where = f"{worker.get_kind_display()} · {worker.host}:{worker.pid}"
-        return with_sub(one_line(cut_middle(worker.worker_id, 14), worker.worker_id), where)
+        return with_sub(
+            one_line(cut_middle(worker.worker_id, 14), worker.worker_id), one_line(where, where)
+        )
 
     @admin.display(description=gettext_lazy("state"))
     def state_cell(self, worker: Worker) -> SafeString | str:
