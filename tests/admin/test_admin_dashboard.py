@@ -81,6 +81,12 @@ def test_finished_chart_counts_each_minute_by_status(store: DatabaseStateStore) 
     assert sum(bar.height for bar in tallest) == pytest.approx(chart.height)
     assert len(chart.bars) == 3
     assert [label for _x, label in chart.ticks][:2] == ["11:31", "11:41"]
+    # Jobs are counted whole: the guides are whole numbers (not 1.5), each at its height.
+    assert chart.gridlines == [
+        (0.0, "3"),
+        (pytest.approx(chart.height * 2 / 3, abs=0.01), "1"),
+        (float(chart.height), "0"),
+    ]
 
 
 def test_finished_chart_is_drawn_as_inline_svg_with_a_data_table(
