@@ -357,3 +357,20 @@ def test_instants_show_in_the_viewer_s_zone_and_ids_copy(console: tuple[Page, st
     button.click()
     expect(button).to_contain_text("copied")
     assert page.evaluate("navigator.clipboard.readText()") == whole
+
+
+def test_the_filter_sidebar_hides_and_stays_hidden(console: tuple[Page, str]) -> None:
+    from playwright.sync_api import expect
+
+    page, base = console
+    page.goto(base + LISTS["jobs"])
+    table = page.locator("#changelist .changelist-form-container")
+    wide_before = (table.bounding_box() or {"width": 0})["width"]
+    page.get_by_role("button", name="Hide filters").click()
+    expect(page.locator("#changelist-filter")).to_be_hidden()
+    # The table takes the sidebar's width, and the choice outlives the page.
+    assert (table.bounding_box() or {"width": 0})["width"] > wide_before
+    page.goto(base + LISTS["audit"])
+    expect(page.locator("#changelist-filter")).to_be_hidden()
+    page.get_by_role("button", name="Show filters").click()
+    expect(page.locator("#changelist-filter")).to_be_visible()
