@@ -115,6 +115,8 @@ class NotificationAdmin(ReadOnlyAdmin):
     # The delivery (its attempts, when delivered or the next attempt) sits under the
     # state, the destination under the channel.
     list_display = ["id_cell", "state_cell", "channel_cell", "job_link", "created"]
+    # The id links to the row itself (beside its copy button, which a link must not hold).
+    list_display_links = None
     phone_hidden_columns = ("created",)
     empty_list_text = gettext_lazy(
         "No notifications. A notification is written with its job's transition when the "
@@ -140,7 +142,8 @@ class NotificationAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("id"), ordering="id")
     def id_cell(self, notification: Notification) -> SafeString | str:
-        return short_id(notification.pk)
+        url = admin_change_url(Notification, notification.pk, self.admin_site.name)
+        return short_id(notification.pk, url)
 
     @admin.display(description=gettext_lazy("state"), ordering="state")
     def state_cell(self, notification: Notification) -> SafeString | str:
