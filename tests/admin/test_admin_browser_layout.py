@@ -364,7 +364,7 @@ def test_the_filter_sidebar_hides_and_stays_hidden(console: tuple[Page, str]) ->
 
     page, base = console
     page.goto(base + LISTS["jobs"])
-    table = page.locator("#changelist .changelist-form-container")
+    table = page.locator("#changelist-form")
     wide_before = (table.bounding_box() or {"width": 0})["width"]
     page.get_by_role("button", name="Hide filters").click()
     expect(page.locator("#changelist-filter")).to_be_hidden()
