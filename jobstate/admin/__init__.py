@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from jobstate.admin.bulk_actions import BulkOperationAdmin
 from jobstate.admin.common import ReadOnlyAdmin, status_badge
+from jobstate.admin.dashboard_entry import OperationsDashboardAdmin
 from jobstate.admin.history import ApprovalDecisionAdmin, AuditEntryAdmin, DeliveryReplayAdmin
 from jobstate.admin.jobs import JobAdmin
 from jobstate.admin.locks import RuntimeLockAdmin
@@ -34,6 +35,7 @@ __all__ = [
     "JobAdmin",
     "JobRunAdmin",
     "NotificationAdmin",
+    "OperationsDashboardAdmin",
     "QueuePauseAdmin",
     "ReadOnlyAdmin",
     "RuntimeLockAdmin",

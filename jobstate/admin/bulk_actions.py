@@ -35,6 +35,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from jobstate.admin.common import ReadOnlyAdmin, RejectForm, ScaledAdmin, choice_badge
+from jobstate.admin.page_bases import moment_field
 from jobstate.console.bulk import (
     BulkOperationFinished,
     advance_bulk_operation,
@@ -291,10 +292,17 @@ class BulkOperationAdmin(ReadOnlyAdmin):
         "total",
         "done",
         "skipped",
-        "created_at",
+        "created",
         "progress_link",
     ]
     list_filter = ["action", "state"]
+    phone_hidden_columns = ("operator", "skipped", "created")
+    empty_list_text = gettext_lazy(
+        "No bulk operations. One is recorded when an operator requeues, rejects or "
+        "deletes every job a filter matches (the buttons above the jobs list); its page "
+        "shows its progress and resumes it."
+    )
+    created = moment_field("created_at", gettext_lazy("created"))
     ordering = ["-id"]
 
     @admin.display(description=gettext_lazy("state"), ordering="state")

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 
 from django.db.models import Count, Q
 from django.db.models.functions import Now, TruncHour, TruncMinute
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -32,6 +33,7 @@ __all__ = [
     "FinishedChart",
     "QueueDepthChart",
     "cards",
+    "endpoint_links",
     "finished_per_hour",
     "finished_per_minute",
     "queue_depth_by_target",
@@ -45,13 +47,15 @@ CHART_HOURS = 24
 DEPTH_TARGETS = 12
 
 _TERMINAL_ORDER = [JobStatus.DONE, JobStatus.ERROR, JobStatus.REJECTED]
-_CHART_WIDTH = 720
-_CHART_HEIGHT = 180
+# Drawn about the size it is shown at beside the other chart on a wide screen, so its
+# labels (15 units) stay readable when the box scales it down to a phone.
+_CHART_WIDTH = 480
+_CHART_HEIGHT = 150
 _BAR_GAP = 2
-_MARGIN_LEFT = 48
+_MARGIN_LEFT = 56
 _MARGIN_RIGHT = 8
 _MARGIN_TOP = 8
-_MARGIN_BOTTOM = 22
+_MARGIN_BOTTOM = 26
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class Card:
     link: str = ""
     """Query string of the jobs changelist that lists what the card counts."""
     alert: bool = False
+    help: str = ""
+    """What the figure means, under it (and in its tooltip)."""
 
 
 def _age(seconds: float) -> str:
@@ -109,6 +115,10 @@ def cards(snapshot: JobOperationalMetrics) -> tuple[list[Card], list[Card]]:
         Card(
             _("Blocked threads"),
             f"{snapshot.blocked_threads:,}",
+            help=_(
+                "Conversation threads whose next queued job waits for an earlier job "
+                "of the same thread to finish (jobs of one thread run one at a time)."
+            ),
         ),
     ]
     return statuses, health
@@ -139,15 +149,15 @@ class FinishedChart:
 
     @property
     def gridlines(self) -> list[tuple[float, str]]:
-        """``(y, label)`` of the horizontal guides: the peak, its half, zero."""
+        """``(y, label)`` of the horizontal guides: the peak, a whole number near its
+        half (jobs are counted whole), zero."""
         if not self.peak:
             return [(float(self.height), "0")]
-        half = self.peak / 2
-        return [
-            (0.0, f"{self.peak:,}"),
-            (self.height / 2, f"{half:,.0f}" if half == int(half) else f"{half:,.1f}"),
-            (float(self.height), "0"),
-        ]
+        lines = [(0.0, f"{self.peak:,}")]
+        middle = self.peak // 2
+        if middle:
+            lines.append((round(self.height * (1 - middle / self.peak), 2), f"{middle:,}"))
+        return [*lines, (float(self.height), "0")]
 
     @property
     def svg_width(self) -> int:
@@ -175,7 +185,7 @@ def finished_per_hour(now: datetime | None = None) -> FinishedChart:
     ``(status, updated_at)`` index serves it too: the three terminal statuses, each a
     range of ``updated_at``, grouped by hour without reading a job row when the table's
     visibility map is current (an index-only scan)."""
-    return _finished_chart(now, timedelta(hours=1), CHART_HOURS, TruncHour, "%H:00", 3)
+    return _finished_chart(now, timedelta(hours=1), CHART_HOURS, TruncHour, "%H:00", 4)
 
 
 def _finished_chart(
@@ -307,3 +317,15 @@ def queue_depth_by_target() -> QueueDepthChart:
         for index, (target, ready, late) in enumerate(entries)
     ]
     return QueueDepthChart(width=480, rows=rows, total=sum(row.total for row in rows))
+
+
+def endpoint_links() -> list[tuple[str, str]]:
+    """``(label, URL)`` of the health and metrics endpoints the site routes
+    (``jobstate.urls``, included by the host where it wants them); none it does not."""
+    links = []
+    for name, label in (("jobstate:metrics", _("Metrics")), ("jobstate:ready", _("Readiness"))):
+        try:
+            links.append((label, reverse(name)))
+        except NoReverseMatch:
+            continue  # the host does not route this endpoint
+    return links

@@ -173,21 +173,25 @@ ID_HEAD = 4
 ID_TAIL = 6
 
 
-def short_id(value: object) -> SafeString | str:
+def short_id(value: object, url: str | None = None) -> SafeString | str:
     """A long id shortened in the middle (``0193…a41f2c``), the whole id in its tooltip
-    and a copy button beside it. Ids of UUIDv7 share their first characters (they begin
-    with their time), so the end is kept as well as the start: ids of one list stay
-    distinct. Short values are shown whole; ``None`` as a dash."""
+    and a copy button beside it; with ``url``, the shortened id links there. Ids of
+    UUIDv7 share their first characters (they begin with their time), so the end is
+    kept as well as the start: ids of one list stay distinct. Short values are shown
+    whole; ``None`` as a dash."""
     if value is None or value == "":
         return "—"
     text = str(value)
     shown = text if len(text) <= ID_HEAD + ID_TAIL + 2 else f"{text[:ID_HEAD]}…{text[-ID_TAIL:]}"
+    code = format_html("<code>{}</code>", shown)
+    if url:
+        code = format_html('<a href="{}">{}</a>', url, code)
     return format_html(
-        '<span class="jobstate-id" title="{}"><code>{}</code>'
+        '<span class="jobstate-id" title="{}">{}'
         '<button type="button" class="jobstate-copy" data-copy="{}" aria-label="{}">'
         "⧉</button></span>",
         text,
-        shown,
+        code,
         text,
         _("Copy %(id)s") % {"id": text},
     )

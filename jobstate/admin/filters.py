@@ -230,3 +230,16 @@ class AuditEventFilter(FixedChoicesFilter):
 
     def choices_for(self, request: HttpRequest) -> Sequence[str]:
         return sorted({*AUDIT_EVENTS, "approved", *ADMIN_AUDIT_EVENTS})
+
+
+class AuditStageFilter(admin.ChoicesFieldListFilter):
+    """The audit list's stage filter, with a sentence under its heading saying what a
+    stage is (the part of a job's life an entry belongs to)."""
+
+    template = "admin/jobstate/filter_with_help.html"
+    help_text = _(
+        "The part of a job's life an entry belongs to: launch (created, claimed), "
+        "context and tool (what a running job reports it read or called), execution "
+        "(ran, finished), approval, delivery (notifications), recovery (reaped, "
+        "requeued), and channel, configuration and system events."
+    )

@@ -22,7 +22,10 @@ from jobstate.admin.common import (
     exact_search,
     redacted_field,
 )
-from jobstate.admin.filters import AuditEventFilter
+from jobstate.admin.display import short_id
+from jobstate.admin.filters import AuditEventFilter, AuditStageFilter
+from jobstate.admin.list_cells import breakable, cut_middle, one_line, with_sub
+from jobstate.admin.page_bases import moment_field
 from jobstate.admin.redaction import Redactor
 from jobstate.models import ApprovalDecision, AuditEntry, DeliveryReplay, Job, Notification
 from jobstate.stores.contracts.audit import AuditSeverity
@@ -39,7 +42,10 @@ class LedgerAdmin(ReadOnlyAdmin):
         if pk is None:
             return "—"
         url = admin_change_url(model, pk, self.admin_site.name)
-        return format_html('<a href="{}">{}</a>', url, text or str(pk)[:8])
+        if text:
+            return format_html('<a href="{}">{}</a>', url, text)
+        # Shortened in the middle: time-ordered ids share their first characters.
+        return short_id(pk, url)
 
 
 def _notification_id(entry: AuditEntry) -> str | None:
@@ -81,17 +87,16 @@ _AUDIT_ENTRY_FIELDS: tuple[str, ...] = (
 
 @admin.register(AuditEntry)
 class AuditEntryAdmin(LedgerAdmin):
-    list_display = [
-        "ts",
-        "event",
-        "stage",
-        "severity_display",
-        "title_text",
-        "summary_short",
-        "request_id",
-        "job_link",
-    ]
-    list_filter = ["stage", "severity", AuditEventFilter]
+    # The stage under the event, the summary under the title, the request id under the
+    # job's id.
+    list_display = ["when", "severity_display", "event_cell", "what", "job_cell"]
+    list_filter = [("stage", AuditStageFilter), "severity", AuditEventFilter]
+    phone_hidden_columns = ("event_cell",)
+    empty_list_text = gettext_lazy(
+        "No audit entries. Every transition of a job (created, claimed, finished, "
+        "requeued by an operator…), every delivery and every console action appends one "
+        "entry here, naming who or what did it. Entries stay until they are pruned."
+    )
     search_fields = ["request_id"]
     search_help_text = gettext_lazy("An exact job id, request id or event.")
     # Served by the jobstate_audit_recent_idx index, exactly.
@@ -123,6 +128,26 @@ class AuditEntryAdmin(LedgerAdmin):
             setattr(entry, REDACTOR_ATTRIBUTE, super().build_redactor(entry).including(*own))
         changelist.result_list = entries
         return changelist
+
+    when = moment_field("ts", gettext_lazy("time"))
+
+    @admin.display(description=gettext_lazy("event / stage"), ordering="event")
+    def event_cell(self, entry: AuditEntry) -> SafeString | str:
+        return with_sub(breakable(entry.event), entry.get_stage_display())
+
+    @admin.display(description=gettext_lazy("what happened"))
+    def what(self, entry: AuditEntry) -> SafeString | str:
+        return with_sub(
+            self.title_text(entry),
+            format_html('<span class="jobstate-summary">{}</span>', self.summary_short(entry)),
+        )
+
+    @admin.display(description=gettext_lazy("job / request id"))
+    def job_cell(self, entry: AuditEntry) -> SafeString | str:
+        if entry.job_id is None:
+            return entry.request_id or "—"
+        request_id = entry.request_id or ""
+        return with_sub(self.link(Job, entry.job_id), one_line(cut_middle(request_id), request_id))
 
     @admin.display(description=gettext_lazy("severity"), ordering="severity")
     def severity_display(self, entry: AuditEntry) -> SafeString:
@@ -158,7 +183,14 @@ _APPROVAL_DECISION_FIELDS: tuple[str, ...] = (
 
 @admin.register(ApprovalDecision)
 class ApprovalDecisionAdmin(LedgerAdmin):
-    list_display = ["decision_id", "job_link", "approver", "comment_short", "created_at"]
+    list_display = ["decision_id", "job_link", "approver", "comment_short", "created"]
+    phone_hidden_columns = ("comment_short",)
+    empty_list_text = gettext_lazy(
+        "No approval decisions. A decision is recorded when an operator approves and "
+        "requeues a job (the jobs list's action, or the job's page), with the approver's "
+        "name and comment."
+    )
+    created = moment_field("created_at", gettext_lazy("created"))
     search_fields = ["decision_id"]
     search_help_text = gettext_lazy("An exact decision id, approver or job id.")
     ordering = ["-created_at"]
@@ -193,7 +225,13 @@ _DELIVERY_REPLAY_FIELDS: tuple[str, ...] = (
 
 @admin.register(DeliveryReplay)
 class DeliveryReplayAdmin(LedgerAdmin):
-    list_display = ["dlq_key", "notification_link", "requested_by", "created_at"]
+    list_display = ["dlq_key", "notification_link", "requested_by", "created"]
+    empty_list_text = gettext_lazy(
+        "No delivery replays. A replay is recorded when an operator replays a dead "
+        "letter (a notification whose delivery gave up) from the notifications list; "
+        "each dead letter is replayed once."
+    )
+    created = moment_field("created_at", gettext_lazy("created"))
     search_fields = ["dlq_key"]
     search_help_text = gettext_lazy("An exact dead-letter key, requester or notification id.")
     ordering = ["-created_at"]

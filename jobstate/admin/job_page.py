@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.contrib import admin
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -50,7 +49,6 @@ __all__ = [
     "audit_summary",
     "job_name",
     "job_status_badge",
-    "moment_field",
     "page_heading",
     "shown_fieldsets",
     "status_name",
@@ -104,18 +102,6 @@ _SOURCE_FIELDS = {
     "error_text": "error",
     "lease": "lease_until",
 }
-
-
-def moment_field(name: str, label: Any) -> Any:
-    """A read-only field showing the job's datetime ``name`` with :func:`moment`
-    (seconds, ``<time>``), named ``<name>_moment`` on the admin."""
-
-    @admin.display(description=label)
-    def shown(model_admin: Any, job: Job) -> SafeString | str:
-        return moment(getattr(job, name))
-
-    shown.__name__ = f"{name}_moment"
-    return shown
 
 
 def _source(name: str) -> str:

@@ -26,16 +26,16 @@ from jobstate.admin.common import (
     json_block,
     permission_check,
     redacted_field,
-    relative_time,
     with_database_now,
 )
 from jobstate.admin.dashboard import (
     cards,
+    endpoint_links,
     finished_per_hour,
     finished_per_minute,
     queue_depth_by_target,
 )
-from jobstate.admin.display import moment, short_id
+from jobstate.admin.display import moment, short_id, worker_link
 from jobstate.admin.filters import (
     DelayedFilter,
     ExpiredLeaseFilter,
@@ -49,11 +49,12 @@ from jobstate.admin.job_page import (
     audit_data,
     audit_summary,
     job_status_badge,
-    moment_field,
     page_heading,
     shown_fieldsets,
     summary_items,
 )
+from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
+from jobstate.admin.page_bases import moment_field
 from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin
 from jobstate.admin.timeline import job_timeline
 from jobstate.console.job_search import SEARCH_FIELDS, SearchError, parse_search
@@ -117,18 +118,23 @@ class JobAdmin(TaskFieldsAdmin):
     approve them. Every change goes through the state store and is audited with the
     operator's user name."""
 
+    # What an operator scans, fitting a 1440 px screen beside the filters: the queue
+    # sits under the task, the lease under the age; the source and the thread are on
+    # the job's page (and the source is a filter).
     list_display = [
         "request_id_cell",
         "status_display",
-        "target",
-        "task_display",
-        "source",
-        "thread_id",
+        "task_or_target",
         "attempts",
         "age",
-        "lease",
         "executor_cell",
     ]
+    phone_hidden_columns = ("attempts", "executor_cell")
+    empty_list_text = gettext_lazy(
+        "No jobs. A job appears here when the application enqueues one: a django.tasks "
+        "task sent to the jobstate backend, or a job created through the state store. "
+        "Finished jobs stay until prune_jobstate removes them."
+    )
     list_filter = [
         "status",
         TargetFilter,
@@ -193,27 +199,44 @@ class JobAdmin(TaskFieldsAdmin):
 
     @admin.display(description=gettext_lazy("request id"), ordering="request_id")
     def request_id_cell(self, job: Job) -> SafeString:
-        # One line however long: cut with an ellipsis by the list's CSS, whole in the
-        # tooltip and on the job's page.
-        return format_html(
-            '<span class="jobstate-one-line" title="{}">{}</span>', job.request_id, job.request_id
-        )
+        # Cut in the middle: request ids sharing a prefix (a time, a tenant) stay
+        # distinct; whole in the tooltip and on the job's page.
+        return one_line(cut_middle(job.request_id, 8), job.request_id)
 
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_display(self, job: Job) -> SafeString:
         return choice_badge(job.status, JobStatus(job.status).label)
 
-    @admin.display(description=gettext_lazy("executor / worker"), ordering="executor_id")
-    def executor_cell(self, job: Job) -> SafeString | str:
-        if not job.executor_id:
-            return "—"
-        return format_html(
-            '<span class="jobstate-one-line" title="{}">{}</span>', job.executor_id, job.executor_id
-        )
+    @admin.display(description=gettext_lazy("task / target"), ordering="target")
+    def task_or_target(self, job: Job) -> SafeString | str:
+        """A task's name (its path in the tooltip) over its queue; another job's target
+        over its source."""
+        if job.task_path is not None:
+            name = job.task_path.rsplit(".", 1)[-1]
+            return with_sub(one_line(name, job.task_path), job.queue_name)
+        target = job.target or "—"
+        return with_sub(one_line(target, target), job.source)
 
-    @admin.display(description=gettext_lazy("age"), ordering="created_at")
-    def age(self, job: Job) -> str:
-        return relative_time(job.created_at)
+    @admin.display(description=gettext_lazy("age / lease"), ordering="created_at")
+    def age(self, job: Job) -> SafeString | str:
+        """Since the job was created; under it, when its lease ends (red once it has
+        expired) or when a delayed job runs."""
+        now = database_now(job)
+        text = lease_text(job, now)
+        if not text:
+            return age_cell(job.created_at, now)
+        expired = (
+            job.status in CLAIMED_JOB_STATUSES
+            and job.lease_until is not None
+            and job.lease_until < now
+        )
+        lease = format_html(
+            '<span class="{}">{} {}</span>',
+            "jobstate-alert-text" if expired else "",
+            _("lease") if job.status in CLAIMED_JOB_STATUSES else "",
+            text,
+        )
+        return with_sub(age_cell(job.created_at, now), lease)
 
     @admin.display(description=gettext_lazy("lease"))
     def lease(self, job: Job) -> SafeString | str:
@@ -236,6 +259,13 @@ class JobAdmin(TaskFieldsAdmin):
     claimed_at_moment = moment_field("claimed_at", gettext_lazy("claimed at"))
     dispatched_at_moment = moment_field("dispatched_at", gettext_lazy("dispatched at"))
     lease_until_moment = moment_field("lease_until", gettext_lazy("lease until"))
+
+    @admin.display(description=gettext_lazy("worker"), ordering="executor_id")
+    def executor_cell(self, job: Job) -> SafeString | str:
+        if not job.executor_id:
+            return "—"
+        return one_line(worker_link(job.executor_id), job.executor_id)
+
     input_json = redacted_field("input", gettext_lazy("input"))
     result_json = redacted_field("result", gettext_lazy("result"))
     report_json = redacted_field("report", gettext_lazy("report"))
@@ -400,6 +430,7 @@ class JobAdmin(TaskFieldsAdmin):
             "finished": finished_per_minute(),
             "throughput": finished_per_hour(),
             "depth": queue_depth_by_target(),
+            "endpoint_links": endpoint_links(),
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }
         request.current_app = self.admin_site.name

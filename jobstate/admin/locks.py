@@ -25,6 +25,7 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.filters import LockStateFilter
+from jobstate.admin.page_bases import moment_field
 from jobstate.models import RuntimeLock
 from jobstate.stores import get_state_store
 from jobstate.stores.contracts.audit import AuditSeverity, AuditStage
@@ -46,7 +47,15 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
     """Locks are taken and released by their owners through the store. Force-release
     is for an owner that is gone and whose lock would otherwise hold until it expires."""
 
-    list_display = ["lock_key", "owner", "expires_at", "state_display", "updated_at"]
+    list_display = ["lock_key", "owner", "state_display", "expires", "updated"]
+    phone_hidden_columns = ("expires", "updated")
+    empty_list_text = gettext_lazy(
+        "No runtime locks are held. A lock appears while an operations job holds its "
+        "overlap key (so a second run of it waits or is skipped) or while a host's code "
+        "holds a lock through the store; it goes when released or expired."
+    )
+    expires = moment_field("expires_at", gettext_lazy("expires"))
+    updated = moment_field("updated_at", gettext_lazy("updated"))
     list_filter = [LockStateFilter]
     search_fields = ["lock_key", "owner"]
     search_help_text = gettext_lazy("Part of a lock key or owner.")

@@ -28,7 +28,10 @@ from jobstate.admin.common import (
     redacted_field,
     row_redactor,
 )
+from jobstate.admin.display import moment, short_id
 from jobstate.admin.filters import ChannelFilter
+from jobstate.admin.list_cells import cut_middle, one_line, with_sub
+from jobstate.admin.page_bases import moment_field
 from jobstate.admin.redaction import Redactor, redactor
 from jobstate.models import DeliveryAttempt, DeliveryReplay, Job, Notification
 from jobstate.stores import get_state_store
@@ -109,17 +112,17 @@ class NotificationAdmin(ReadOnlyAdmin):
     """Outbox rows are written with their job's transition and moved by relays; here
     they are browsed, and dead letters are replayed once through the store."""
 
-    list_display = [
-        "short_id",
-        "channel",
-        "destination_short",
-        "state_display",
-        "attempts",
-        "next_attempt_at",
-        "delivered_at",
-        "job_link",
-        "created_at",
-    ]
+    # The delivery (its attempts, when delivered or the next attempt) sits under the
+    # state, the destination under the channel.
+    list_display = ["id_cell", "state_cell", "channel_cell", "job_link", "created"]
+    # The id links to the row itself (beside its copy button, which a link must not hold).
+    list_display_links = None
+    phone_hidden_columns = ("created",)
+    empty_list_text = gettext_lazy(
+        "No notifications. A notification is written with its job's transition when the "
+        "job asked to be told (a callback URL or a configured channel); relays deliver it "
+        "after the commit, and it stays here with its attempts until it is pruned."
+    )
     list_filter = ["state", ChannelFilter]
     list_select_related = ["job"]
     search_fields = ["idempotency_key"]
@@ -138,8 +141,34 @@ class NotificationAdmin(ReadOnlyAdmin):
         )
 
     @admin.display(description=gettext_lazy("id"), ordering="id")
-    def short_id(self, notification: Notification) -> str:
-        return str(notification.pk)[:8]
+    def id_cell(self, notification: Notification) -> SafeString | str:
+        url = admin_change_url(Notification, notification.pk, self.admin_site.name)
+        return short_id(notification.pk, url)
+
+    @admin.display(description=gettext_lazy("state"), ordering="state")
+    def state_cell(self, notification: Notification) -> SafeString | str:
+        """The state and its attempts; under them when it was delivered, or when the next
+        attempt is due."""
+        badge = format_html(
+            "{} {}",
+            self.state_display(notification),
+            ngettext("%(n)d attempt", "%(n)d attempts", notification.attempts)
+            % {"n": notification.attempts},
+        )
+        if notification.delivered_at is not None:
+            return with_sub(badge, moment(notification.delivered_at))
+        if notification.state == NotificationState.PENDING and notification.next_attempt_at:
+            return with_sub(
+                badge, format_html("{} {}", _("next"), moment(notification.next_attempt_at))
+            )
+        return badge
+
+    @admin.display(description=gettext_lazy("channel / destination"), ordering="channel")
+    def channel_cell(self, notification: Notification) -> SafeString | str:
+        destination = notification.destination
+        return with_sub(notification.channel, one_line(destination, destination))
+
+    created = moment_field("created_at", gettext_lazy("created"))
 
     @admin.display(description=gettext_lazy("destination"))
     def destination_short(self, notification: Notification) -> str:
@@ -155,7 +184,10 @@ class NotificationAdmin(ReadOnlyAdmin):
             return "—"
         url = admin_change_url(Job, notification.job_id, self.admin_site.name)
         job = notification.job
-        return format_html('<a href="{}">{}</a>', url, job.request_id if job else "—")
+        request_id = job.request_id if job else "—"
+        return one_line(
+            format_html('<a href="{}">{}</a>', url, cut_middle(request_id, 8)), request_id
+        )
 
     payload_json = redacted_field("payload", gettext_lazy("payload"))
     last_error_text = redacted_field("last_error", gettext_lazy("last error"), text=True)

@@ -20,8 +20,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
-from jobstate.admin.display import json_block, text_block
+from jobstate.admin.display import json_block, moment, text_block
 from jobstate.admin.list_input import unapplied, unreadable_parameter
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.redaction import Redactor
@@ -40,6 +41,7 @@ __all__ = [
     "admin_change_url",
     "database_now",
     "exact_search",
+    "moment_field",
     "permission_check",
     "redacted_field",
     "row_redactor",
@@ -143,6 +145,18 @@ class ScaledAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     date_hierarchy = None
     list_per_page = 50
+
+    #: Columns of ``list_display`` left out on a phone (a viewport under 768 px): the
+    #: ones an operator scans first stay; the rest are on each row's page.
+    phone_hidden_columns: tuple[str, ...] = ()
+    #: What an empty list says: what would be listed here and how rows get here.
+    empty_list_text: StrOrPromise = gettext_lazy("Nothing is recorded here yet.")
+
+    class Media:
+        # The console's stylesheet and script (ids, instants, the filter toggle) on
+        # every page of a jobstate admin: its lists, its row pages, its actions.
+        css = {"all": ["jobstate/console.css"]}
+        js = ["jobstate/console.js"]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -284,6 +298,23 @@ def redacted_field(
     shown: Callable[[ScaledAdmin, Any], SafeString | str] = admin.display(description=description)(
         show
     )
+    return shown
+
+
+def moment_field(
+    name: str, description: StrOrPromise
+) -> Callable[[ScaledAdmin, Any], SafeString | str]:
+    """A column or read-only field of a :class:`ScaledAdmin` showing the row's instant
+    ``name`` as every console page shows one (:func:`~jobstate.admin.display.moment`),
+    sortable by it; declared on the class as
+    ``created = moment_field("created_at", gettext_lazy("created"))``."""
+
+    def show(model_admin: ScaledAdmin, obj: Any) -> SafeString | str:
+        return moment(getattr(obj, name))
+
+    shown: Callable[[ScaledAdmin, Any], SafeString | str] = admin.display(
+        description=description, ordering=name
+    )(show)
     return shown
 
 

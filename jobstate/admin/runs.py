@@ -28,6 +28,8 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
+from jobstate.admin.list_cells import breakable, cut_middle, one_line, with_sub
+from jobstate.admin.page_bases import moment_field
 from jobstate.core.conf import jobstate_settings
 from jobstate.models import JobRun, JobRunStatus
 from jobstate.stores import get_run_store, get_state_store
@@ -60,15 +62,48 @@ class JobRunAdmin(ReadOnlyAdmin):
     through the run store (the atomic reap of obligation S4), freeing their overlap
     keys, and audits it with the operator's name."""
 
+    # A running run's heartbeat and a finished run's duration share a column.
     list_display = [
-        "job_key",
+        "job_key_cell",
         "status_display",
-        "overlap_key",
-        "started_at",
-        "heartbeat_age",
-        "duration_display",
-        "trigger_display",
+        "overlap_cell",
+        "started",
+        "heartbeat_or_duration",
+        "trigger_cell",
     ]
+    phone_hidden_columns = ("overlap_cell", "trigger_cell")
+    empty_list_text = gettext_lazy(
+        "No job runs. A run is recorded each time an operations job starts (from a "
+        "schedule, a command, a Celery task or the console), with its heartbeat while it "
+        "runs and its outcome when it ends."
+    )
+
+    started = moment_field("started_at", gettext_lazy("started"))
+
+    @admin.display(description=gettext_lazy("job key"), ordering="job_key")
+    def job_key_cell(self, run: JobRun) -> SafeString:
+        # A job key is a function's dotted path: its long name may wrap at underscores.
+        return breakable(run.job_key, "._-:/")
+
+    @admin.display(description=gettext_lazy("heartbeat / duration"), ordering="duration_ms")
+    def heartbeat_or_duration(self, run: JobRun) -> SafeString | str:
+        if run.status == JobRunStatus.RUNNING:
+            return self.heartbeat_age(run)
+        return self.duration_display(run)
+
+    @admin.display(description=gettext_lazy("trigger"), ordering="trigger_source")
+    def trigger_cell(self, run: JobRun) -> SafeString | str:
+        if not run.triggered_by:
+            return run.trigger_source
+        return with_sub(run.trigger_source, one_line(run.triggered_by, run.triggered_by))
+
+    @admin.display(description=gettext_lazy("overlap key"), ordering="overlap_key")
+    def overlap_cell(self, run: JobRun) -> SafeString | str:
+        # One line, cut in the middle (keys share their job's prefix), whole in the tooltip.
+        if not run.overlap_key:
+            return "—"
+        return one_line(cut_middle(run.overlap_key, 8), run.overlap_key)
+
     list_filter = ["status", TriggerFilter, RunLivenessFilter]
     search_fields = ["job_key"]
     search_help_text = gettext_lazy("An exact run id, job key or overlap key.")

@@ -34,6 +34,8 @@ from jobstate.admin.common import (
     status_badge,
     with_database_now,
 )
+from jobstate.admin.display import moment
+from jobstate.admin.list_cells import breakable, with_sub
 from jobstate.exceptions import ScheduleError, UnknownSchedule
 from jobstate.models import Job, Schedule, ScheduleOccurrence
 from jobstate.schedules import (
@@ -109,14 +111,19 @@ class ScheduleAdmin(ReadOnlyAdmin):
     """Schedules: what each runs and when, and the operator's run now, pause and resume."""
 
     list_display = [
-        "key",
+        "key_cell",
         "state_display",
-        "target",
+        "target_cell",
         "cron_display",
-        "timezone",
         "next_run",
         "last_run",
     ]
+    phone_hidden_columns = ("target_cell", "cron_display")
+    empty_list_text = gettext_lazy(
+        "No schedules. A schedule appears when a worker, manage.py "
+        "enqueue_due_schedules or the Celery beat first evaluates the periodic "
+        "schedules declared in the JOBSTATE settings; each due slot is then enqueued once."
+    )
     list_filter = [ScheduleStateFilter, "kind"]
     search_fields = ["key"]
     search_help_text = gettext_lazy("Part of a schedule key or what it runs.")
@@ -179,16 +186,29 @@ class ScheduleAdmin(ReadOnlyAdmin):
                 )
         return super().changelist_view(request, extra_context)
 
+    @admin.display(description=gettext_lazy("key"), ordering="key")
+    def key_cell(self, schedule: Schedule) -> SafeString:
+        return breakable(schedule.key)
+
+    @admin.display(description=gettext_lazy("target"), ordering="target")
+    def target_cell(self, schedule: Schedule) -> SafeString:
+        return breakable(schedule.target)
+
     @admin.display(description=gettext_lazy("cron"), ordering="cron")
     def cron_display(self, schedule: Schedule) -> SafeString:
         try:
             words = row_definition(schedule).explain()
         except (ScheduleError, ValueError):
             words = ""
-        return format_html('<code>{}</code><br><span class="help">{}</span>', schedule.cron, words)
+        return format_html(
+            '<code>{}</code> <span class="help">{}</span><br><span class="help">{}</span>',
+            schedule.cron,
+            schedule.timezone,
+            words,
+        )
 
     @admin.display(description=gettext_lazy("next run"), ordering="next_slot")
-    def next_run(self, schedule: Schedule) -> str:
+    def next_run(self, schedule: Schedule) -> SafeString | str:
         state = _state(schedule)
         if state != "active":
             return "—"
@@ -197,10 +217,9 @@ class ScheduleAdmin(ReadOnlyAdmin):
             return _("none while it is broken")
         if schedule.next_slot is None:
             return _("at the next evaluation")
-        return _("%(when)s (%(relative)s)") % {
-            "when": schedule.next_slot.isoformat(),
-            "relative": relative_time(schedule.next_slot, database_now(schedule)),
-        }
+        return with_sub(
+            moment(schedule.next_slot), relative_time(schedule.next_slot, database_now(schedule))
+        )
 
     @admin.display(description=gettext_lazy("last run"))
     def last_run(self, schedule: Schedule) -> SafeString | str:

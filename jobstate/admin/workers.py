@@ -37,6 +37,7 @@ from jobstate.admin.common import (
     status_badge,
     with_database_now,
 )
+from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
 from jobstate.core.states import CLAIMED_JOB_STATUSES
 from jobstate.models import Job, Worker
 
@@ -134,12 +135,21 @@ _WORKER_FIELDS = (
 class WorkerAdmin(ReadOnlyAdmin):
     """Registered workers: who runs, where, on which queues, and what each runs now."""
 
+    # Where a worker runs sits under its id, its concurrency beside its queues, when it
+    # started under its last beat: "running now" fits a 1440 px screen.
     list_display = [
-        *_IDENTITY,
-        "started_display",
+        "worker_cell",
+        "state_cell",
+        "queues_cell",
         "last_beat",
         "running_now",
     ]
+    phone_hidden_columns = ("queues_cell",)
+    empty_list_text = gettext_lazy(
+        "No workers. A worker registers here when it starts (manage.py jobstate_worker, "
+        "a hub worker or an executor), beats while it runs and stays listed, stopped, "
+        "after it exits until it is pruned."
+    )
     list_filter = [WorkerStateFilter, "kind"]
     search_fields = ["worker_id"]
     search_help_text = gettext_lazy("A worker id, a host or a pid, exactly.")
@@ -179,13 +189,39 @@ class WorkerAdmin(ReadOnlyAdmin):
             return _("every queue") if worker.kind == "tasks" else "—"
         return ", ".join(str(name) for name in worker.queues)
 
+    @admin.display(description=gettext_lazy("worker"), ordering="worker_id")
+    def worker_cell(self, worker: Worker) -> SafeString | str:
+        where = f"{worker.get_kind_display()} · {worker.host}:{worker.pid}"
+        return with_sub(
+            one_line(cut_middle(worker.worker_id, 14), worker.worker_id), one_line(where, where)
+        )
+
+    @admin.display(description=gettext_lazy("state"))
+    def state_cell(self, worker: Worker) -> SafeString | str:
+        """The state's badge; a stopped worker's reason under it, on one line (whole in
+        its tooltip and on the worker's page)."""
+        state = getattr(worker, "state", "live")
+        badge = status_badge(_state_label(state), _STATE_COLOURS.get(state, "#6e7781"))
+        if state == "stopped" and worker.stopped_reason:
+            return with_sub(badge, one_line(worker.stopped_reason, worker.stopped_reason))
+        return badge
+
+    @admin.display(description=gettext_lazy("queues"))
+    def queues_cell(self, worker: Worker) -> SafeString | str:
+        return with_sub(
+            self.queues_display(worker),
+            _("concurrency %(n)s") % {"n": worker.concurrency} if worker.concurrency else "",
+        )
+
     @admin.display(description=gettext_lazy("started"), ordering="started_at")
     def started_display(self, worker: Worker) -> str:
         return relative_time(worker.started_at, database_now(worker))
 
     @admin.display(description=gettext_lazy("last beat"), ordering="heartbeat_at")
-    def last_beat(self, worker: Worker) -> str:
-        return relative_time(worker.heartbeat_at, database_now(worker))
+    def last_beat(self, worker: Worker) -> SafeString | str:
+        now = database_now(worker)
+        started = _("started %(when)s") % {"when": relative_time(worker.started_at, now)}
+        return with_sub(age_cell(worker.heartbeat_at, now), started)
 
     @admin.display(description=gettext_lazy("running now"))
     def running_now(self, worker: Worker) -> SafeString | str:

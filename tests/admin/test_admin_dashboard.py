@@ -81,6 +81,12 @@ def test_finished_chart_counts_each_minute_by_status(store: DatabaseStateStore) 
     assert sum(bar.height for bar in tallest) == pytest.approx(chart.height)
     assert len(chart.bars) == 3
     assert [label for _x, label in chart.ticks][:2] == ["11:31", "11:41"]
+    # Jobs are counted whole: the guides are whole numbers (not 1.5), each at its height.
+    assert chart.gridlines == [
+        (0.0, "3"),
+        (pytest.approx(chart.height * 2 / 3, abs=0.01), "1"),
+        (float(chart.height), "0"),
+    ]
 
 
 def test_finished_chart_is_drawn_as_inline_svg_with_a_data_table(
@@ -163,7 +169,12 @@ def test_linked_from_the_app_index_and_the_jobs_list(
     admin_client: Client, django_user_model: Any, db: None
 ) -> None:
     app_index = admin_client.get("/admin/jobstate/").content.decode()
-    assert f'<a href="{PAGE}">Operations dashboard</a>' in app_index
+    assert f'<a href="{PAGE}" id="jobstate-dashboard-link">Operations dashboard</a>' in app_index
+    # The site's index lists it with the app's models (its entry leads to the page).
+    site_index = admin_client.get("/admin/").content.decode()
+    assert ">Operations dashboard</a>" in site_index
+    entry = admin_client.get("/admin/jobstate/operationsdashboard/")
+    assert entry.status_code == 302 and entry["Location"] == PAGE
     jobs = admin_client.get("/admin/jobstate/job/").content.decode()
     assert f'href="{PAGE}" id="jobstate-operations-tool"' in jobs
     runs_only = logged_in(operator(django_user_model, "sam", "view_jobrun"))

@@ -284,7 +284,7 @@ def test_the_throughput_chart_buckets_24_hours_by_hour(store: DatabaseStateStore
         Job.objects.filter(id=job.id).update(updated_at=now - timedelta(hours=hours_ago))
     chart = finished_per_hour(now)
     assert chart.total == 4, "the job finished 30 hours ago is outside the window"
-    assert len(chart.ticks) == CHART_HOURS // 3
+    assert len(chart.ticks) == CHART_HOURS // 4
     by_hour = dict(chart.rows)
     assert by_hour["12:00"] == {"done": 1, "error": 1, "rejected": 0}
     assert by_hour["07:00"] == {"done": 1, "error": 0, "rejected": 0}

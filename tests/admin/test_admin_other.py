@@ -51,7 +51,9 @@ def test_runs_changelist_shows_status_heartbeat_age_duration_and_trigger(
     page = admin_client.get(RUNS).content.decode()
     assert ">Running<" in page and ">Succeeded<" in page
     assert "stale" in page  # the dead run's heartbeat is flagged
-    assert "1.5 s" in page and "CLI (ops)" in page
+    # A finished run's duration; the trigger with who triggered it under it.
+    assert '<td class="field-heartbeat_or_duration">1.5 s</td>' in page
+    assert 'CLI<span class="jobstate-sub"><span class="jobstate-one-line" title="ops">ops<' in page
 
 
 @pytest.mark.parametrize(
@@ -347,3 +349,28 @@ def test_decisions_and_replays_are_listed_read_only(
     for url in ("/admin/jobstate/approvaldecision/", "/admin/jobstate/deliveryreplay/"):
         assert admin_client.get(f"{url}add/").status_code == 403
         assert 'name="action"' not in admin_client.get(url).content.decode()
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        (LOCKS, "No runtime locks are held. A lock appears while an operations job holds"),
+        ("/admin/jobstate/approvaldecision/", "A decision is recorded when an operator approves"),
+        (RUNS, "A run is recorded each time an operations job starts"),
+        (NOTIFICATIONS, "A notification is written with its job"),
+        ("/admin/jobstate/job/", "A job appears here when the application enqueues one"),
+    ],
+)
+def test_an_empty_list_says_what_would_appear_and_how(
+    admin_client: Client, db: None, url: str, says: str
+) -> None:
+    page = admin_client.get(url).content.decode()
+    assert 'id="jobstate-empty"' in page and says in page
+    assert "match this search or these filters" not in page
+
+
+def test_an_empty_search_says_nothing_matches(admin_client: Client, db: None) -> None:
+    RuntimeLockFactory(lock_key="nightly-import")
+    page = admin_client.get(LOCKS, {"q": "no-such-lock"}).content.decode()
+    assert "No runtime locks match this search or these filters." in page
+    assert 'id="jobstate-empty"' not in admin_client.get(LOCKS).content.decode()

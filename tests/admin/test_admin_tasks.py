@@ -212,7 +212,9 @@ def test_the_jobs_list_shows_tasks_and_filters_them_by_task_and_queue(
     plain = get_state_store().create_job(request_id="plain-job", target="t")
 
     page = admin_client.get(JOBS).content.decode()
-    assert "echo · emails" in page and "add · default" in page
+    # The task's name, its queue on the quieter line under it.
+    assert '>echo</span><span class="jobstate-sub">emails<' in page
+    assert '>add</span><span class="jobstate-sub">default<' in page
     assert "tests.support.task_functions.echo" in page  # offered by the task filter
     by_task = admin_client.get(f"{JOBS}?task=tests.support.task_functions.add")
     assert {job.id for job in by_task.context["cl"].result_list} == {_id(added)}

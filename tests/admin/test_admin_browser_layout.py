@@ -1,0 +1,376 @@
+"""The console's lists and pages as a newcomer sees them, on a 1440x900 screen and a
+390x844 phone, in headless Chromium (as in :mod:`tests.admin.test_admin_browser`),
+measured from the elements' boxes:
+
+- every column header of the jobs, workers, notifications, audit, runs and schedules
+  lists is inside the viewport (no sideways scrolling), with long task paths, long
+  worker ids and time-ordered ids in the rows;
+- the first job's status badge is visible on the phone;
+- the Operations link on the app's page is one line;
+- links contrast with what is behind them (WCAG ratio at least 3:1);
+- the ids one list shows are distinct;
+- the app's own pages have the breadcrumbs of a stock change list, in the running
+  Django version's markup;
+- instants are shown in the viewer's zone, with seconds, and copy buttons copy.
+
+Screenshots of every page at both sizes go to ``artifacts/screenshots/``. All rows
+are written before the browser starts (Playwright's loop refuses ORM calls).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from jobstate.core.states import AuditSeverity, AuditStage, JobRunStatus, JobStatus
+from jobstate.models import (
+    AuditEntry,
+    Job,
+    JobRun,
+    Notification,
+    Schedule,
+    Worker,
+    time_ordered_uuid,
+)
+from jobstate.schedules.definitions import parse_declaration
+from tests.support.browser import ARTIFACTS, chromium_page, log_in, make_operator
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.postgres,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
+
+SCREENSHOTS = ARTIFACTS / "screenshots"
+DESKTOP = {"width": 1440, "height": 900}
+PHONE = {"width": 390, "height": 844}
+SIZES = {"desktop": DESKTOP, "phone": PHONE}
+
+LISTS = {
+    "jobs": "/admin/jobstate/job/",
+    "workers": "/admin/jobstate/worker/",
+    "notifications": "/admin/jobstate/notification/",
+    "audit": "/admin/jobstate/auditentry/",
+    "runs": "/admin/jobstate/jobrun/",
+    "schedules": "/admin/jobstate/schedule/",
+}
+OTHER_PAGES = {
+    "app": "/admin/jobstate/",
+    "operations": "/admin/jobstate/job/operations/",
+    "queues": "/admin/jobstate/queuepause/",
+    "locks": "/admin/jobstate/runtimelock/",
+    "approvals": "/admin/jobstate/approvaldecision/",
+    "replays": "/admin/jobstate/deliveryreplay/",
+    "bulk": "/admin/jobstate/bulkoperation/",
+}
+
+LONG_TASK = "project.billing.reconciliation.tasks.reconcile_customer_invoices_for_region"
+LONG_WORKER = "worker-eu-west-1-production-batch-7f9c2d1e4b6a:host-ip-10-24-187-203:31337"
+
+
+def _rows() -> None:
+    """Rows like a busy site's: time-ordered ids made within the same millisecond or
+    so (they share their first characters), long task paths and worker ids."""
+    now = datetime.now(UTC)
+    statuses = [JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.ERROR, JobStatus.DONE]
+    jobs = []
+    for n in range(12):
+        status = statuses[n % len(statuses)]
+        claimed = status == JobStatus.RUNNING
+        jobs.append(
+            Job.objects.create(
+                request_id=str(time_ordered_uuid()),
+                target=f"tasks:{'reports' if n % 2 else 'default'}",
+                task_path=LONG_TASK,
+                queue_name="invoices-eu-west-1-priority",
+                status=status,
+                attempts=n % 3,
+                executor_id=LONG_WORKER if claimed else None,
+                lease_until=now + timedelta(minutes=5) if claimed else None,
+                thread_id=9_000_000_000 + n,
+                source="billing-reconciliation-service",
+            )
+        )
+    Worker.objects.create(
+        worker_id=LONG_WORKER,
+        kind="tasks",
+        host="host-ip-10-24-187-203.eu-west-1.compute.internal",
+        pid=31337,
+        backend="default",
+        queues=["invoices-eu-west-1-priority", "reports", "emails"],
+        concurrency=16,
+        lease=timedelta(minutes=1),
+    )
+    # The newest jobs (first on the list) have notifications.
+    for n, job in enumerate(jobs[4:]):
+        Notification.objects.create(
+            job=job,
+            channel="webhook",
+            destination=f"https://hooks.example.com/services/T0000/B0000/{'x' * 40}{n}",
+            idempotency_key=f"job-{job.pk}-finished",
+            state="delivered" if n % 2 else "pending",
+            delivered_at=now if n % 2 else None,
+        )
+    for n, job in enumerate(jobs):
+        AuditEntry.objects.create(
+            job=job,
+            request_id=job.request_id,
+            event="job_claimed" if n % 2 else "job_created",
+            stage=AuditStage.LAUNCH,
+            severity=AuditSeverity.INFO if n % 3 else AuditSeverity.WARNING,
+            title="Claimed by a worker of the invoices queue",
+            summary="The worker " + LONG_WORKER + " claimed the job for its next attempt " * 3,
+        )
+    for n in range(5):
+        JobRun.objects.create(
+            job_key="jobstate.maintenance.prune_finished_jobs_and_their_history",
+            overlap_key=f"jobstate.maintenance.prune_finished_jobs_and_their_history:{n}",
+            status=JobRunStatus.RUNNING if n == 0 else JobRunStatus.SUCCEEDED,
+            trigger_source="schedule",
+            triggered_by="nightly-prune-of-finished-jobs",
+            started_at=now - timedelta(minutes=n),
+            duration_ms=None if n == 0 else 12_345,
+        )
+    definition = parse_declaration(
+        "nightly-reconciliation-of-customer-invoices",
+        {"task": "tests.support.task_functions.add", "cron": "30 2 * * 1-5", "args": [1, 1]},
+    )
+    Schedule.objects.create(
+        key=definition.key,
+        kind=definition.kind,
+        target=definition.target,
+        cron=definition.cron,
+        timezone="Europe/Amsterdam",
+        catch_up=definition.catch_up,
+        definition=definition.as_json(),
+        effective_from=now,
+        next_slot=now + timedelta(hours=3),
+    )
+
+
+@pytest.fixture
+def console(live_server: Any) -> Iterator[tuple[Page, str]]:
+    """A superuser-like operator's browser on the console, the rows written."""
+    _rows()
+    make_operator(
+        *[
+            f"view_{name}"
+            for name in (
+                "job",
+                "worker",
+                "notification",
+                "auditentry",
+                "jobrun",
+                "schedule",
+                "queuepause",
+                "runtimelock",
+                "approvaldecision",
+                "deliveryreplay",
+                "bulkoperation",
+            )
+        ]
+    )
+    base = str(live_server).rstrip("/")
+    with chromium_page() as page:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        log_in(page, base)
+        yield page, base
+
+
+def _shoot(page: Page, name: str, size: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}-{size}.png"))
+
+
+def _headers(page: Page) -> list[dict[str, Any]]:
+    """The shown column headers of the list with their box and text."""
+    return list(
+        page.eval_on_selector_all(
+            "#result_list thead th",
+            """els => els.map(e => {
+                const r = e.getBoundingClientRect();
+                return {text: e.innerText.trim(), left: r.left, right: r.right,
+                        width: r.width, shown: r.width > 0 && r.height > 0};
+            })""",
+        )
+    )
+
+
+def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) -> None:
+    page, base = console
+    for size, viewport in SIZES.items():
+        page.set_viewport_size(viewport)
+        for name, path in LISTS.items():
+            page.goto(base + path)
+            _shoot(page, name, size)
+            headers = [header for header in _headers(page) if header["shown"]]
+            assert len(headers) >= 4, (name, size, headers)
+            for header in headers:
+                # Inside the page, not behind a sideways scroll of the table.
+                assert header["left"] >= 0, (name, size, header)
+                assert header["right"] <= viewport["width"], (name, size, header)
+            scroll = page.evaluate("document.documentElement.scrollWidth")
+            assert scroll <= viewport["width"], (name, size, scroll)
+            # Nor is a column hidden behind a sideways scroll inside the list's box.
+            inner = page.locator("#changelist-form .results").evaluate(
+                "e => [e.scrollWidth, e.clientWidth]"
+            )
+            assert inner[0] <= inner[1], (name, size, inner)
+        for name, path in OTHER_PAGES.items():
+            page.goto(base + path)
+            _shoot(page, name, size)
+            if name == "operations":
+                # The charts' labels stay readable however far the chart is scaled.
+                heights = page.eval_on_selector_all(
+                    ".jobstate-chart text", "els => els.map(e => e.getBoundingClientRect().height)"
+                )
+                assert heights and min(heights) >= 11, (size, heights)
+    # What an operator scans first is among the shown columns on the phone.
+    page.goto(base + LISTS["jobs"])
+    shown = [header["text"].lower() for header in _headers(page) if header["shown"]]
+    assert {"status", "task / target", "age / lease"} <= set(shown), shown
+
+
+def test_the_status_badge_is_visible_on_a_phone(console: tuple[Page, str]) -> None:
+    from playwright.sync_api import expect
+
+    page, base = console
+    page.set_viewport_size(PHONE)
+    page.goto(base + LISTS["jobs"])
+    badge = page.locator("#result_list tbody tr").first.locator(".jobstate-badge")
+    expect(badge).to_be_visible()
+    box = badge.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= PHONE["width"]
+
+
+def test_the_operations_link_on_the_app_page_is_one_line(console: tuple[Page, str]) -> None:
+    page, base = console
+    for viewport in SIZES.values():
+        page.set_viewport_size(viewport)
+        page.goto(base + "/admin/jobstate/")
+        link = page.locator("#jobstate-dashboard-link")
+        height, line = link.evaluate(
+            "e => [e.getBoundingClientRect().height,"
+            " parseFloat(getComputedStyle(e).lineHeight) ||"
+            " 1.2 * parseFloat(getComputedStyle(e).fontSize)]"
+        )
+        assert height < 1.5 * line, (viewport, height, line)
+
+
+#: The WCAG contrast ratio of an element's text against the first opaque background
+#: behind it, in the page.
+CONTRAST = """e => {
+  const rgb = c => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => [r, g, b].map(v => {
+      v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+  }).reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+  let back = e, bg = null;
+  while (back) {
+    const c = rgb(getComputedStyle(back).backgroundColor);
+    if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) { bg = c; break; }
+    back = back.parentElement;
+  }
+  bg = bg || [255, 255, 255];
+  const [a, b] = [lum(rgb(getComputedStyle(e).color)), lum(bg)];
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}"""
+
+
+def test_links_contrast_with_their_background(console: tuple[Page, str]) -> None:
+    page, base = console
+    page.goto(base + LISTS["notifications"])
+    checked: list[tuple[str, float]] = []
+    for selector in ("#header a", "#result_list tbody a"):
+        for link in page.locator(selector).all()[:5]:
+            checked.append((selector, link.evaluate(CONTRAST)))
+    # A job's page: the header of each of its notifications links the notification.
+    page.goto(base + LISTS["jobs"])
+    page.locator("#result_list tbody tr").first.locator("th a").click()
+    page.wait_for_url(re.compile(r"/change/$"))
+    captions = page.locator("#jobstate-notifications caption a").all()
+    assert captions, "the job's page lists its notification"
+    checked += [("notification header", link.evaluate(CONTRAST)) for link in captions]
+    assert checked
+    for selector, ratio in checked:
+        assert ratio >= 3, (selector, ratio)
+
+
+def test_the_ids_of_a_list_are_distinct(console: tuple[Page, str]) -> None:
+    page, base = console
+    shown = {
+        LISTS["jobs"]: "#result_list tbody th.field-request_id_cell",
+        LISTS["notifications"]: "#result_list tbody .field-id_cell code",
+        LISTS["audit"]: "#result_list tbody .field-job_cell code",
+    }
+    for path, selector in shown.items():
+        page.goto(base + path)
+        texts = [text.strip() for text in page.locator(selector).all_inner_texts()]
+        assert len(texts) >= 8, (path, texts)
+        assert len(set(texts)) == len(texts), (path, texts)
+        # Shortened, yet the whole id is in the tooltip.
+        assert any("…" in text for text in texts), (path, texts)
+
+
+def _crumbs(page: Page) -> list[str]:
+    """The breadcrumbs' element structure: each element's tag, classes, current mark."""
+    return list(
+        page.eval_on_selector_all(
+            "nav[aria-label] .breadcrumbs, nav[aria-label] .breadcrumbs *",
+            "els => els.map(e => [e.tagName, e.className, e.getAttribute('aria-current')]"
+            ".join(' ')).filter(s => !s.startsWith('A '))",
+        )
+    )
+
+
+def test_the_app_pages_breadcrumbs_are_django_s_own(console: tuple[Page, str]) -> None:
+    page, base = console
+    page.goto(base + LISTS["jobs"])
+    stock = _crumbs(page)
+    assert stock, "a stock change list has breadcrumbs"
+    for path in ("/admin/jobstate/job/operations/", "/admin/jobstate/queuepause/"):
+        page.goto(base + path)
+        assert _crumbs(page) == stock, path
+        bar = page.locator(".breadcrumbs")
+        assert bar.is_visible() and (bar.bounding_box() or {"height": 0})["height"] > 10
+
+
+def test_instants_show_in_the_viewer_s_zone_and_ids_copy(console: tuple[Page, str]) -> None:
+    from playwright.sync_api import expect
+
+    page, base = console
+    page.goto(base + LISTS["audit"])
+    moment = page.locator("time.jobstate-moment").first
+    expect(moment).to_have_attribute("data-jobstate-local", "")
+    # One format everywhere: date, time with seconds, the zone's abbreviation.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+", moment.inner_text().strip())
+    page.goto(base + LISTS["notifications"])
+    button = page.locator("#result_list .jobstate-copy").first
+    whole = button.get_attribute("data-copy")
+    button.click()
+    expect(button).to_contain_text("copied")
+    assert page.evaluate("navigator.clipboard.readText()") == whole
+
+
+def test_the_filter_sidebar_hides_and_stays_hidden(console: tuple[Page, str]) -> None:
+    from playwright.sync_api import expect
+
+    page, base = console
+    page.goto(base + LISTS["jobs"])
+    table = page.locator("#changelist-form")
+    wide_before = (table.bounding_box() or {"width": 0})["width"]
+    page.get_by_role("button", name="Hide filters").click()
+    expect(page.locator("#changelist-filter")).to_be_hidden()
+    # The table takes the sidebar's width, and the choice outlives the page.
+    assert (table.bounding_box() or {"width": 0})["width"] > wide_before
+    page.goto(base + LISTS["audit"])
+    expect(page.locator("#changelist-filter")).to_be_hidden()
+    page.get_by_role("button", name="Show filters").click()
+    expect(page.locator("#changelist-filter")).to_be_visible()
