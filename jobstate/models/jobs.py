@@ -224,6 +224,31 @@ class JobQuerySet(models.QuerySet["Job"]):
             | Q(status__in=list(CLAIMED_JOB_STATUSES), lease_until__lt=Now())
         )
 
+    def cancellable(self) -> JobQuerySet:
+        """The jobs a cancel may take (``StateStore.cancel_job``, the console's Cancel):
+        every job not finished yet. A queued one is rejected before it runs; a running
+        or dispatched one is rejected and its claim revoked, so its holder's report is
+        refused. :meth:`Job.cancellable_now` is the same rule on one loaded job."""
+        return self.inflight()
+
+    def retryable_now(self) -> JobQuerySet:
+        """Tasks waiting for a retry (``StateStore.retry_job_now``): queued after at
+        least one attempt, with the ``run_after`` the retry's backoff set. (Its instant
+        is not compared with the clock: bringing forward a retry already due only
+        keeps it due.) :meth:`Job.waiting_for_retry` is the same rule on one loaded job."""
+        return self.filter(
+            status=JobStatus.QUEUED,
+            task_path__isnull=False,
+            attempts__gt=0,
+            run_after__isnull=False,
+        )
+
+    def discardable(self) -> JobQuerySet:
+        """Tasks a discard may give up (``StateStore.discard_job``): queued ones, waiting
+        for a retry or for their first attempt. :meth:`Job.discardable_now` is the same
+        rule on one loaded job."""
+        return self.filter(status=JobStatus.QUEUED, task_path__isnull=False)
+
     def not_written_for(self, older_than: timedelta) -> JobQuerySet:
         return self.filter(updated_at__lt=Now() - older_than)
 
@@ -412,6 +437,23 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_JOB_STATUSES
+
+    def cancellable_now(self) -> bool:
+        """Whether :meth:`JobQuerySet.cancellable` takes this job as loaded."""
+        return self.status in INFLIGHT_JOB_STATUSES
+
+    def waiting_for_retry(self) -> bool:
+        """Whether :meth:`JobQuerySet.retryable_now` takes this job as loaded."""
+        return (
+            self.status == JobStatus.QUEUED
+            and self.task_path is not None
+            and self.attempts > 0
+            and self.run_after is not None
+        )
+
+    def discardable_now(self) -> bool:
+        """Whether :meth:`JobQuerySet.discardable` takes this job as loaded."""
+        return self.status == JobStatus.QUEUED and self.task_path is not None
 
     def requeueable_at(self, now: datetime) -> bool:
         """Whether :meth:`JobQuerySet.requeueable` takes this job as loaded, with ``now``
