@@ -43,7 +43,16 @@ from jobstate.admin.filters import (
     TargetFilter,
     TaskFilter,
 )
-from jobstate.admin.job_actions import approve_spec, lease_text, reject_spec, requeue_spec
+from jobstate.admin.job_actions import (
+    approve_spec,
+    cancel_spec,
+    discard_spec,
+    job_buttons,
+    lease_text,
+    reject_spec,
+    requeue_spec,
+    retry_now_spec,
+)
 from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
 from jobstate.admin.timeline import job_timeline
 from jobstate.console.job_search import SEARCH_FIELDS, SearchError, parse_search
@@ -137,7 +146,14 @@ class JobAdmin(TaskFieldsAdmin):
     )
     # Served by the jobstate_job_recent_idx index (ties broken by the time-ordered id).
     ordering = ["-created_at"]
-    actions = ["requeue_jobs", "reject_jobs", "approve_and_requeue_jobs"]
+    actions = [
+        "requeue_jobs",
+        "cancel_jobs",
+        "retry_now_jobs",
+        "discard_jobs",
+        "reject_jobs",
+        "approve_and_requeue_jobs",
+    ]
     fieldsets = [(title, {"fields": names}) for title, names in _JOB_PAGE]
     readonly_fields = [name for _title, names in _JOB_PAGE for name in names] + list(TASK_FIELDS)
     redaction_sources = ("input", "result", "report", "usage", "metadata")
@@ -231,6 +247,9 @@ class JobAdmin(TaskFieldsAdmin):
     has_reject_permission = permission_check("reject_job")
     has_approve_permission = permission_check("approve_job")
     has_delete_finished_permission = permission_check("delete_finished_job")
+    has_cancel_permission = permission_check("cancel_job")
+    has_retry_now_permission = permission_check("retry_job_now")
+    has_discard_permission = permission_check("discard_job")
 
     # --- actions ---------------------------------------------------------------------
 
@@ -243,6 +262,21 @@ class JobAdmin(TaskFieldsAdmin):
         "reject_spec",
         description=gettext_lazy("Reject (cancel) selected queued jobs…"),
         permission="reject",
+    )
+    cancel_jobs = confirmed_action(
+        "cancel_spec",
+        description=gettext_lazy("Cancel selected jobs…"),
+        permission="cancel",
+    )
+    retry_now_jobs = confirmed_action(
+        "retry_now_spec",
+        description=gettext_lazy("Retry selected tasks now…"),
+        permission="retry_now",
+    )
+    discard_jobs = confirmed_action(
+        "discard_spec",
+        description=gettext_lazy("Discard selected queued tasks…"),
+        permission="discard",
     )
     approve_and_requeue_jobs = confirmed_action(
         "approve_spec",
@@ -258,6 +292,15 @@ class JobAdmin(TaskFieldsAdmin):
 
     def approve_spec(self, request: HttpRequest) -> ActionSpec:
         return approve_spec(self.operator(request))
+
+    def cancel_spec(self, request: HttpRequest) -> ActionSpec:
+        return cancel_spec(self.operator(request))
+
+    def retry_now_spec(self, request: HttpRequest) -> ActionSpec:
+        return retry_now_spec(self.operator(request))
+
+    def discard_spec(self, request: HttpRequest) -> ActionSpec:
+        return discard_spec(self.operator(request))
 
     # --- the job page ----------------------------------------------------------------
 
@@ -295,21 +338,6 @@ class JobAdmin(TaskFieldsAdmin):
             *(entry.detail for entry in trail),
         )
         setattr(job, REDACTOR_ATTRIBUTE, page)
-        buttons = []
-        candidates = [
-            ("requeue", "requeue_jobs", _("Requeue…"), self.requeue_spec(request)),
-            ("reject", "reject_jobs", _("Reject…"), self.reject_spec(request)),
-            (
-                "approve",
-                "approve_and_requeue_jobs",
-                _("Approve and requeue…"),
-                self.approve_spec(request),
-            ),
-        ]
-        for permission, action, label, spec in candidates:
-            allowed = getattr(self, f"has_{permission}_permission")(request)
-            if allowed and spec.row(job).skip_reason is None:
-                buttons.append({"action": action, "label": label, "return_to": request.path})
         return {
             "jobstate_job_page": True,
             "job_timeline": job_timeline(job, trail, page, database_now(job)),
@@ -341,7 +369,7 @@ class JobAdmin(TaskFieldsAdmin):
             ],
             "task_attempts": attempt_rows(job, page),
             "job_is_task": job.task_path is not None,
-            "job_action_buttons": buttons,
+            "job_action_buttons": job_buttons(self, request, job),
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }
 

@@ -249,6 +249,13 @@ class JobQuerySet(models.QuerySet["Job"]):
         rule on one loaded job."""
         return self.filter(status=JobStatus.QUEUED, task_path__isnull=False)
 
+    def approvable(self) -> JobQuerySet:
+        """The jobs the console's "approve and requeue" offers: failed or rejected jobs
+        that are no tasks (a task is retried or requeued, it is not approved; a done
+        job has nothing to approve). :meth:`Job.approvable_now` is the same rule on
+        one loaded job."""
+        return self.filter(status__in=[JobStatus.ERROR, JobStatus.REJECTED], task_path__isnull=True)
+
     def not_written_for(self, older_than: timedelta) -> JobQuerySet:
         return self.filter(updated_at__lt=Now() - older_than)
 
@@ -359,6 +366,9 @@ class Job(models.Model):
             ("reject_job", _("Can reject queued jobs")),
             ("approve_job", _("Can approve and requeue finished jobs")),
             ("delete_finished_job", _("Can delete finished jobs")),
+            ("cancel_job", _("Can cancel queued, running or dispatched jobs")),
+            ("retry_job_now", _("Can run a task waiting for its retry at once")),
+            ("discard_job", _("Can discard queued tasks")),
         ]
         constraints = [
             models.UniqueConstraint(fields=["request_id"], name=JOB_UNIQUE_REQUEST_ID),
@@ -450,6 +460,10 @@ class Job(models.Model):
             and self.attempts > 0
             and self.run_after is not None
         )
+
+    def approvable_now(self) -> bool:
+        """Whether :meth:`JobQuerySet.approvable` takes this job as loaded."""
+        return self.status in (JobStatus.ERROR, JobStatus.REJECTED) and self.task_path is None
 
     def discardable_now(self) -> bool:
         """Whether :meth:`JobQuerySet.discardable` takes this job as loaded."""
