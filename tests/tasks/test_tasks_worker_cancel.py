@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from jobstate.core.attempt_log import AttemptOutcome, read_attempt_log
 from jobstate.core.states import JobStatus
 from jobstate.models import AuditEntry, Job
 from jobstate.stores import get_state_store
 from jobstate.tasks.compat import TaskResultStatus
+from tests.support.admin_kit import JOBS, act, confirm_page, shown_messages
 from tests.support.task_functions import async_sleeps, fails_before, notes_its_run
 from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
 
@@ -63,6 +65,32 @@ def test_a_running_task_cancelled_through_the_store_stops_and_is_never_retried(
     assert [error.exception_class_path for error in result.errors] == [CANCELLED]
     entry = AuditEntry.objects.get(job_id=queued.id, event="cancelled")
     assert entry.detail["by"] == "ops" and entry.detail["holder"] == "w-cancel"
+
+
+def test_a_running_task_cancelled_from_the_admin_stops(
+    settings: Any, tmp_path: Path, admin_client: Client
+) -> None:
+    options = use_options(settings, MAX_ATTEMPTS=3)
+    path = tmp_path / "runs"
+    queued = notes_its_run.enqueue(str(path), 60)
+    worker = start_worker("--interval", "0.2", "--worker-id", "w-admin", options=options)
+    try:
+        wait_for(path.exists, what="the attempt to start")
+        page = confirm_page(admin_client, JOBS, "cancel_jobs", [queued.id])
+        assert "Yes, cancel" in page.content.decode()
+        done = act(admin_client, JOBS, "cancel_jobs", [queued.id], confirm=True)
+        assert "Cancelled 1 job." in shown_messages(done)
+        wait_for(lambda: lines(path) == ["1 start", "1 end"], timeout=10, what="the interrupt")
+        worker.send_signal(signal.SIGTERM)
+        code, _out, err = finish(worker, timeout=30)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    job = Job.objects.get(pk=queued.id)
+    assert job.status == JobStatus.REJECTED and job.error == f"{CANCELLED}: cancelled by admin"
+    (attempt,) = read_attempt_log(job.attempt_log)
+    assert attempt.outcome is AttemptOutcome.CANCELLED and attempt.worker_id == "w-admin"
+    assert AuditEntry.objects.get(job_id=queued.id, event="cancelled").detail["by"] == "admin"
 
 
 def test_a_cancelled_task_that_cannot_be_interrupted_makes_its_worker_exit(

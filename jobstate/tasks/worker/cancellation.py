@@ -40,17 +40,17 @@ class CancelWatch:
         self.every = every
         self._next = 0.0
 
-    def check(self, attempts: Iterable[Attempt]) -> list[Attempt]:
-        """Interrupt the running attempts whose task was cancelled; return the attempts
-        taken back before any thread started them (the caller forgets them)."""
+    def check(self, attempts: Iterable[Attempt], *, due_now: bool = False) -> list[Attempt]:
+        """Mark the attempts whose claim is gone; interrupt the running ones whose task
+        was cancelled. Returns the attempts taken back before any thread started them
+        (the caller forgets them). Unless ``due_now``, at most once per ``every``."""
         now = time.monotonic()
-        if now < self._next:
+        if not due_now and now < self._next:
             return []
-        self._next = now + self.every
+        if not due_now:
+            self._next = now + self.every
         held = [
-            attempt
-            for attempt in attempts
-            if not attempt.claim_lost and not attempt.interrupted and attempt.job.claim_token
+            attempt for attempt in attempts if not attempt.claim_lost and attempt.job.claim_token
         ]
         if not held:
             return []
@@ -65,8 +65,8 @@ class CancelWatch:
             job = attempt.job
             if lost[job.id] != JobStatus.REJECTED:
                 logger.warning(
-                    "Lost the claim of task %s %s: it was recovered elsewhere; what this "
-                    "attempt returns will be dropped",
+                    "Lost the claim of task %s %s: its lease ran out and it was recovered "
+                    "elsewhere; what this attempt returns will be dropped",
                     job.task_path,
                     job.id,
                 )

@@ -270,8 +270,11 @@ class TaskWorker:
             else:
                 self.summary.succeeded += 1
 
-    def _watch_cancels(self) -> None:
-        for attempt in self._cancels.check(self._active.values()):
+    def _watch_cancels(self, lost: list[Attempt] | None = None) -> None:
+        """Stop the attempts whose task was cancelled (every ``interval``, or at once
+        for ``lost``, the claims a lease renewal found gone)."""
+        attempts = list(self._active.values()) if lost is None else lost
+        for attempt in self._cancels.check(attempts, due_now=lost is not None):
             self._active.pop(attempt.job.id, None)
             self.summary.cancelled += 1
 
@@ -342,15 +345,11 @@ class TaskWorker:
         if not claims:
             return
         renewed = set(self.store.extend_claim_leases(claims, self.options.lease))
-        for attempt in held:
-            if attempt.job.id not in renewed:
-                attempt.claim_lost = True
-                logger.warning(
-                    "Lost the claim of task %s %s: its lease ran out and it was recovered "
-                    "elsewhere; what this attempt returns will be dropped",
-                    attempt.job.task_path,
-                    attempt.job.id,
-                )
+        missing = [attempt for attempt in held if attempt.job.id not in renewed]
+        if missing:
+            # Cancelled or recovered elsewhere: the watch tells which, and stops the
+            # cancelled ones.
+            self._watch_cancels(missing)
 
     def _recover_lost_tasks(self) -> None:
         recovery = self.store.recover_expired_tasks()
