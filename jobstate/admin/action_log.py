@@ -27,6 +27,4 @@ def log_console_action(
     rows = list(objects)
     if user_id is None or not rows:
         return
-    LogEntry.objects.log_actions(
-        user_id, rows, DELETION if deleted else CHANGE, message, single_object=len(rows) == 1
-    )
+    LogEntry.objects.log_actions(user_id, rows, DELETION if deleted else CHANGE, message)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from jobstate.core.states import JobStatus
 from jobstate.exceptions import TaskCancelled
@@ -54,9 +55,10 @@ class CancelWatch:
         ]
         if not held:
             return []
-        lost = self.store.lost_claims(
-            [(attempt.job.id, attempt.job.claim_token) for attempt in held]
-        )
+        claims: list[tuple[Any, Any]] = [
+            (attempt.job.id, attempt.job.claim_token) for attempt in held
+        ]
+        lost = self.store.lost_claims(claims)
         dropped: list[Attempt] = []
         for attempt in held:
             if attempt.job.id not in lost:

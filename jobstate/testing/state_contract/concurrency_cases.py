@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from django.db import connections
@@ -122,8 +123,8 @@ def _cancel_races_report(kit: Kit, store: StateStore) -> None:
         claimed = store.claim_next_inhub_job([target], kit.name("w"))
         assert claimed is not None
         cancel, report = _race(
-            lambda job=claimed: store.cancel_job(job.id, by="op"),
-            lambda job=claimed: store.complete_claimed_job(job.id, token_of(job), "done"),
+            partial(store.cancel_job, claimed.id, by="op"),
+            partial(store.complete_claimed_job, claimed.id, token_of(claimed), "done"),
         )
         cancelled = cancel is not None
         reported = report.outcome == CompletionOutcome.COMPLETED
