@@ -110,9 +110,10 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
 
 @admin.register(Job)
 class JobAdmin(TaskFieldsAdmin):
-    """Jobs: browse, inspect, and (with the matching permission) requeue, reject or
-    approve them. Every change goes through the state store and is audited with the
-    operator's user name."""
+    """Jobs: browse, inspect, and (with the matching permission) requeue, cancel, reject,
+    approve them, or retry now or discard a task (:mod:`jobstate.admin.job_actions`).
+    Every change goes through the state store and is audited with the operator's user
+    name."""
 
     list_display = [
         "request_id_cell",
