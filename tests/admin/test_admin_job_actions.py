@@ -5,15 +5,13 @@ confirmation page, an audit entry naming the operator, and the admin's own log e
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.test import Client
-from django.utils import timezone
 
-from jobstate.core.states import JobStatus, NewTask
+from jobstate.core.states import JobStatus
 from jobstate.models import AuditEntry, Job
 from jobstate.stores.base import StateStore
 from tests.support.admin_kit import (
@@ -25,42 +23,13 @@ from tests.support.admin_kit import (
     operator,
     running_job,
     shown_messages,
+    task_job,
 )
 
 pytestmark = pytest.mark.mysql
 
 #: Every button the job page can show.
 BUTTONS = ("Requeue…", "Cancel…", "Reject…", "Retry now…", "Discard…", "Approve and requeue…")
-
-
-def task_job(store: StateStore, *, failed_once: bool) -> Job:
-    """A queued task; ``failed_once``: its first attempt failed and its retry is an
-    hour away."""
-    job = store.enqueue_task(
-        NewTask(
-            target="tasks:default",
-            task_path="tests.support.task_functions.add",
-            queue_name="default",
-            priority=0,
-            args=[1, 2],
-            kwargs={},
-            max_attempts=3,
-        )
-    )
-    if not failed_once:
-        return job
-    (claimed,) = store.claim_tasks(
-        target="tasks:default", queues=None, worker_id="w-1", lease=timedelta(minutes=5), limit=1
-    )
-    result = store.complete_claimed_job(
-        claimed.id,
-        claimed.claim_token,
-        "queued",
-        run_after=timezone.now() + timedelta(hours=1),
-        error="ValueError: no",
-    )
-    assert result.job is not None
-    return result.job
 
 
 def buttons(client: Client, job: Job) -> set[str]:

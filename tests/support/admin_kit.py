@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
+from jobstate.core.states import NewTask
 from jobstate.models import Job, JobRun, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore, Trigger
@@ -160,3 +161,33 @@ def failed_task(secret: str) -> Any:
 
 # Far beyond STALE_RUN_AFTER (five minutes), so only the clock used can decide.
 SKEW = timedelta(hours=2)
+
+
+def task_job(store: StateStore, *, failed_once: bool) -> Job:
+    """A queued task; ``failed_once``: its first attempt failed and its retry is an
+    hour away."""
+    job = store.enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.support.task_functions.add",
+            queue_name="default",
+            priority=0,
+            args=[1, 2],
+            kwargs={},
+            max_attempts=3,
+        )
+    )
+    if not failed_once:
+        return job
+    (claimed,) = store.claim_tasks(
+        target="tasks:default", queues=None, worker_id="w-1", lease=timedelta(minutes=5), limit=1
+    )
+    result = store.complete_claimed_job(
+        claimed.id,
+        claimed.claim_token,
+        "queued",
+        run_after=timezone.now() + timedelta(hours=1),
+        error="ValueError: no",
+    )
+    assert result.job is not None
+    return result.job
