@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.test import Client
 
 from jobstate.core.states import JobStatus
@@ -151,3 +151,23 @@ def test_a_bulk_action_with_a_bad_search_stays_on_the_filtered_list(
     shown = " ".join(shown_messages(response))
     assert "Nothing was started: input: NaN is not a JSON value" in shown
     assert response.context["cl"].query == "input:a=NaN"
+
+
+def test_pausing_and_resuming_a_queue_and_starting_a_bulk_operation_are_in_the_admin_log(
+    admin_client: Client, store: StateStore
+) -> None:
+    query = {"target": "tasks:default", "queue": "mail"}
+    admin_client.post("/admin/jobstate/queuepause/pause/", {**query, "post": "yes"})
+    admin_client.post("/admin/jobstate/queuepause/resume/", {**query, "post": "yes"})
+    paused, resumed = LogEntry.objects.order_by("id")
+    assert (paused.action_flag, paused.get_change_message()) == (CHANGE, "Paused the queue")
+    # Resuming removes the pause row: a deletion, as the history of that row shows it.
+    assert (resumed.action_flag, resumed.object_id) == (DELETION, paused.object_id)
+
+    failed_job(store, "broken")
+    admin_client.post(
+        f"{JOBS}bulk/requeue/?status__exact=error", {"_filter": "status__exact=error"}
+    )
+    started = LogEntry.objects.order_by("id").last()
+    assert started is not None and started.content_type.model == "bulkoperation"
+    assert started.get_change_message() == "Requeue all matching jobs: status = error"
