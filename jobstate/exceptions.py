@@ -220,6 +220,16 @@ class TaskTimeLimitExceeded(BaseException):
     interrupt makes its worker exit (see the worker's documentation)."""
 
 
+class TaskCancelled(BaseException):
+    """Raised *inside* a running task's thread when an operator cancels the task
+    (``StateStore.cancel_job``, the admin's Cancel). Like :class:`TaskTimeLimitExceeded`
+    it derives from ``BaseException``, so ``except Exception`` does not swallow it while
+    ``finally`` blocks still run; catch it only to clean up, and raise it again. The job
+    is already ``rejected`` when the task sees it: nothing the attempt returns or raises
+    afterwards is recorded, and it is never retried. Also the class path of the
+    cancelled attempt's error in the attempt log."""
+
+
 class UnknownTask(JobStateError, ImportError):
     """No worker that claimed the task could import its dotted path within the
     backend's ``UNKNOWN_TASK_TIMEOUT`` of its enqueueing: the task failed without

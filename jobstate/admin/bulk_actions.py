@@ -18,6 +18,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -34,6 +35,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from jobstate.admin.action_log import log_console_action
 from jobstate.admin.common import ReadOnlyAdmin, RejectForm, ScaledAdmin, choice_badge
 from jobstate.admin.page_bases import moment_field
 from jobstate.console.bulk import (
@@ -164,16 +166,22 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
         model_admin.message_user(
             request, _("Nothing was started: %(why)s") % {"why": exc}, messages.ERROR
         )
-        return HttpResponseRedirect(changelist)
+        # Back to the list as the operator filtered it, to correct the search there.
+        return HttpResponseRedirect(changelist + (f"?{query.urlencode()}" if query else ""))
     form = RejectForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
-        operation = start_bulk_operation(
-            action=action,
-            filters=filters,
-            search=search,
-            operator=model_admin.operator(request),
-            reason=form.cleaned_data.get("reason", "") if action == BulkAction.REJECT else "",
-        )
+        reason = form.cleaned_data.get("reason", "") if action == BulkAction.REJECT else ""
+        with transaction.atomic():
+            operation = start_bulk_operation(
+                action=action,
+                filters=filters,
+                search=search,
+                operator=model_admin.operator(request),
+                reason=reason,
+            )
+            # One entry for the operation: its jobs are many, and its page lists them.
+            described = "; ".join(describe_filter(filters, search))
+            log_console_action(request, [operation], f"{TITLES[BulkAction(action)]}: {described}")
         return HttpResponseRedirect(
             reverse(
                 f"{model_admin.admin_site.name}:jobstate_job_bulk_progress", args=[operation.pk]

@@ -24,6 +24,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -32,6 +33,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from jobstate.admin.action_log import log_console_action
 from jobstate.admin.display import (
     BADGE_COLOURS,
     choice_badge,
@@ -189,6 +191,13 @@ class confirmed_action:
         return decorated if model_admin is None else partial(decorated, model_admin)
 
 
+def _logged_message(spec: ActionSpec, inputs: dict[str, Any]) -> str:
+    """The change message of the admin's log entries of an action: its title, and the
+    reason or comment given."""
+    note = str(inputs.get("reason") or inputs.get("comment") or "").strip()
+    return f"{spec.title}: {note}" if note else str(spec.title)
+
+
 def _named(items: list[tuple[str, str]]) -> str:
     shown = "; ".join(f"{label} ({why})" for label, why in items[:NAMED_IN_MESSAGE])
     rest = len(items) - NAMED_IN_MESSAGE
@@ -253,10 +262,16 @@ def run_confirmed_action(
         inputs = form.cleaned_data if form is not None else {}
         skipped = [(row.label, row.skip_reason) for row in rows if row.skip_reason] + vanished
         done = 0
+        logged = _logged_message(spec, inputs)
         for row in rows:
             if row.skip_reason:
                 continue
-            why = spec.perform(request, row.obj, inputs)
+            # The admin's log entry commits with the change, or neither does.
+            with transaction.atomic():
+                why = spec.perform(request, row.obj, inputs)
+                if why is None:
+                    gone = not type(row.obj)._default_manager.filter(pk=row.obj.pk).exists()
+                    log_console_action(request, [row.obj], logged, deleted=gone)
             if why is None:
                 done += 1
             else:

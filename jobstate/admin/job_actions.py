@@ -1,10 +1,18 @@
-"""The operator actions on jobs (requeue, reject, approve and requeue): which rows
-each applies to and how it changes them, through the state store, audited with the
-operator's user name. :class:`jobstate.admin.jobs.JobAdmin` offers them on the list and
-as buttons on the job page."""
+"""The operator actions on jobs (requeue, reject, cancel, retry now, discard, approve
+and requeue): which rows each applies to and how it changes them, through the state
+store, audited with the operator's user name. :class:`jobstate.admin.jobs.JobAdmin`
+offers them on the list and as buttons on the job page (:func:`job_buttons`).
+
+Each action's rows are those its rule takes, one ``JobQuerySet`` method and its
+loaded-job twin on :class:`~jobstate.models.Job` (``requeueable``, ``cancellable``,
+``retryable_now``, ``discardable``, ``approvable``), which the store checks again with
+the job held. The job page offers a button only where its rule takes the job, and on a
+queued job it names the cancel for what it is there: "Reject" for a job, "Discard" for
+a task."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -25,7 +33,18 @@ from jobstate.stores.base import (
 )
 from jobstate.stores.contracts.validation import APPROVAL_COMMENT_LIMIT
 
-__all__ = ["ADMIN_VIA", "ApproveForm", "approve_spec", "lease_text", "reject_spec", "requeue_spec"]
+__all__ = [
+    "ADMIN_VIA",
+    "ApproveForm",
+    "approve_spec",
+    "cancel_spec",
+    "discard_spec",
+    "job_buttons",
+    "lease_text",
+    "reject_spec",
+    "requeue_spec",
+    "retry_now_spec",
+]
 
 #: The ``via`` of the audit entries the admin's requeues write.
 ADMIN_VIA = "admin"
@@ -146,11 +165,11 @@ def approve_spec(by: str) -> ActionSpec:
 
     def row(job: Job) -> ActionRow:
         now = database_now(job)
-        why = (
-            None
-            if job.status in TERMINAL_JOB_STATUSES
-            else _("in flight; it will use the approval itself")
-        )
+        why = None
+        if job.status not in TERMINAL_JOB_STATUSES:
+            why = _("in flight; it will use the approval itself")
+        elif not job.approvable_now():
+            why = _("a task or a done job has nothing to approve")
         return ActionRow(job, _job_label(job), _describe(job, now), why)
 
     def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
@@ -168,7 +187,7 @@ def approve_spec(by: str) -> ActionSpec:
     return ActionSpec(
         title=_("Approve and requeue jobs"),
         intro=_(
-            "Records your approval of each finished job (a permanent decision marker "
+            "Records your approval of each failed or rejected job (a permanent decision marker "
             "with your name and comment) and requeues it, exactly once per approval: "
             "confirming twice, or two operators at once, requeues a job only once."
         ),
@@ -184,3 +203,137 @@ def approve_spec(by: str) -> ActionSpec:
         perform=perform,
         form_class=ApproveForm,
     )
+
+
+def cancel_spec(by: str) -> ActionSpec:
+
+    def row(job: Job) -> ActionRow:
+        why = None if job.cancellable_now() else _("already finished")
+        return ActionRow(job, _job_label(job), _describe(job, database_now(job)), why)
+
+    def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
+        cancelled = get_state_store().cancel_job(job.pk, by=by, reason=inputs.get("reason", ""))
+        return None if cancelled is not None else _now_status(job)
+
+    return ActionSpec(
+        title=_("Cancel jobs"),
+        intro=_(
+            "Each job that has not finished becomes rejected: a queued one is never "
+            "claimed; a running or dispatched one loses its claim, so whatever its worker "
+            "or executor reports afterwards is refused. A task running in a worker is "
+            "interrupted (TaskCancelled is raised in it) within the worker's polling "
+            "interval, and its attempt is logged as cancelled. Each gets a “cancelled” "
+            "audit entry naming you and the reason. A job that finishes before you "
+            "confirm is left alone."
+        ),
+        confirm_label=_("Yes, cancel"),
+        done=counted(
+            ngettext_lazy("Cancelled %(count)d job.", "Cancelled %(count)d jobs.", "count")
+        ),
+        row=row,
+        perform=perform,
+        form_class=RejectForm,
+    )
+
+
+def retry_now_spec(by: str) -> ActionSpec:
+
+    def row(job: Job) -> ActionRow:
+        why = None if job.waiting_for_retry() else _("not a task waiting for its retry")
+        return ActionRow(job, _job_label(job), _describe(job, database_now(job)), why)
+
+    def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
+        moved = get_state_store().retry_job_now(job.pk, by=by)
+        return None if moved is not None else _now_status(job)
+
+    return ActionSpec(
+        title=_("Retry tasks now"),
+        intro=_(
+            "Tasks waiting out the backoff after a failed attempt become due at once; a "
+            "worker of their queue runs them next. Each gets a “retry now” audit entry "
+            "naming you. A task claimed or finished before you confirm is left alone."
+        ),
+        confirm_label=_("Yes, retry now"),
+        done=counted(
+            ngettext_lazy(
+                "Brought forward the retry of %(count)d task.",
+                "Brought forward the retries of %(count)d tasks.",
+                "count",
+            )
+        ),
+        row=row,
+        perform=perform,
+    )
+
+
+def discard_spec(by: str) -> ActionSpec:
+
+    def row(job: Job) -> ActionRow:
+        why = None
+        if not job.discardable_now():
+            why = _("not a task") if job.task_path is None else _("not queued")
+        return ActionRow(job, _job_label(job), _describe(job, database_now(job)), why)
+
+    def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
+        discarded = get_state_store().discard_job(job.pk, by=by, reason=inputs.get("reason", ""))
+        return None if discarded is not None else _now_status(job)
+
+    return ActionSpec(
+        title=_("Discard tasks"),
+        intro=_(
+            "Queued tasks, waiting for a retry or for their first attempt, are given up: "
+            "they fail for good (error, read as FAILED), whatever attempts they had "
+            "left, their error naming you. Each gets a “discarded” audit entry. A task "
+            "claimed before you confirm is left alone (cancel it instead)."
+        ),
+        confirm_label=_("Yes, discard"),
+        done=counted(
+            ngettext_lazy("Discarded %(count)d task.", "Discarded %(count)d tasks.", "count")
+        ),
+        row=row,
+        perform=perform,
+        form_class=RejectForm,
+    )
+
+
+#: The job page's buttons: (permission suffix, action name, label, whether it is offered
+#: for the job). Each offer is its action's rule, narrowed on a queued job to the name
+#: that fits it (see the module docstring).
+_BUTTONS: list[tuple[str, str, Any, Callable[[Job, Any], bool]]] = [
+    ("requeue", "requeue_jobs", gettext_lazy("Requeue…"), lambda job, now: job.requeueable_at(now)),
+    (
+        "retry_now",
+        "retry_now_jobs",
+        gettext_lazy("Retry now…"),
+        lambda job, now: job.waiting_for_retry(),
+    ),
+    (
+        "cancel",
+        "cancel_jobs",
+        gettext_lazy("Cancel…"),
+        lambda job, now: job.cancellable_now() and job.status != JobStatus.QUEUED,
+    ),
+    (
+        "reject",
+        "reject_jobs",
+        gettext_lazy("Reject…"),
+        lambda job, now: job.status == JobStatus.QUEUED and job.task_path is None,
+    ),
+    ("discard", "discard_jobs", gettext_lazy("Discard…"), lambda job, now: job.discardable_now()),
+    (
+        "approve",
+        "approve_and_requeue_jobs",
+        gettext_lazy("Approve and requeue…"),
+        lambda job, now: job.approvable_now(),
+    ),
+]
+
+
+def job_buttons(model_admin: Any, request: HttpRequest, job: Job) -> list[dict[str, str]]:
+    """The action buttons of the job page the user may press for ``job`` as it is."""
+    now = database_now(job)
+    return [
+        {"action": action, "label": str(label), "return_to": request.path}
+        for permission, action, label, offered in _BUTTONS
+        if getattr(model_admin, f"has_{permission}_permission")(request) and offered(job, now)
+    ]

@@ -44,7 +44,16 @@ from jobstate.admin.filters import (
     TargetFilter,
     TaskFilter,
 )
-from jobstate.admin.job_actions import approve_spec, lease_text, reject_spec, requeue_spec
+from jobstate.admin.job_actions import (
+    approve_spec,
+    cancel_spec,
+    discard_spec,
+    job_buttons,
+    lease_text,
+    reject_spec,
+    requeue_spec,
+    retry_now_spec,
+)
 from jobstate.admin.job_page import (
     audit_data,
     audit_summary,
@@ -114,9 +123,10 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
 
 @admin.register(Job)
 class JobAdmin(TaskFieldsAdmin):
-    """Jobs: browse, inspect, and (with the matching permission) requeue, reject or
-    approve them. Every change goes through the state store and is audited with the
-    operator's user name."""
+    """Jobs: browse, inspect, and (with the matching permission) requeue, cancel, reject,
+    approve them, or retry now or discard a task (:mod:`jobstate.admin.job_actions`).
+    Every change goes through the state store and is audited with the operator's user
+    name."""
 
     # What an operator scans, fitting a 1440 px screen beside the filters: the queue
     # sits under the task, the lease under the age; the source and the thread are on
@@ -155,7 +165,14 @@ class JobAdmin(TaskFieldsAdmin):
     )
     # Served by the jobstate_job_recent_idx index (ties broken by the time-ordered id).
     ordering = ["-created_at"]
-    actions = ["requeue_jobs", "reject_jobs", "approve_and_requeue_jobs"]
+    actions = [
+        "requeue_jobs",
+        "cancel_jobs",
+        "retry_now_jobs",
+        "discard_jobs",
+        "reject_jobs",
+        "approve_and_requeue_jobs",
+    ]
     fieldsets = [(title, {"fields": names}) for title, names in _JOB_PAGE]
     readonly_fields = [name for _title, names in _JOB_PAGE for name in names] + list(TASK_FIELDS)
     redaction_sources = ("input", "result", "report", "usage", "metadata")
@@ -280,6 +297,9 @@ class JobAdmin(TaskFieldsAdmin):
     has_reject_permission = permission_check("reject_job")
     has_approve_permission = permission_check("approve_job")
     has_delete_finished_permission = permission_check("delete_finished_job")
+    has_cancel_permission = permission_check("cancel_job")
+    has_retry_now_permission = permission_check("retry_job_now")
+    has_discard_permission = permission_check("discard_job")
 
     # --- actions ---------------------------------------------------------------------
 
@@ -292,6 +312,21 @@ class JobAdmin(TaskFieldsAdmin):
         "reject_spec",
         description=gettext_lazy("Reject (cancel) selected queued jobs…"),
         permission="reject",
+    )
+    cancel_jobs = confirmed_action(
+        "cancel_spec",
+        description=gettext_lazy("Cancel selected jobs…"),
+        permission="cancel",
+    )
+    retry_now_jobs = confirmed_action(
+        "retry_now_spec",
+        description=gettext_lazy("Retry selected tasks now…"),
+        permission="retry_now",
+    )
+    discard_jobs = confirmed_action(
+        "discard_spec",
+        description=gettext_lazy("Discard selected queued tasks…"),
+        permission="discard",
     )
     approve_and_requeue_jobs = confirmed_action(
         "approve_spec",
@@ -307,6 +342,15 @@ class JobAdmin(TaskFieldsAdmin):
 
     def approve_spec(self, request: HttpRequest) -> ActionSpec:
         return approve_spec(self.operator(request))
+
+    def cancel_spec(self, request: HttpRequest) -> ActionSpec:
+        return cancel_spec(self.operator(request))
+
+    def retry_now_spec(self, request: HttpRequest) -> ActionSpec:
+        return retry_now_spec(self.operator(request))
+
+    def discard_spec(self, request: HttpRequest) -> ActionSpec:
+        return discard_spec(self.operator(request))
 
     # --- the job page ----------------------------------------------------------------
 
@@ -345,21 +389,6 @@ class JobAdmin(TaskFieldsAdmin):
             *(entry.detail for entry in trail),
         )
         setattr(job, REDACTOR_ATTRIBUTE, page)
-        buttons = []
-        candidates = [
-            ("requeue", "requeue_jobs", _("Requeue…"), self.requeue_spec(request)),
-            ("reject", "reject_jobs", _("Reject…"), self.reject_spec(request)),
-            (
-                "approve",
-                "approve_and_requeue_jobs",
-                _("Approve and requeue…"),
-                self.approve_spec(request),
-            ),
-        ]
-        for permission, action, label, spec in candidates:
-            allowed = getattr(self, f"has_{permission}_permission")(request)
-            if allowed and spec.row(job).skip_reason is None:
-                buttons.append({"action": action, "label": label, "return_to": request.path})
         return {
             "jobstate_job_page": True,
             "job_summary": summary_items(job, self.lease(job)),
@@ -396,7 +425,7 @@ class JobAdmin(TaskFieldsAdmin):
                 for notification in notifications
             ],
             "job_is_task": job.task_path is not None,
-            "job_action_buttons": buttons,
+            "job_action_buttons": job_buttons(self, request, job),
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }
 

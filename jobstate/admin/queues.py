@@ -19,6 +19,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -30,6 +31,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext as _
 
+from jobstate.admin.action_log import log_console_action
 from jobstate.admin.common import ReadOnlyAdmin, permission_check, short_duration
 from jobstate.console.queue_stats import QueueRow, queue_rows
 from jobstate.core.states import NO_QUEUE
@@ -123,14 +125,22 @@ class QueuePauseAdmin(ReadOnlyAdmin):
         if request.method == "POST" and request.POST.get("post") == "yes":
             store = get_state_store()
             by = self.operator(request)
+            pauses = QueuePause.objects.filter(target=target, queue_name=queue)
             if action == "pause":
-                changed = store.pause_queue(target=target, queue=queue, by=by)
+                with transaction.atomic():
+                    changed = store.pause_queue(target=target, queue=queue, by=by)
+                    if changed:
+                        log_console_action(request, pauses, _("Paused the queue"))
                 done, unchanged = (
                     _("Paused %(queue)s."),
                     _("Queue %(queue)s was already paused; nothing was changed."),
                 )
             else:
-                changed = store.resume_queue(target=target, queue=queue, by=by)
+                with transaction.atomic():
+                    paused = list(pauses)
+                    changed = store.resume_queue(target=target, queue=queue, by=by)
+                    if changed:
+                        log_console_action(request, paused, _("Resumed the queue"), deleted=True)
                 done, unchanged = (
                     _("Resumed %(queue)s."),
                     _("Queue %(queue)s was not paused; nothing was changed."),

@@ -91,6 +91,8 @@ class AttemptOutcome(enum.StrEnum):
     """The task ran past its backend's ``TIMEOUT``."""
     WORKER_LOST = "worker lost"
     """The worker stopped renewing the attempt's lease and a sweep recovered it."""
+    CANCELLED = "cancelled"
+    """An operator cancelled the task while the attempt ran (``StateStore.cancel_job``)."""
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,38 @@ class JobQuerySet(models.QuerySet["Job"]):
             | Q(status__in=list(CLAIMED_JOB_STATUSES), lease_until__lt=Now())
         )
 
+    def cancellable(self) -> JobQuerySet:
+        """The jobs a cancel may take (``StateStore.cancel_job``, the console's Cancel):
+        every job not finished yet. A queued one is rejected before it runs; a running
+        or dispatched one is rejected and its claim revoked, so its holder's report is
+        refused. :meth:`Job.cancellable_now` is the same rule on one loaded job."""
+        return self.inflight()
+
+    def retryable_now(self) -> JobQuerySet:
+        """Tasks waiting for a retry (``StateStore.retry_job_now``): queued after at
+        least one attempt, with the ``run_after`` the retry's backoff set. (Its instant
+        is not compared with the clock: bringing forward a retry already due only
+        keeps it due.) :meth:`Job.waiting_for_retry` is the same rule on one loaded job."""
+        return self.filter(
+            status=JobStatus.QUEUED,
+            task_path__isnull=False,
+            attempts__gt=0,
+            run_after__isnull=False,
+        )
+
+    def discardable(self) -> JobQuerySet:
+        """Tasks a discard may give up (``StateStore.discard_job``): queued ones, waiting
+        for a retry or for their first attempt. :meth:`Job.discardable_now` is the same
+        rule on one loaded job."""
+        return self.filter(status=JobStatus.QUEUED, task_path__isnull=False)
+
+    def approvable(self) -> JobQuerySet:
+        """The jobs the console's "approve and requeue" offers: failed or rejected jobs
+        that are no tasks (a task is retried or requeued, it is not approved; a done
+        job has nothing to approve). :meth:`Job.approvable_now` is the same rule on
+        one loaded job."""
+        return self.filter(status__in=[JobStatus.ERROR, JobStatus.REJECTED], task_path__isnull=True)
+
     def not_written_for(self, older_than: timedelta) -> JobQuerySet:
         return self.filter(updated_at__lt=Now() - older_than)
 
@@ -334,6 +366,9 @@ class Job(models.Model):
             ("reject_job", _("Can reject queued jobs")),
             ("approve_job", _("Can approve and requeue finished jobs")),
             ("delete_finished_job", _("Can delete finished jobs")),
+            ("cancel_job", _("Can cancel queued, running or dispatched jobs")),
+            ("retry_job_now", _("Can run a task waiting for its retry at once")),
+            ("discard_job", _("Can discard queued tasks")),
         ]
         constraints = [
             models.UniqueConstraint(fields=["request_id"], name=JOB_UNIQUE_REQUEST_ID),
@@ -412,6 +447,27 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_JOB_STATUSES
+
+    def cancellable_now(self) -> bool:
+        """Whether :meth:`JobQuerySet.cancellable` takes this job as loaded."""
+        return self.status in INFLIGHT_JOB_STATUSES
+
+    def waiting_for_retry(self) -> bool:
+        """Whether :meth:`JobQuerySet.retryable_now` takes this job as loaded."""
+        return (
+            self.status == JobStatus.QUEUED
+            and self.task_path is not None
+            and self.attempts > 0
+            and self.run_after is not None
+        )
+
+    def approvable_now(self) -> bool:
+        """Whether :meth:`JobQuerySet.approvable` takes this job as loaded."""
+        return self.status in (JobStatus.ERROR, JobStatus.REJECTED) and self.task_path is None
+
+    def discardable_now(self) -> bool:
+        """Whether :meth:`JobQuerySet.discardable` takes this job as loaded."""
+        return self.status == JobStatus.QUEUED and self.task_path is not None
 
     def requeueable_at(self, now: datetime) -> bool:
         """Whether :meth:`JobQuerySet.requeueable` takes this job as loaded, with ``now``

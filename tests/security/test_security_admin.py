@@ -42,7 +42,7 @@ from jobstate.models import (
 from jobstate.schedules.definitions import parse_declaration
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
-from tests.support.admin_kit import act, dead_letter, logged_in, run
+from tests.support.admin_kit import act, dead_letter, logged_in, run, running_job, task_job
 from tests.support.security_kit import (
     OPERATOR,
     _failed_job,
@@ -135,6 +135,36 @@ CASES = [
         _queued_job,
         lambda pk: _job_status(pk) == JobStatus.REJECTED,
         "rejected",
+        "by",
+        button=True,
+    ),
+    ActionCase(
+        Job,
+        "cancel_jobs",
+        "cancel_job",
+        lambda: str(running_job(DatabaseStateStore(), "running", expired=False).pk),
+        lambda pk: _job_status(pk) == JobStatus.REJECTED,
+        "cancelled",
+        "by",
+        button=True,
+    ),
+    ActionCase(
+        Job,
+        "retry_now_jobs",
+        "retry_job_now",
+        lambda: str(task_job(DatabaseStateStore(), failed_once=True).pk),
+        lambda pk: Job.objects.get(pk=pk).run_after is None,
+        "retry_now",
+        "by",
+        button=True,
+    ),
+    ActionCase(
+        Job,
+        "discard_jobs",
+        "discard_job",
+        lambda: str(task_job(DatabaseStateStore(), failed_once=False).pk),
+        lambda pk: _job_status(pk) == JobStatus.ERROR,
+        "discarded",
         "by",
         button=True,
     ),

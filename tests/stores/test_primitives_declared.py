@@ -12,6 +12,7 @@ from jobstate.stores.base import StateStore
 from jobstate.stores.contracts import (
     fleet_part,
     ledger_part,
+    operator_part,
     optional_part,
     primitives,
     queue_part,
@@ -26,6 +27,7 @@ PARTS = (
     queue_part.JobQueuePart,
     ledger_part.LedgerPart,
     transitions_part.TransitionsPart,
+    operator_part.OperatorPart,
     fleet_part.FleetPart,
     tasks_part.TasksPart,
     optional_part.OptionalPart,

@@ -217,3 +217,33 @@ def thrice_failed_task() -> Job:
     # Enqueued just before its first attempt, as a real one would be.
     Job.objects.filter(id=enqueued.id).update(created_at=first - timedelta(seconds=1))
     return Job.objects.get(id=enqueued.id)
+
+
+def task_job(store: StateStore, *, failed_once: bool) -> Job:
+    """A queued task; ``failed_once``: its first attempt failed and its retry is an
+    hour away."""
+    job = store.enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.support.task_functions.add",
+            queue_name="default",
+            priority=0,
+            args=[1, 2],
+            kwargs={},
+            max_attempts=3,
+        )
+    )
+    if not failed_once:
+        return job
+    (claimed,) = store.claim_tasks(
+        target="tasks:default", queues=None, worker_id="w-1", lease=timedelta(minutes=5), limit=1
+    )
+    result = store.complete_claimed_job(
+        claimed.id,
+        claimed.claim_token,
+        "queued",
+        run_after=timezone.now() + timedelta(hours=1),
+        error="ValueError: no",
+    )
+    assert result.job is not None
+    return result.job

@@ -274,8 +274,9 @@ class Command(JobStateCommand):
             ) from exc
         if summary.stuck:
             raise CommandError(
-                f"the worker stopped: {summary.stuck} task(s) ran past TIMEOUT and their "
-                "thread did not stop within --grace of the interrupt; restart the worker",
+                f"the worker stopped: {summary.stuck} task(s) ran past TIMEOUT (or were "
+                "cancelled) and their thread did not stop within --grace of the interrupt; "
+                "restart the worker",
                 returncode=EXIT_STUCK,
             )
         if watcher is not None and watcher.changed:

@@ -4,7 +4,7 @@ methods of :class:`~jobstate.stores.contracts.state_store.StateStore`, in this o
 A backend author reads this class and nothing else to know what to write; the public
 methods, their argument checks, audit entries and defaults live in the capability parts
 (:mod:`~jobstate.stores.contracts.queue_part`, ``ledger_part``, ``transitions_part``,
-``fleet_part``, ``tasks_part``, ``optional_part``) and call these.
+``operator_part``, ``fleet_part``, ``tasks_part``, ``optional_part``) and call these.
 
 The public methods validate their arguments once and then call these with clean
 values: ids are :class:`uuid.UUID`, statuses :class:`~jobstate.core.states.JobStatus`,
@@ -232,6 +232,12 @@ class StateStorePrimitives(ABC):
         One :meth:`_extend_claim_lease` after another inside one :meth:`_atomic` block."""
         with self._atomic():
             return [pk for pk, token in pairs if self._extend_claim_lease(pk, token, lease)]
+
+    def _claims_now(self, pks: list[uuid.UUID]) -> dict[uuid.UUID, tuple[JobStatus, Any]]:
+        """Each job's status and claim token now (a job that is gone is left out): one
+        :meth:`_get_job` per id unless a backend reads them at once."""
+        jobs = [job for job in map(self._get_job, pks) if job is not None]
+        return {job.pk: (JobStatus(job.status), job.claim_token) for job in jobs}
 
     # --- leases and maintenance ------------------------------------------------------
 

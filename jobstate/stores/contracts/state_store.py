@@ -29,6 +29,7 @@ from datetime import timedelta
 from jobstate.exceptions import LockHeld
 from jobstate.stores.contracts.fleet_part import FleetPart
 from jobstate.stores.contracts.ledger_part import LedgerPart
+from jobstate.stores.contracts.operator_part import OperatorPart
 from jobstate.stores.contracts.optional_part import OptionalPart
 from jobstate.stores.contracts.outbox_repository import NotificationOutbox
 from jobstate.stores.contracts.primitives import METRICS_TERMINAL_WINDOW, MONITOR_SOURCE
@@ -47,7 +48,9 @@ __all__ = [
 ]
 
 
-class StateStore(JobQueuePart, TransitionsPart, FleetPart, TasksPart, LedgerPart, OptionalPart):
+class StateStore(
+    JobQueuePart, TransitionsPart, OperatorPart, FleetPart, TasksPart, LedgerPart, OptionalPart
+):
     """Persistence port for the job queue, the audit ledger and runtime locks (the job
     part of the RuntimeStateStore contract).
 

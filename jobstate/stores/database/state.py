@@ -159,6 +159,9 @@ class DatabaseStateStore(StateStore):
         """One ``UPDATE`` for the whole batch (a worker's beat)."""
         return task_queue.extend_claim_leases(self.using, pairs, lease)
 
+    def _claims_now(self, pks: list[uuid.UUID]) -> dict[uuid.UUID, tuple[JobStatus, Any]]:
+        return task_queue.claims_now(self.using, pks)
+
     # --- django.tasks ----------------------------------------------------------------
 
     def _enqueue_task(self, cleaned: dict[str, Any]) -> Job:

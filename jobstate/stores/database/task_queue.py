@@ -75,6 +75,13 @@ def extend_claim_leases(
     return [pk for pk in ids if pk in held]
 
 
+def claims_now(using: str, pks: list[uuid.UUID]) -> dict[uuid.UUID, tuple[JobStatus, Any]]:
+    """The status and claim token of each job, in one primary-key lookup (a worker asks
+    every turn of its loop for the tasks it runs)."""
+    rows = job_rows(using).filter(id__in=pks).values_list("id", "status", "claim_token")
+    return {pk: (JobStatus(status), token) for pk, status, token in rows}
+
+
 def list_expired_tasks(using: str, limit: int) -> list[Job]:
     """Running tasks whose lease ended, oldest lease first. The lease index,
     ``(status, lease_until, id)``, serves the order."""

@@ -55,6 +55,8 @@ class WorkerSummary:
     failed: int = 0
     lost: int = 0
     """Attempts whose result was dropped: their claim had been recovered elsewhere."""
+    cancelled: int = 0
+    """Attempts stopped (or never started) because their task was cancelled."""
     handed_back: int = 0
     interrupted: int = 0
     """Attempts still running when ``--grace`` ran out, counted and handed back."""

@@ -11,7 +11,8 @@ sleep) gets it when that call returns. The attempt ends, as timed out, only once
 thread has left the task's code: until then it keeps its slot and its lease, so its
 next attempt cannot start anywhere while this one still runs. A worker whose
 interrupted task does not stop at all gives up on it (:meth:`Attempt.abandon`) and
-exits (see :mod:`.loop`).
+exits (see :mod:`.loop`). An attempt whose task an operator cancelled is interrupted
+the same way, with :class:`~jobstate.exceptions.TaskCancelled` (see :mod:`.cancellation`).
 
 Which of "the task ended", "the worker interrupted it" and "the worker gave up on it"
 happened first is decided under the attempt's lock, so an attempt is settled exactly
@@ -45,6 +46,7 @@ from jobstate.core.attempt_log import (
 from jobstate.core.jsonvalues import ensure_json
 from jobstate.exceptions import (
     InvalidPayload,
+    TaskCancelled,
     TaskReturnValueNotJSON,
     TaskTimedOut,
     TaskTimeLimitExceeded,
@@ -55,7 +57,18 @@ from jobstate.tasks.results import task_of, task_result
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["Attempt", "ExecutionPool", "Outcome", "class_path", "ended_by_worker", "timed_out"]
+__all__ = [
+    "Attempt",
+    "ExecutionPool",
+    "Outcome",
+    "cancelled",
+    "class_path",
+    "ended_by_worker",
+    "timed_out",
+]
+
+#: What the worker raises in a task's thread to stop it: past its timeout, or cancelled.
+_INTERRUPTS = (TaskTimeLimitExceeded, TaskCancelled)
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -63,8 +76,8 @@ logger = logging.getLogger("jobstate.worker")
 class _State(enum.Enum):
     CLAIMED = "claimed"
     RUNNING = "running"
-    #: Past its timeout: the interrupt was raised in its thread, which has not left the
-    #: task's code yet.
+    #: Past its timeout or cancelled: the interrupt was raised in its thread, which has
+    #: not left the task's code yet.
     INTERRUPTED = "interrupted"
     ENDED = "ended"
     ABANDONED = "abandoned"
@@ -108,8 +121,10 @@ class Attempt:
     #: The ``ImportError`` of loading the task's dotted path: not the task's failure,
     #: this worker's code lacks the task (the loop hands it back).
     unloadable: ImportError | None = None
-    #: When the worker interrupted the attempt (monotonic), past its timeout.
+    #: When the worker interrupted the attempt (monotonic), past its timeout or cancelled.
     interrupted_at: float | None = None
+    #: Cancelled by an operator (its job was rejected and its claim revoked).
+    cancelled: bool = False
     _thread_id: int | None = None
     _state: _State = _State.CLAIMED
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -156,18 +171,20 @@ class Attempt:
         and would go on there."""
         return self.task is None or not iscoroutinefunction(self.task.func)
 
-    def interrupt(self) -> bool:
-        """Mark the running attempt past its timeout and raise
-        :class:`~jobstate.exceptions.TaskTimeLimitExceeded` in its thread (when
-        :attr:`interruptible`); ``False`` (and nothing done) when it is not running any
-        more or was interrupted already."""
+    def interrupt(self, error: type[BaseException] = TaskTimeLimitExceeded) -> bool:
+        """Mark the running attempt interrupted and raise ``error`` in its thread (when
+        :attr:`interruptible`): :class:`~jobstate.exceptions.TaskTimeLimitExceeded` past
+        its timeout, :class:`~jobstate.exceptions.TaskCancelled` when cancelled.
+        ``False`` (and nothing done) when it is not running any more or was interrupted
+        already."""
         with self._lock:
             if self._state is not _State.RUNNING or self._thread_id is None:
                 return False
             self._state = _State.INTERRUPTED
             self.interrupted_at = time.monotonic()
+            self.cancelled = error is TaskCancelled
             if self.interruptible:
-                _raise_in_thread(self._thread_id, TaskTimeLimitExceeded)
+                _raise_in_thread(self._thread_id, error)
             return True
 
     def abandon(self) -> bool:
@@ -194,11 +211,13 @@ class Attempt:
                     ended = self._run_guarded()
                 state = self._end()
                 break
-            except TaskTimeLimitExceeded:
+            except _INTERRUPTS:
                 continue
         duration = time.monotonic() - started
         if state is _State.ABANDONED:
             return None
+        if state is _State.INTERRUPTED and self.cancelled:
+            return Outcome(self, cancelled(self), duration=duration)
         if state is _State.INTERRUPTED:
             record = timed_out(self, timeout, None if ended is None else ended[:2])
             return Outcome(self, record, duration=duration)
@@ -209,9 +228,9 @@ class Attempt:
     def _run_guarded(self) -> tuple[TaskAttempt, Any, BaseException | None]:
         try:
             return self._call()
-        except TaskTimeLimitExceeded:
+        except _INTERRUPTS:
             # The interrupt landed past the task's own code: execute() settles it as
-            # timed out.
+            # timed out (or cancelled).
             raise
         # Whatever else escapes running the task (giving back its connections, say)
         # fails the attempt: a thread never ends with its attempt unsettled.
@@ -300,6 +319,15 @@ def timed_out(
     if ended is not None and ended[0].exception_class_path == class_path(TaskTimeLimitExceeded):
         trace = f"{ended[0].traceback}\n"
     return ended_by_worker(attempt, AttemptOutcome.TIMED_OUT, TaskTimedOut, message, before=trace)
+
+
+def cancelled(attempt: Attempt) -> TaskAttempt:
+    """The log entry of an attempt stopped because its task was cancelled. The store
+    logged the cancel already and refuses this report (the claim is revoked); the worker
+    keeps it for its own log and ``task_finished`` is not sent."""
+    return ended_by_worker(
+        attempt, AttemptOutcome.CANCELLED, TaskCancelled, "the task was cancelled"
+    )
 
 
 def ended_by_worker(

@@ -13,7 +13,8 @@ of the worker itself:
   gracefully it says so, so the console shows it stopped rather than lost;
 - it interrupts an attempt that runs past the backend's ``TIMEOUT`` and fails it once
   its thread has stopped; when the thread does not stop within ``grace`` of the
-  interrupt, the worker stops (see :meth:`TaskWorker._enforce_timeouts`);
+  interrupt, the worker stops (see :meth:`TaskWorker._enforce_timeouts`); the same for
+  an attempt whose task was cancelled, seen within ``interval`` (:mod:`.cancellation`);
 - it hands back, uncounted, a task whose dotted path it cannot import (its code is
   older than the enqueuer's), for a worker with newer code, or fails it once it was
   enqueued longer ago than ``UNKNOWN_TASK_TIMEOUT``;
@@ -47,6 +48,7 @@ from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.worker.cancellation import CancelWatch
 from jobstate.tasks.worker.config import (
     ScheduleEvaluation,
     WorkerConfig,
@@ -113,6 +115,7 @@ class TaskWorker:
             self.queues = tuple(sorted(backend.queues))
         self._accepted = self._payloads()
         self._presence = WorkerPresence(self.store, config, backend, self.queues)
+        self._cancels = CancelWatch(self.store, every=config.interval)
 
     # --- public ----------------------------------------------------------------------
 
@@ -156,6 +159,7 @@ class TaskWorker:
         while True:
             self._wake.clear()
             try:
+                self._watch_cancels()
                 self._enforce_timeouts()
                 self._settle_ended()
                 now = time.monotonic()
@@ -255,7 +259,9 @@ class TaskWorker:
         self._pending = []
         for item in settled:
             self._active.pop(item.outcome.attempt.job.id, None)
-            if not item.written:
+            if not item.written and item.outcome.attempt.cancelled:
+                self.summary.cancelled += 1
+            elif not item.written:
                 self.summary.lost += 1
             elif item.settlement.retrying:
                 self.summary.retrying += 1
@@ -263,6 +269,14 @@ class TaskWorker:
                 self.summary.failed += 1
             else:
                 self.summary.succeeded += 1
+
+    def _watch_cancels(self, lost: list[Attempt] | None = None) -> None:
+        """Stop the attempts whose task was cancelled (every ``interval``, or at once
+        for ``lost``, the claims a lease renewal found gone)."""
+        attempts = list(self._active.values()) if lost is None else lost
+        for attempt in self._cancels.check(attempts, due_now=lost is not None):
+            self._active.pop(attempt.job.id, None)
+            self.summary.cancelled += 1
 
     def _enforce_timeouts(self) -> None:
         """Interrupt the attempts past their timeout; they end, as timed out, once their
@@ -272,8 +286,6 @@ class TaskWorker:
         the worker stop: a thread cannot be killed, only the process. The attempt keeps
         its lease while the worker winds down and is settled last, its retry due no
         sooner than a lease later, by when the process and its thread are gone."""
-        if self.options.timeout is None:
-            return
         now = time.monotonic()
         for attempt in list(self._active.values()):
             deadline = attempt.deadline
@@ -300,18 +312,22 @@ class TaskWorker:
                 self._stuck.append(attempt)
                 self.summary.stuck += 1
                 logger.error(
-                    "Task %s %s ran past its timeout of %s and its thread did not stop "
+                    "Task %s %s %s and its thread did not stop "
                     "within %g s of the interrupt: worker %s stops claiming, hands back "
                     "what it has not started and exits with status 4 so that its "
                     "supervisor restarts it; the task is retried only after this process "
                     "has ended",
                     attempt.job.task_path,
                     attempt.job.id,
-                    self.options.timeout,
+                    "was cancelled"
+                    if attempt.cancelled
+                    else f"ran past its timeout of {self.options.timeout}",
                     self.config.grace,
                     self.config.worker_id,
                 )
-                self.request_stop("a timed-out task did not stop")
+                self.request_stop(
+                    f"a {'cancelled' if attempt.cancelled else 'timed-out'} task did not stop"
+                )
 
     def _beat(self) -> None:
         """The worker's beat: renew the leases it holds and move its own last beat, so
@@ -329,15 +345,11 @@ class TaskWorker:
         if not claims:
             return
         renewed = set(self.store.extend_claim_leases(claims, self.options.lease))
-        for attempt in held:
-            if attempt.job.id not in renewed:
-                attempt.claim_lost = True
-                logger.warning(
-                    "Lost the claim of task %s %s: its lease ran out and it was recovered "
-                    "elsewhere; what this attempt returns will be dropped",
-                    attempt.job.task_path,
-                    attempt.job.id,
-                )
+        missing = [attempt for attempt in held if attempt.job.id not in renewed]
+        if missing:
+            # Cancelled or recovered elsewhere: the watch tells which, and stops the
+            # cancelled ones.
+            self._watch_cancels(missing)
 
     def _recover_lost_tasks(self) -> None:
         recovery = self.store.recover_expired_tasks()
@@ -443,6 +455,7 @@ class TaskWorker:
             )
         while self._waiting() and time.monotonic() < deadline:
             self._wake.clear()
+            self._watch_cancels()
             self._enforce_timeouts()
             self._settle_ended()
             if time.monotonic() >= next_beat:

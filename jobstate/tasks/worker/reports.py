@@ -283,6 +283,15 @@ class Reporter:
         outcome, settlement = item.outcome, item.settlement
         job = outcome.attempt.job
         duration_ms = outcome.duration * 1000
+        if not item.written and outcome.attempt.cancelled:
+            logger.warning(
+                "Task %s %s attempt %d stopped after %.0f ms: it was cancelled",
+                job.task_path,
+                job.id,
+                job.attempts,
+                duration_ms,
+            )
+            return
         if not item.written:
             logger.warning(
                 "Task %s %s attempt %d %s after %.0f ms, but its claim was lost (its lease "

@@ -44,6 +44,7 @@ from jobstate.testing.state_contract.job_cases import CASES as JOBS
 from jobstate.testing.state_contract.lease_cases import CASES as LEASES
 from jobstate.testing.state_contract.listing_cases import CASES as LISTING
 from jobstate.testing.state_contract.lock_cases import CASES as LOCKS
+from jobstate.testing.state_contract.operator_cases import CASES as OPERATOR
 from jobstate.testing.state_contract.pause_cases import CASES as PAUSES
 from jobstate.testing.state_contract.thread_cases import CASES as THREADS
 from jobstate.testing.state_contract.update_cases import CASES as UPDATES
@@ -68,6 +69,7 @@ _TABLES = (
     AUDIT,
     LOCKS,
     BATCHES,
+    OPERATOR,
     CONCURRENCY,
 )
 

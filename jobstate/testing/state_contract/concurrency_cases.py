@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from django.db import connections
 
-from jobstate.stores.base import StateStore
-from jobstate.testing.state_contract._kit import HOUR, CaseTable, Kit, check, queue_jobs
+from jobstate.stores.base import CompletionOutcome, JobStatus, StateStore
+from jobstate.testing.state_contract._kit import (
+    HOUR,
+    CaseTable,
+    Kit,
+    check,
+    queue_jobs,
+    reread,
+    token_of,
+)
 
 CASES = CaseTable("concurrency")
 
@@ -103,3 +112,50 @@ def _burst_enqueue(kit: Kit, store: StateStore) -> None:
         f"{created} of {kit.concurrency} concurrent enqueues created a job ({len(ids)} "
         "distinct ids); exactly one may create it, the rest must get it back.",
     )
+
+
+@CASES.case("a cancel and the claim holder's report racing: exactly one is written")
+def _cancel_races_report(kit: Kit, store: StateStore) -> None:
+    area, target = "concurrency", kit.name("target")
+    rounds = max(kit.concurrency, 4)
+    queue_jobs(kit, store, target, rounds)
+    for _ in range(rounds):
+        claimed = store.claim_next_inhub_job([target], kit.name("w"))
+        assert claimed is not None
+        cancel, report = _race(
+            partial(store.cancel_job, claimed.id, by="op"),
+            partial(store.complete_claimed_job, claimed.id, token_of(claimed), "done"),
+        )
+        cancelled = cancel is not None
+        reported = report.outcome == CompletionOutcome.COMPLETED
+        final = reread(area, store, claimed.id)
+        check(cancelled != reported, area, "exactly one of cancel and report must win.")
+        expected = JobStatus.REJECTED if cancelled else JobStatus.DONE
+        check(final.status == expected, area, f"the winner's status must stay, not {final.status}.")
+        cancels = [e for e in store.list_audit(job=claimed.id) if e.event == "cancelled"]
+        check(len(cancels) == int(cancelled), area, "only a cancel that won is audited.")
+
+
+def _race(*calls: Callable[[], Any]) -> list[Any]:
+    """Run ``calls`` on threads released together; their answers, in order."""
+    barrier = threading.Barrier(len(calls))
+    answers: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def body(index: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            answers[index] = calls[index]()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return answers

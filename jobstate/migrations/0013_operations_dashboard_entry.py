@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobstate', '0011_console_jobs'),
+        ("jobstate", "0012_job_action_permissions"),
     ]
 
     operations = [
