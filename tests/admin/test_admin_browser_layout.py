@@ -20,6 +20,7 @@ are written before the browser starts (Playwright's loop refuses ORM calls).
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -80,14 +81,22 @@ def _rows() -> None:
     """Rows like a busy site's: time-ordered ids made within the same millisecond or
     so (they share their first characters), long task paths and worker ids."""
     now = datetime.now(UTC)
-    statuses = [JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.ERROR, JobStatus.DONE]
+    statuses = [
+        JobStatus.RUNNING,
+        JobStatus.QUEUED,
+        JobStatus.ERROR,
+        JobStatus.DONE,
+        JobStatus.DISPATCHED,
+    ]
     jobs = []
     for n in range(12):
         status = statuses[n % len(statuses)]
-        claimed = status == JobStatus.RUNNING
+        claimed = status in (JobStatus.RUNNING, JobStatus.DISPATCHED)
+        # Request ids as hosts make them: a bare time-ordered id, or a prefixed one.
+        request_id = str(time_ordered_uuid()) if n % 2 else f"invoice-run-{uuid.uuid4()}"
         jobs.append(
             Job.objects.create(
-                request_id=str(time_ordered_uuid()),
+                request_id=request_id,
                 target=f"tasks:{'reports' if n % 2 else 'default'}",
                 task_path=LONG_TASK,
                 queue_name="invoices-eu-west-1-priority",
@@ -227,6 +236,8 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
         for name, path in OTHER_PAGES.items():
             page.goto(base + path)
             _shoot(page, name, size)
+            scroll = page.evaluate("document.documentElement.scrollWidth")
+            assert scroll <= viewport["width"], (name, size, scroll)
             if name == "operations":
                 # The charts' labels stay readable however far the chart is scaled.
                 heights = page.eval_on_selector_all(
