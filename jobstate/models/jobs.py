@@ -442,7 +442,10 @@ class Job(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.request_id} {self.status} ({self.id})"
+        # How the admin names a job in its breadcrumbs, messages and history: a task by
+        # its task path, any other job by its request id; the id tells them apart. The
+        # status is left out: the history keeps this text after the status has moved on.
+        return f"{self.task_path or self.request_id} ({self.id})"
 
     @property
     def is_terminal(self) -> bool:
