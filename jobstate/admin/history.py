@@ -22,7 +22,7 @@ from jobstate.admin.common import (
     exact_search,
     redacted_field,
 )
-from jobstate.admin.filters import AuditEventFilter
+from jobstate.admin.filters import AuditEventFilter, BulkOperationFilter
 from jobstate.admin.redaction import Redactor
 from jobstate.models import ApprovalDecision, AuditEntry, DeliveryReplay, Job, Notification
 from jobstate.stores.contracts.audit import AuditSeverity
@@ -91,7 +91,7 @@ class AuditEntryAdmin(LedgerAdmin):
         "request_id",
         "job_link",
     ]
-    list_filter = ["stage", "severity", AuditEventFilter]
+    list_filter = ["stage", "severity", AuditEventFilter, BulkOperationFilter]
     search_fields = ["request_id"]
     search_help_text = gettext_lazy("An exact job id, request id or event.")
     # Served by the jobstate_audit_recent_idx index, exactly.

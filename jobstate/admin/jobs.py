@@ -35,6 +35,7 @@ from jobstate.admin.dashboard import (
     finished_per_minute,
     queue_depth_by_target,
 )
+from jobstate.admin.display import worker_link
 from jobstate.admin.filters import (
     DelayedFilter,
     ExpiredLeaseFilter,
@@ -44,6 +45,7 @@ from jobstate.admin.filters import (
     TaskFilter,
 )
 from jobstate.admin.job_actions import approve_spec, lease_text, reject_spec, requeue_spec
+from jobstate.admin.links import job_schedule, schedule_link, scheduled_run
 from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin, attempt_rows
 from jobstate.admin.timeline import job_timeline
 from jobstate.console.job_search import SEARCH_FIELDS, SearchError, parse_search
@@ -71,6 +73,7 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
             "status_display",
             "target",
             "source",
+            "started_by",
             "thread_id",
             "session_id",
             "attempts",
@@ -87,7 +90,7 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
             "dispatched_at",
             "lease_until",
             "lease",
-            "executor_id",
+            "executor_display",
             "claim_token",
         ),
     ),
@@ -190,12 +193,34 @@ class JobAdmin(TaskFieldsAdmin):
     def status_display(self, job: Job) -> SafeString:
         return choice_badge(job.status, JobStatus(job.status).label)
 
+    @admin.display(description=gettext_lazy("executor / worker"))
+    def executor_display(self, job: Job) -> SafeString | str:
+        return worker_link(job.executor_id)
+
+    @admin.display(description=gettext_lazy("started by"))
+    def started_by(self, job: Job) -> SafeString | str:
+        """The schedule that enqueued the job (and, for an operations job, its run)."""
+        occurrence = job_schedule(job)
+        if occurrence is None:
+            return "—"
+        site = self.admin_site.name
+        shown = format_html(
+            "{} {} ({})",
+            _("schedule"),
+            schedule_link(occurrence.schedule.key, site=site),
+            occurrence.get_trigger_display(),
+        )
+        run = scheduled_run(job, site)
+        return format_html("{} · {} {}", shown, _("run"), run) if run else shown
+
     @admin.display(description=gettext_lazy("executor / worker"), ordering="executor_id")
     def executor_cell(self, job: Job) -> SafeString | str:
         if not job.executor_id:
             return "—"
         return format_html(
-            '<span class="jobstate-one-line" title="{}">{}</span>', job.executor_id, job.executor_id
+            '<span class="jobstate-one-line" title="{}">{}</span>',
+            job.executor_id,
+            worker_link(job.executor_id),
         )
 
     @admin.display(description=gettext_lazy("age"), ordering="created_at")
@@ -341,6 +366,7 @@ class JobAdmin(TaskFieldsAdmin):
             ],
             "task_attempts": attempt_rows(job, page),
             "job_is_task": job.task_path is not None,
+            "job_executor_link": worker_link(job.executor_id),
             "job_action_buttons": buttons,
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }

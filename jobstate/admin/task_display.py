@@ -20,6 +20,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from jobstate.admin.common import ReadOnlyAdmin, json_block, text_block
+from jobstate.admin.display import worker_link
 from jobstate.admin.redaction import Redactor
 from jobstate.admin.timeline import left_out_text
 from jobstate.core.attempt_log import LeftOut, attempt_history
@@ -60,6 +61,11 @@ class AttemptRow:
     failed: bool
     error: str
     traceback: SafeString | str
+
+    @property
+    def worker(self) -> SafeString | str:
+        """The attempt's worker, linked to its page."""
+        return worker_link(self.worker_id)
 
 
 @dataclass(frozen=True)

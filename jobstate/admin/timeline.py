@@ -15,10 +15,12 @@ from datetime import datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from jobstate.admin.common import relative_time, short_duration, text_block
+from jobstate.admin.display import worker_link
 from jobstate.admin.redaction import Redactor
 from jobstate.core.attempt_log import LeftOut, attempt_history
 from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
@@ -33,7 +35,7 @@ class TimelineEvent:
     kind: str
     """A CSS-friendly word: enqueued, claimed, heartbeat, failed, succeeded, left-out,
     audit."""
-    title: str
+    title: SafeString | str
     text: str = ""
     traceback: SafeString | str = ""
     severity: str = "info"
@@ -93,10 +95,9 @@ def _attempt_events(job: Job, page: Redactor) -> list[TimelineEvent]:
             gap = events[undated_gap]
             events[undated_gap] = TimelineEvent(attempt.started_at, gap.kind, gap.title)
             undated_gap = None
-        claimed = _("Attempt %(n)d claimed by %(worker)s") % {
-            "n": number,
-            "worker": attempt.worker_id,
-        }
+        claimed = format_html(
+            _("Attempt {n} claimed by {worker}"), n=number, worker=worker_link(attempt.worker_id)
+        )
         text = ""
         if previous_end is not None and attempt.started_at is not None:
             text = _("retried %(wait)s after the previous attempt ended") % {
@@ -141,16 +142,14 @@ def _current_claim(job: Job, now: datetime) -> list[TimelineEvent]:
     renewals) show — the lease they keep running, or that they stopped."""
     if job.status not in CLAIMED_JOB_STATUSES or job.claimed_at is None:
         return []
-    holder = job.executor_id or "—"
-    title = _("Claimed by %(holder)s (%(status)s)") % {
-        "holder": holder,
-        "status": JobStatus(job.status).label,
-    }
+    holder = worker_link(job.executor_id)
+    title = format_html(
+        _("Claimed by {holder} ({status})"), holder=holder, status=JobStatus(job.status).label
+    )
     if job.task_path is not None:
-        title = _("Attempt %(n)d claimed by %(holder)s, running") % {
-            "n": job.attempts,
-            "holder": holder,
-        }
+        title = format_html(
+            _("Attempt {n} claimed by {holder}, running"), n=job.attempts, holder=holder
+        )
     events = [TimelineEvent(job.claimed_at, "claimed", title)]
     if job.lease_until is not None:
         held = short_duration((now - job.claimed_at).total_seconds())

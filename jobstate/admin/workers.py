@@ -17,13 +17,17 @@ whatever the size of the jobs table.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+from urllib.parse import urlencode
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
 from django.db.models import Case, Count, F, QuerySet, Value, When, Window
 from django.db.models.functions import Now, RowNumber
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -37,6 +41,7 @@ from jobstate.admin.common import (
     status_badge,
     with_database_now,
 )
+from jobstate.admin.worker_page import worker_jobs
 from jobstate.core.states import CLAIMED_JOB_STATUSES
 from jobstate.models import Job, Worker
 
@@ -147,6 +152,53 @@ class WorkerAdmin(ReadOnlyAdmin):
     actions = None
     fields = _WORKER_FIELDS
     readonly_fields = _WORKER_FIELDS
+    change_form_template = "admin/jobstate/worker/change_form.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        find = path(
+            "find/",
+            self.admin_site.admin_view(self.find_view),
+            name="jobstate_worker_find",
+        )
+        return [find, *super().get_urls()]
+
+    def find_view(self, request: HttpRequest) -> HttpResponse:
+        """The page of the worker whose id is ``?id=``: what a worker's name links to
+        wherever a job shows it, so a link costs no query until it is followed. A
+        worker id no row holds (an executor of a store without a registry, a worker the
+        retention sweep forgot) leads to the jobs that name it."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        worker_id = request.GET.get("id", "")
+        pk = Worker.objects.filter(worker_id=worker_id).values_list("pk", flat=True).first()
+        if pk is not None:
+            return HttpResponseRedirect(admin_change_url(Worker, pk, self.admin_site.name))
+        messages.info(
+            request,
+            _("No registered worker is called %(id)s; these are the jobs that name it.")
+            % {"id": worker_id},
+        )
+        search = "worker:" + json.dumps(worker_id)
+        jobs = reverse(f"{self.admin_site.name}:jobstate_job_changelist")
+        return HttpResponseRedirect(f"{jobs}?{urlencode({'q': search})}")
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Worker | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            context["worker_jobs"] = worker_jobs(obj, database_now(obj), self.admin_site.name)
+            context["worker_search_url"] = (
+                reverse(f"{self.admin_site.name}:jobstate_job_changelist")
+                + "?"
+                + urlencode({"q": "worker:" + json.dumps(obj.worker_id)})
+            )
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
         return with_database_now(super().get_queryset(request)).annotate(state=worker_state())
