@@ -41,6 +41,7 @@ from jobstate.admin.common import (
     status_badge,
     with_database_now,
 )
+from jobstate.admin.display import moment
 from jobstate.admin.worker_page import worker_jobs
 from jobstate.core.states import CLAIMED_JOB_STATUSES
 from jobstate.models import Job, Worker
@@ -128,9 +129,9 @@ _IDENTITY = (
 _WORKER_FIELDS = (
     *_IDENTITY,
     "lease",
-    "started_at",
-    "heartbeat_at",
-    "stopped_at",
+    "started_moment",
+    "heartbeat_moment",
+    "stopped_moment",
     "stopped_reason",
 )
 
@@ -238,6 +239,18 @@ class WorkerAdmin(ReadOnlyAdmin):
     @admin.display(description=gettext_lazy("last beat"), ordering="heartbeat_at")
     def last_beat(self, worker: Worker) -> str:
         return relative_time(worker.heartbeat_at, database_now(worker))
+
+    @admin.display(description=gettext_lazy("started"))
+    def started_moment(self, worker: Worker) -> SafeString | str:
+        return moment(worker.started_at, database_now(worker))
+
+    @admin.display(description=gettext_lazy("last beat"))
+    def heartbeat_moment(self, worker: Worker) -> SafeString | str:
+        return moment(worker.heartbeat_at, database_now(worker))
+
+    @admin.display(description=gettext_lazy("stopped"))
+    def stopped_moment(self, worker: Worker) -> SafeString | str:
+        return moment(worker.stopped_at, database_now(worker))
 
     @admin.display(description=gettext_lazy("running now"))
     def running_now(self, worker: Worker) -> SafeString | str:

@@ -191,3 +191,27 @@ def test_a_bulk_operation_links_its_jobs_and_its_audit_entries(
     listed = {entry.request_id for entry in entries.context["cl"].result_list}
     assert listed == {"bulk-a", "bulk-b"}
     assert untouched.request_id not in listed
+
+
+def test_a_schedules_operations_job_links_the_run_it_started(
+    schedules: dict[str, Schedule], admin_client: Client, runs: DatabaseJobRunStore
+) -> None:
+    run_id = runs.claim(
+        job_key="billing.close-day",
+        overlap_key="c",
+        trigger=Trigger("SCHEDULER", "five @ 2026-03-01T12:05:00+00:00"),
+        input=None,
+        started_at=datetime.now(UTC),
+    )
+    job = Job.objects.create(
+        request_id="ops-run",
+        status="done",
+        task_path="jobstate.schedules.operations_task.run_scheduled_operations_job",
+        result={"run_id": str(run_id), "job_key": "billing.close-day", "status": "SUCCEEDED"},
+    )
+    ScheduleOccurrence.objects.create(
+        schedule=schedules["five"], slot=T0, trigger="manual", result_id=job.pk
+    )
+    page = admin_client.get(f"{JOBS}{job.pk}/change/").content.decode()
+    assert f'href="{RUNS}{run_id}/change/"' in page
+    assert f'href="{find_url("five")}"' in page
