@@ -80,15 +80,19 @@ def worker_jobs(worker: Worker, now: datetime, site: str = "admin") -> WorkerJob
     )
     end = now if worker.stopped_at is None else worker.heartbeat_at
     start = max(worker.started_at, end - RECENT_WINDOW)
-    finished = attempted_by(
-        Job.objects.filter(status__in=_FINISHED, updated_at__gte=start, updated_at__lte=end),
-        worker.worker_id,
-    )
-    recent = list(finished.order_by("-updated_at", "-id").only(*fields)[:RECENT_SHOWN])
-    counts: dict[str, Any] = finished.aggregate(
-        done=Count("id", filter=Q(status=JobStatus.DONE)),
-        failed=Count("id", filter=Q(status=JobStatus.ERROR)),
-    )
+    records_finished = worker.kind == WorkerKind.TASKS
+    recent: list[Job] = []
+    counts: dict[str, Any] = {"done": 0, "failed": 0}
+    if records_finished:
+        finished = attempted_by(
+            Job.objects.filter(status__in=_FINISHED, updated_at__gte=start, updated_at__lte=end),
+            worker.worker_id,
+        )
+        recent = list(finished.order_by("-updated_at", "-id").only(*fields)[:RECENT_SHOWN])
+        counts = finished.aggregate(
+            done=Count("id", filter=Q(status=JobStatus.DONE)),
+            failed=Count("id", filter=Q(status=JobStatus.ERROR)),
+        )
     return WorkerJobs(
         current=[_row(job, job.claimed_at, site) for job in held[:CURRENT_SHOWN]],
         current_more=len(held) > CURRENT_SHOWN,
@@ -96,6 +100,6 @@ def worker_jobs(worker: Worker, now: datetime, site: str = "admin") -> WorkerJob
         done=counts["done"] or 0,
         failed=counts["failed"] or 0,
         since=moment(start, now),
-        records_finished=worker.kind == WorkerKind.TASKS,
+        records_finished=records_finished,
         runs_jobs=worker.kind != WorkerKind.RELAY,
     )
