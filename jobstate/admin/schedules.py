@@ -15,7 +15,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -142,6 +142,8 @@ class ScheduleAdmin(ReadOnlyAdmin):
         its schedule through; the list searched for the key when no row holds it."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
         key = request.GET.get("key", "")
         pk = Schedule.objects.filter(key=key).values_list("pk", flat=True).first()
         if pk is not None:

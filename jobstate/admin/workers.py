@@ -26,7 +26,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, Count, F, QuerySet, Value, When, Window
 from django.db.models.functions import Now, RowNumber
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -170,6 +170,8 @@ class WorkerAdmin(ReadOnlyAdmin):
         retention sweep forgot) leads to the jobs that name it."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
         worker_id = request.GET.get("id", "")
         pk = Worker.objects.filter(worker_id=worker_id).values_list("pk", flat=True).first()
         if pk is not None:
