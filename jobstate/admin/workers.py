@@ -1,4 +1,5 @@
-"""The Workers page: every registered worker process (task workers and relay loops) with
+"""The Workers page: every registered worker process (task workers, relay loops and the
+executors their claims register) with
 its host, pid, backend, queues, concurrency, start, last beat, state, and the jobs it is
 running now, linked.
 
