@@ -147,6 +147,13 @@ TASKS = {
 JOBSTATE: dict[str, object] = {
     "OPERATIONS_JOB_MODULES": [],
 }
+# The demo's relay (scripts/demo runs deliver_notifications --loop) gives up on a
+# notification after three attempts a second or two apart, as demo_traffic's own passes
+# do, so dead letters show up within seconds.
+if env.bool("JOBSTATE_DEMO_OUTBOX", default=False):
+    JOBSTATE["OUTBOX_MAX_ATTEMPTS"] = 3
+    JOBSTATE["OUTBOX_BACKOFF_BASE"] = timedelta(seconds=1)
+    JOBSTATE["OUTBOX_BACKOFF_MAX"] = timedelta(seconds=4)
 # The demo's periodic schedules (the Schedules page), on when scripts/demo runs; off
 # otherwise, so the test suite's workers enqueue nothing of their own.
 if env.bool("JOBSTATE_DEMO_SCHEDULES", default=False):

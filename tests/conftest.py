@@ -35,6 +35,7 @@ import pytest
 from django.db import connection
 
 from jobstate.stores.base import StateStore
+from jobstate.stores.contracts.claimer_presence import claimer_beats
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.support.receiver import Receiver
@@ -84,6 +85,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "or mark it mysql once it holds there.",
             pytrace=False,
         )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_claimer_beats() -> None:
+    """Each test starts with no executor beat remembered: a claim's first beat in a test
+    writes its Workers page row, whatever an earlier test claimed with the same id."""
+    claimer_beats.forget()
 
 
 @pytest.fixture

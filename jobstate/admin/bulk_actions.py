@@ -249,9 +249,23 @@ def progress_view(model_admin: ScaledAdmin, request: HttpRequest, pk: int) -> Ht
         "filter_lines": describe_filter(operation.filters, operation.search),
         "may_run": may_run,
         "changelist_url": reverse(f"{model_admin.admin_site.name}:jobstate_job_changelist"),
+        "matching_url": _matching_url(model_admin, operation),
+        "audit_url": reverse(f"{model_admin.admin_site.name}:jobstate_auditentry_changelist")
+        + f"?bulk={operation.pk}",
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/jobstate/bulk_progress.html", context)
+
+
+def _matching_url(model_admin: ScaledAdmin, operation: BulkOperation) -> str:
+    """The jobs list with the operation's filter and search: what it matches now (the
+    jobs it changed no longer match a requeue's or reject's status filter)."""
+    query = QueryDict(mutable=True)
+    query.update(operation.filters)
+    if operation.search:
+        query[SEARCH_PARAMETER] = operation.search
+    changelist = reverse(f"{model_admin.admin_site.name}:jobstate_job_changelist")
+    return f"{changelist}?{query.urlencode()}" if query else changelist
 
 
 def _progress(operation: BulkOperation) -> dict[str, Any]:

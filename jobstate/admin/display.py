@@ -198,13 +198,19 @@ def short_id(value: object, url: str | None = None) -> SafeString | str:
 
 
 def worker_link(worker_id: str | None) -> SafeString | str:
-    """A worker's name linked to its row on the Workers page (the list narrowed to that
-    exact worker id); the bare name when the Workers page is not registered, a dash when
-    there is none."""
+    """A worker's (or executor's) name linked to its own page on the Workers page, through
+    the page that finds it by id (``jobstate_worker_find``: no query until the link is
+    followed, so a list of jobs links every name for free); the bare name when the
+    Workers page is not registered, a dash when there is none."""
     if not worker_id:
         return "—"
     try:
-        url = reverse("admin:jobstate_worker_changelist")
+        url = reverse("admin:jobstate_worker_find")
     except NoReverseMatch:
         return worker_id
-    return format_html('<a href="{}?{}">{}</a>', url, urlencode({"q": worker_id}), worker_id)
+    return format_html(
+        '<a class="jobstate-worker" href="{}?{}">{}</a>',
+        url,
+        urlencode({"id": worker_id}),
+        worker_id,
+    )

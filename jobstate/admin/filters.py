@@ -21,13 +21,14 @@ from django.utils.translation import gettext_lazy as _
 
 from jobstate.console.job_search import SearchError, apply_job_filter
 from jobstate.core.conf import jobstate_settings
-from jobstate.models import Job
+from jobstate.models import BulkOperation, Job
 from jobstate.stores.base import JobRunStatus
 from jobstate.stores.contracts.audit import AUDIT_EVENTS
 
 __all__ = [
     "ADMIN_AUDIT_EVENTS",
     "AuditEventFilter",
+    "BulkOperationFilter",
     "ChannelFilter",
     "DelayedFilter",
     "ExpiredLeaseFilter",
@@ -243,3 +244,29 @@ class AuditStageFilter(admin.ChoicesFieldListFilter):
         "(ran, finished), approval, delivery (notifications), recovery (reaped, "
         "requeued), and channel, configuration and system events."
     )
+
+
+class BulkOperationFilter(admin.SimpleListFilter):
+    """``?bulk=<id>``: the audit entries a bulk operation wrote (``via`` ``bulk:<id>``),
+    what its page links to. Read from the operation's start on (the ``ts`` index), so
+    the JSON test of ``detail`` looks at that span only. Shown only while applied."""
+
+    title = _("bulk operation")
+    parameter_name = "bulk"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        if value is None:
+            return []
+        return [(value, _("bulk operation #%(id)s") % {"id": value})]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit() or int(value) >= 2**63:
+            raise IncorrectLookupParameters(f"Unknown bulk operation {value!r}.")
+        operation = BulkOperation.objects.filter(pk=int(value)).first()
+        if operation is None:
+            return queryset.none()
+        return queryset.filter(ts__gte=operation.created_at, detail__via=f"bulk:{operation.pk}")

@@ -62,6 +62,7 @@ from jobstate.admin.job_page import (
     shown_fieldsets,
     summary_items,
 )
+from jobstate.admin.links import job_schedule, schedule_link, scheduled_run
 from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
 from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin
@@ -98,6 +99,7 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
             "status_display",
             "target",
             "source",
+            "started_by",
             "thread_id",
             "session_id",
             "attempts",
@@ -114,7 +116,7 @@ _JOB_PAGE: list[tuple[Any, tuple[str, ...]]] = [
             "dispatched_at_moment",
             "lease_until_moment",
             "lease",
-            "executor_id",
+            "executor_display",
             "claim_token",
         ),
     ),
@@ -233,6 +235,26 @@ class JobAdmin(TaskFieldsAdmin):
             return with_sub(one_line(name, job.task_path), job.queue_name)
         target = job.target or "—"
         return with_sub(one_line(target, target), job.source)
+
+    @admin.display(description=gettext_lazy("executor / worker"))
+    def executor_display(self, job: Job) -> SafeString | str:
+        return worker_link(job.executor_id)
+
+    @admin.display(description=gettext_lazy("started by"))
+    def started_by(self, job: Job) -> SafeString | str:
+        """The schedule that enqueued the job (and, for an operations job, its run)."""
+        occurrence = job_schedule(job)
+        if occurrence is None:
+            return "—"
+        site = self.admin_site.name
+        shown = format_html(
+            "{} {} ({})",
+            _("schedule"),
+            schedule_link(occurrence.schedule.key, site=site),
+            occurrence.get_trigger_display(),
+        )
+        run = scheduled_run(job, site)
+        return format_html("{} · {} {}", shown, _("run"), run) if run else shown
 
     @admin.display(description=gettext_lazy("age / lease"), ordering="created_at")
     def age(self, job: Job) -> SafeString | str:
@@ -425,6 +447,7 @@ class JobAdmin(TaskFieldsAdmin):
                 for notification in notifications
             ],
             "job_is_task": job.task_path is not None,
+            "job_executor_link": worker_link(job.executor_id),
             "job_action_buttons": job_buttons(self, request, job),
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }

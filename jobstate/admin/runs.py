@@ -28,6 +28,7 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
+from jobstate.admin.links import schedule_link, scheduled_run_key
 from jobstate.admin.list_cells import breakable, cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
 from jobstate.core.conf import jobstate_settings
@@ -44,7 +45,7 @@ _JOB_RUN_FIELDS: tuple[str, ...] = (
     "status_display",
     "overlap_key",
     "trigger_source",
-    "triggered_by",
+    "triggered_by_display",
     "service_revision",
     "started_at",
     "heartbeat_at",
@@ -95,7 +96,9 @@ class JobRunAdmin(ReadOnlyAdmin):
     def trigger_cell(self, run: JobRun) -> SafeString | str:
         if not run.triggered_by:
             return run.trigger_source
-        return with_sub(run.trigger_source, one_line(run.triggered_by, run.triggered_by))
+        return with_sub(
+            run.trigger_source, one_line(self.triggered_by_display(run), run.triggered_by)
+        )
 
     @admin.display(description=gettext_lazy("overlap key"), ordering="overlap_key")
     def overlap_cell(self, run: JobRun) -> SafeString | str:
@@ -149,10 +152,19 @@ class JobRunAdmin(ReadOnlyAdmin):
         return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
     @admin.display(description=gettext_lazy("trigger"), ordering="trigger_source")
-    def trigger_display(self, run: JobRun) -> str:
+    def trigger_display(self, run: JobRun) -> SafeString | str:
         if run.triggered_by:
-            return f"{run.trigger_source} ({run.triggered_by})"
+            return format_html("{} ({})", run.trigger_source, self.triggered_by_display(run))
         return run.trigger_source
+
+    @admin.display(description=gettext_lazy("triggered by"))
+    def triggered_by_display(self, run: JobRun) -> SafeString | str:
+        """Who triggered the run; a schedule's key (``"<key> @ <slot>"``) links its page."""
+        key = scheduled_run_key(run.trigger_source, run.triggered_by)
+        if key is None:
+            return run.triggered_by or "—"
+        slot = (run.triggered_by or "")[len(key) :]
+        return format_html("{}{}", schedule_link(key, site=self.admin_site.name), slot)
 
     input_json = redacted_field("input", gettext_lazy("input"))
     summary_json = redacted_field("summary", gettext_lazy("summary"))

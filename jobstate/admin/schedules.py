@@ -13,8 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -35,7 +37,8 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.display import moment
-from jobstate.admin.list_cells import breakable, with_sub
+from jobstate.admin.list_cells import breakable
+from jobstate.admin.schedule_page import next_run_text, recent_runs_table, schedule_buttons
 from jobstate.exceptions import ScheduleError, UnknownSchedule
 from jobstate.models import Job, Schedule, ScheduleOccurrence
 from jobstate.schedules import (
@@ -103,6 +106,7 @@ _SCHEDULE_FIELDS = (
     "revision",
     "definition_json",
     "recent_occurrences",
+    "recent_runs",
 )
 
 
@@ -131,6 +135,43 @@ class ScheduleAdmin(ReadOnlyAdmin):
     actions = ["run_schedules_now", "pause_schedules", "resume_schedules"]
     fields = _SCHEDULE_FIELDS
     readonly_fields = _SCHEDULE_FIELDS
+    change_form_template = "admin/jobstate/schedule/change_form.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        find = path(
+            "find/", self.admin_site.admin_view(self.find_view), name="jobstate_schedule_find"
+        )
+        return [find, *super().get_urls()]
+
+    def find_view(self, request: HttpRequest) -> HttpResponse:
+        """The page of the schedule whose key is ``?key=``: what a run or a job links
+        its schedule through; the list searched for the key when no row holds it."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
+        key = request.GET.get("key", "")
+        pk = Schedule.objects.filter(key=key).values_list("pk", flat=True).first()
+        if pk is not None:
+            return HttpResponseRedirect(admin_change_url(Schedule, pk, self.admin_site.name))
+        messages.info(request, _("No schedule has the key %(key)s.") % {"key": key})
+        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:jobstate_schedule_changelist"))
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Schedule | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            context["schedule_buttons"] = schedule_buttons(self, request, obj)
+            context["schedule_changelist_url"] = reverse(
+                f"{self.admin_site.name}:jobstate_schedule_changelist"
+            )
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
         latest = ScheduleOccurrence.objects.filter(schedule=OuterRef("pk")).order_by(
@@ -215,11 +256,11 @@ class ScheduleAdmin(ReadOnlyAdmin):
         if schedule_problem(schedule.key) is not None:
             # Every evaluation skips it: no slot is enqueued until it is fixed.
             return _("none while it is broken")
-        if schedule.next_slot is None:
-            return _("at the next evaluation")
-        return with_sub(
-            moment(schedule.next_slot), relative_time(schedule.next_slot, database_now(schedule))
-        )
+        return next_run_text(schedule, database_now(schedule))
+
+    @admin.display(description=gettext_lazy("latest runs"))
+    def recent_runs(self, schedule: Schedule) -> SafeString | str:
+        return recent_runs_table(schedule, self.admin_site.name)
 
     @admin.display(description=gettext_lazy("last run"))
     def last_run(self, schedule: Schedule) -> SafeString | str:
@@ -249,11 +290,11 @@ class ScheduleAdmin(ReadOnlyAdmin):
             '<tr><td>{}</td><td>{}</td><td><a href="{}">{}</a></td><td>{}</td><td>{}</td></tr>',
             (
                 (
-                    occurrence.slot.isoformat(),
+                    moment(occurrence.slot),
                     occurrence.get_trigger_display(),
                     admin_change_url(Job, occurrence.result_id, self.admin_site.name),
                     occurrence.result_id,
-                    occurrence.enqueued_at.isoformat(),
+                    moment(occurrence.enqueued_at),
                     occurrence.enqueued_by or "—",
                 )
                 for occurrence in occurrences

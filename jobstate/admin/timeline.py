@@ -197,11 +197,14 @@ def _current_claim(job: Job, now: datetime) -> list[TimelineEvent]:
     renewals) show — the lease they keep running, or that they stopped."""
     if job.status not in CLAIMED_JOB_STATUSES or job.claimed_at is None:
         return []
-    holder = job.executor_id or "—"
-    title = _("Claimed by %(holder)s (%(status)s)") % {
-        "holder": holder,
-        "status": JobStatus(job.status).label,
-    }
+    holder = worker_link(job.executor_id)
+    title = format_html(
+        _("Claimed by {holder} ({status})"), holder=holder, status=JobStatus(job.status).label
+    )
+    if job.task_path is not None:
+        title = format_html(
+            _("Attempt {n} claimed by {holder}, running"), n=job.attempts, holder=holder
+        )
     events = [TimelineEvent(job.claimed_at, "claimed", title)]
     if job.task_path is not None:
         running = _attempt_title(job.attempts, holder, _("running"), "info")

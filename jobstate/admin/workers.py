@@ -1,4 +1,5 @@
-"""The Workers page: every registered worker process (task workers and relay loops) with
+"""The Workers page: every registered worker process (task workers, relay loops and the
+executors their claims register) with
 its host, pid, backend, queues, concurrency, start, last beat, state, and the jobs it is
 running now, linked.
 
@@ -17,13 +18,17 @@ whatever the size of the jobs table.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+from urllib.parse import urlencode
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
 from django.db.models import Case, Count, F, QuerySet, Value, When, Window
 from django.db.models.functions import Now, RowNumber
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -37,7 +42,9 @@ from jobstate.admin.common import (
     status_badge,
     with_database_now,
 )
+from jobstate.admin.display import moment
 from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
+from jobstate.admin.worker_page import worker_jobs
 from jobstate.core.states import CLAIMED_JOB_STATUSES
 from jobstate.models import Job, Worker
 
@@ -124,9 +131,9 @@ _IDENTITY = (
 _WORKER_FIELDS = (
     *_IDENTITY,
     "lease",
-    "started_at",
-    "heartbeat_at",
-    "stopped_at",
+    "started_moment",
+    "heartbeat_moment",
+    "stopped_moment",
     "stopped_reason",
 )
 
@@ -157,6 +164,55 @@ class WorkerAdmin(ReadOnlyAdmin):
     actions = None
     fields = _WORKER_FIELDS
     readonly_fields = _WORKER_FIELDS
+    change_form_template = "admin/jobstate/worker/change_form.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        find = path(
+            "find/",
+            self.admin_site.admin_view(self.find_view),
+            name="jobstate_worker_find",
+        )
+        return [find, *super().get_urls()]
+
+    def find_view(self, request: HttpRequest) -> HttpResponse:
+        """The page of the worker whose id is ``?id=``: what a worker's name links to
+        wherever a job shows it, so a link costs no query until it is followed. A
+        worker id no row holds (an executor of a store without a registry, a worker the
+        retention sweep forgot) leads to the jobs that name it."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
+        worker_id = request.GET.get("id", "")
+        pk = Worker.objects.filter(worker_id=worker_id).values_list("pk", flat=True).first()
+        if pk is not None:
+            return HttpResponseRedirect(admin_change_url(Worker, pk, self.admin_site.name))
+        messages.info(
+            request,
+            _("No registered worker is called %(id)s; these are the jobs that name it.")
+            % {"id": worker_id},
+        )
+        search = "worker:" + json.dumps(worker_id)
+        jobs = reverse(f"{self.admin_site.name}:jobstate_job_changelist")
+        return HttpResponseRedirect(f"{jobs}?{urlencode({'q': search})}")
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Worker | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            context["worker_jobs"] = worker_jobs(obj, database_now(obj), self.admin_site.name)
+            context["worker_search_url"] = (
+                reverse(f"{self.admin_site.name}:jobstate_job_changelist")
+                + "?"
+                + urlencode({"q": "worker:" + json.dumps(obj.worker_id)})
+            )
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
         return with_database_now(super().get_queryset(request)).annotate(state=worker_state())
@@ -222,6 +278,18 @@ class WorkerAdmin(ReadOnlyAdmin):
         now = database_now(worker)
         started = _("started %(when)s") % {"when": relative_time(worker.started_at, now)}
         return with_sub(age_cell(worker.heartbeat_at, now), started)
+
+    @admin.display(description=gettext_lazy("started"))
+    def started_moment(self, worker: Worker) -> SafeString | str:
+        return moment(worker.started_at, database_now(worker))
+
+    @admin.display(description=gettext_lazy("last beat"))
+    def heartbeat_moment(self, worker: Worker) -> SafeString | str:
+        return moment(worker.heartbeat_at, database_now(worker))
+
+    @admin.display(description=gettext_lazy("stopped"))
+    def stopped_moment(self, worker: Worker) -> SafeString | str:
+        return moment(worker.stopped_at, database_now(worker))
 
     @admin.display(description=gettext_lazy("running now"))
     def running_now(self, worker: Worker) -> SafeString | str:

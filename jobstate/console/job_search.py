@@ -11,7 +11,8 @@ refused"``). A term without a field is an exact job id, request id or thread num
 =====================  ================================================================
 ``task:app.tasks.send`` the task's dotted path, exactly; ``task:app.tasks.*`` a prefix
 ``queue:emails``        the task's queue, exactly
-``error:TimeoutError``  the job's error text contains it (a class path or any words)
+``error:TimeoutError``  the job's error, or the error of any of its attempts, contains it
+                        (a class path, words of the message or of the traceback)
 ``input:customer=42``   ``input`` holds that key with that value (``42``, ``"42"``,
                         ``true``, ``null``); ``a.b=1`` is a nested key
 ``worker:w-1``          the executor or worker holding it, or a worker of an attempt
@@ -64,6 +65,7 @@ __all__ = [
     "JobSearch",
     "SearchError",
     "apply_job_filter",
+    "attempted_by",
     "db_instant",
     "filter_jobs",
     "parse_search",
@@ -84,7 +86,7 @@ SEARCH_PARAMETER = "q"
 SEARCH_FIELDS = {
     "task": "the task's dotted path (exact, or a prefix ending in *)",
     "queue": "the task's queue",
-    "error": "text in the job's error",
+    "error": "text in the job's error or in an attempt's error",
     "input": "a key=value inside the input (one JSON value; a.b for a nested key)",
     "worker": "the executor or worker id, now or in an attempt",
 }
@@ -336,13 +338,28 @@ def _queue(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[
 
 
 def _error(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[Job]:
-    return rows.filter(error__contains=value)
+    # The job's ``error`` holds the last failure only; each earlier one is in its attempt
+    # log. The log is searched as its JSON text, where the value appears escaped as JSON
+    # escapes it: with its non-ASCII characters as they are (PostgreSQL's jsonb text,
+    # MySQL's) or as \uXXXX (what Django writes on SQLite and MariaDB).
+    rows = rows.annotate(_jobstate_attempt_text=Cast("attempt_log", TextField()))
+    in_attempts = Q()
+    for ascii_only in (False, True):
+        escaped = json.dumps(value, ensure_ascii=ascii_only)[1:-1]
+        in_attempts |= Q(_jobstate_attempt_text__contains=escaped)
+    return rows.filter(Q(error__contains=value) | in_attempts)
 
 
 def _input(rows: QuerySet[Job], value: dict[str, Any], ops: BackendOperations) -> QuerySet[Job]:
     # On PostgreSQL input @> value, served by the GIN index; elsewhere the JSON functions
     # of the backend, answering as @> would.
     return ops.filter_input(rows, value)
+
+
+def attempted_by(rows: QuerySet[Job], worker_id: str) -> QuerySet[Job]:
+    """``rows`` narrowed to the jobs ``worker_id`` holds now or made an attempt of (as
+    its attempt log records it): the ``worker:`` term."""
+    return _worker(rows, worker_id, database_ops(rows.db))
 
 
 def _worker(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[Job]:

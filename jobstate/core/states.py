@@ -400,6 +400,10 @@ class WorkerKind(models.TextChoices):
 
     TASKS = "tasks", _("task worker")
     RELAY = "relay", _("notification relay")
+    EXECUTOR = "executor", _("claiming executor")
+    """A process that claims through the store (``claim_next_job``,
+    ``claim_next_inhub_job(s)``, ``extend_executor_leases``): a remote executor or a
+    host's own hub worker. Registered by its claims, not by itself."""
 
 
 @dataclass(frozen=True)
@@ -409,8 +413,8 @@ class WorkerRegistration:
 
     worker_id: str
     kind: str
-    """``"tasks"`` (a ``jobstate_worker``) or ``"relay"`` (``deliver_notifications
-    --loop``)."""
+    """``"tasks"`` (a ``jobstate_worker``), ``"relay"`` (``deliver_notifications
+    --loop``) or ``"executor"`` (registered by its claims)."""
     host: str
     pid: int
     lease: timedelta

@@ -3,10 +3,12 @@ the queues an operator paused.
 
 A :class:`Worker` row is written by the process it describes: when it starts, on each
 beat it already makes (a task worker's lease-renewal beat, a relay's pass), and when it
-stops gracefully. Whether it is live or lost is read from its last beat against its own
-lease, on the database clock. A :class:`QueuePause` row exists while its queue is
-paused; every claim reads the (tiny) table in the claim statement itself, so a pause
-needs no cache to be invalidated and holds from the moment it commits.
+stops gracefully; an executor's row by the store its claims go through, at most once
+per beat (``jobstate.stores.contracts.claimer_presence``). Whether it is live or lost
+is read from its last beat against its own lease, on the database clock. A
+:class:`QueuePause` row exists while its queue is paused; every claim reads the (tiny)
+table in the claim statement itself, so a pause needs no cache to be invalidated and
+holds from the moment it commits.
 
 Neither table needs a partial unique constraint: a queue's pause is unique on
 ``(target, queue_name)`` and a worker on ``worker_id``, both plain unique keys, which
@@ -59,8 +61,8 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
 
 
 class Worker(models.Model):
-    """One registered worker process: a ``jobstate_worker`` or the relay loop of
-    ``deliver_notifications --loop``."""
+    """One registered worker process: a ``jobstate_worker``, the relay loop of
+    ``deliver_notifications --loop``, or a process claiming through the store."""
 
     id = models.BigAutoField(primary_key=True)
     worker_id = models.CharField(_("worker id"), max_length=200)

@@ -167,6 +167,9 @@ class ScheduleOccurrence(models.Model):
             models.Index(
                 fields=["schedule", "-enqueued_at"], name="jobstate_occurrence_recent_idx"
             ),
+            # A job's schedule (the console's link from a job to the schedule that
+            # enqueued it).
+            models.Index(fields=["result_id"], name="jobstate_occurrence_result_idx"),
         ]
 
     def __str__(self) -> str:

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.mysql
 def timeline_items(html: str) -> list[str]:
     section = html.split('id="jobstate-timeline"', 1)[1].split("</fieldset>", 1)[0]
     items = re.findall(r"<li class=\"([^\"]+)\">(.*?)</li>", section, re.S)
-    return [f"{classes} | {re.sub(r'<[^>]+>', ' ', body)}" for classes, body in items]
+    # Tags become spaces (a worker's name is a link), runs of spaces one.
+    text = [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", body)) for _classes, body in items]
+    return [f"{classes} | {body}" for (classes, _body), body in zip(items, text, strict=True)]
 
 
 def failed_html(html: str) -> str:

@@ -213,6 +213,7 @@ CASES = [
         lambda pk: ScheduleOccurrence.objects.filter(schedule_id=pk, trigger="manual").exists(),
         "schedule_run_now",
         "by",
+        button=True,
     ),
     ActionCase(
         Schedule,
@@ -222,6 +223,7 @@ CASES = [
         lambda pk: Schedule.objects.get(pk=pk).paused,
         "schedule_paused",
         "by",
+        button=True,
     ),
     ActionCase(
         Schedule,
@@ -231,6 +233,7 @@ CASES = [
         lambda pk: not Schedule.objects.get(pk=pk).paused,
         "schedule_resumed",
         "by",
+        button=True,
     ),
 ]
 CASE_IDS = [case.action for case in CASES]
@@ -251,6 +254,12 @@ CONSOLE_PAGES = {
     "operations": OPERATIONS,
     "workers": "/admin/jobstate/worker/",
     "queues": "/admin/jobstate/queuepause/",
+}
+#: Custom admin URLs that find a worker by id or a schedule by key and redirect to its
+#: page (what the console's links point at): read-only, behind the view permission.
+FIND_VIEWS = {
+    "jobstate_worker_find": "/admin/jobstate/worker/find/?id=w-1",
+    "jobstate_schedule_find": "/admin/jobstate/schedule/find/?key=nightly",
 }
 #: Custom admin URLs that run the bulk actions over a filter; each checks the action's
 #: own permission (tests/security/test_security_bulk.py).
@@ -300,7 +309,7 @@ def test_every_action_and_custom_view_has_a_case(django_user_model: Any) -> None
             ):
                 found_views.add(url_name)
     assert found_actions == {(case.model, case.action) for case in CASES}
-    assert found_views == set(READ_ONLY_VIEWS) | set(ACTION_VIEWS) | BULK_VIEWS
+    assert found_views == set(READ_ONLY_VIEWS) | set(ACTION_VIEWS) | BULK_VIEWS | set(FIND_VIEWS)
 
 
 def test_no_admin_adds_edits_or_deletes(django_user_model: Any) -> None:
@@ -487,7 +496,12 @@ def test_outsiders_are_sent_to_log_in_and_change_nothing(
 def test_outsiders_are_sent_to_log_in_from_the_custom_views(
     outsiders: dict[str, Client], who: str
 ) -> None:
-    for url in [*READ_ONLY_VIEWS.values(), *ACTION_VIEWS.values(), *CONSOLE_PAGES.values()]:
+    for url in [
+        *READ_ONLY_VIEWS.values(),
+        *ACTION_VIEWS.values(),
+        *CONSOLE_PAGES.values(),
+        *FIND_VIEWS.values(),
+    ]:
         response = outsiders[who].get(url, {"target": "billing"})
         assert response.status_code == 302
         assert response["Location"].startswith("/admin/login/?next=")
@@ -510,6 +524,20 @@ def test_the_operations_page_takes_no_post(admin_client: Client) -> None:
         assert response.status_code == 405
     assert _job_status(pk) == JobStatus.ERROR
     assert snapshot() == before
+
+
+def test_the_find_pages_redirect_on_get_take_no_post_and_need_the_view_permission(
+    admin_client: Client, django_user_model: Any
+) -> None:
+    before = snapshot()
+    for url in FIND_VIEWS.values():
+        assert admin_client.get(url).status_code == 302
+        assert admin_client.post(url, {"id": "w-1", "key": "nightly"}).status_code == 405
+    assert snapshot() == before
+    bare = Client()
+    bare.force_login(staff(django_user_model, "bare", []))
+    for url in FIND_VIEWS.values():
+        assert bare.get(url).status_code == 403
 
 
 # --- the fleet pages: workers, queues, pause and resume ---------------------------------

@@ -128,6 +128,9 @@ def test_the_hot_paths_cost_one_statement_each() -> None:
     store = DatabaseStateStore()
     for n in range(60):
         store.create_job(request_id=f"q{n}", target="batch", input={"n": n})
+    # A claimer's first claim also writes its Workers page row; later claims within its
+    # beat write nothing else.
+    assert store.claim_next_inhub_job(["elsewhere"], "worker") is None
     with CaptureQueriesContext(connection) as claim:
         job = store.claim_next_inhub_job(["batch"], "worker")
     assert job is not None and job.input == {"n": 0} and job.status == JobStatus.RUNNING

@@ -263,6 +263,9 @@ def test_a_claim_killed_inside_its_transaction_claims_nothing(store: DatabaseSta
     # thread's lock, then update. The connection dies between the lock and the update.
     job = queued(store, "threaded", thread_id=7)
     before = row(Job, job.id)
+    # The claimer's first claim writes its Workers page row (an UPDATE of its own); made
+    # here, the first UPDATE below is the claim's.
+    assert store.claim_next_inhub_job(["elsewhere"], "worker-1") is None
     with killed_before(starts_with("UPDATE")) as seen, pytest.raises(StoreError) as raised:
         store.claim_next_inhub_job(["faults"], "worker-1")
     assert any(locks_rows(sql) for sql in seen), "the update was not inside the claim"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import ClaimReport, CompletionOutcome, JobId, JobStatus
+from jobstate.stores.contracts.claimer_presence import claimer_beats, claimer_fields
 from jobstate.stores.contracts.primitives import StateStorePrimitives
 from jobstate.stores.contracts.validation import (
     ENQUEUE_PAYLOAD_FIELDS,
@@ -128,10 +129,12 @@ class JobQueuePart(StateStorePrimitives):
         becomes ``dispatched`` with ``executor_id``, ``claimed_at`` and ``dispatched_at``
         set to the store's clock, ``lease_until`` = clock + ``lease`` (default
         ``JOBSTATE['EXECUTOR_LEASE']``), a fresh ``claim_token`` and ``run_after`` cleared.
-        ``None`` when nothing is claimable or ``targets`` is empty."""
+        ``None`` when nothing is claimable or ``targets`` is empty. With a worker
+        registry, the executor appears on the Workers page (:meth:`_note_claimer`)."""
         owner = require_text(executor_id, field="executor_id")
         duration = resolve_lease(lease, jobstate_settings.EXECUTOR_LEASE)
         scope = parse_claim_targets(targets)
+        self._note_claimer(owner, duration)
         return self._claim(scope, owner, duration, JobStatus.DISPATCHED) if scope else None
 
     def claim_next_inhub_job(
@@ -143,6 +146,7 @@ class JobQueuePart(StateStorePrimitives):
         owner = require_text(worker_id, field="worker_id")
         duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
         scope = parse_claim_targets(targets)
+        self._note_claimer(owner, duration)
         return self._claim(scope, owner, duration, JobStatus.RUNNING) if scope else None
 
     def complete_claimed_job(
@@ -184,6 +188,7 @@ class JobQueuePart(StateStorePrimitives):
         duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
         count = parse_batch_limit(limit)
         scope = parse_claim_targets(targets)
+        self._note_claimer(owner, duration)
         if not scope:
             return []
         claimed = self._claim_batch(scope, owner, duration, count)
@@ -235,7 +240,21 @@ class JobQueuePart(StateStorePrimitives):
         ``JOBSTATE['EXECUTOR_LEASE']``); return how many were renewed."""
         require_text(executor_id, field="executor_id")
         duration = resolve_lease(lease, jobstate_settings.EXECUTOR_LEASE)
+        self._note_claimer(executor_id, duration)
         return self._extend_executor_leases(executor_id, duration)
+
+    def _note_claimer(self, owner: str, lease: timedelta) -> None:
+        """Beat (or first register) a claiming process's row on the Workers page, at
+        most once per beat of ``lease`` in this process
+        (:mod:`~jobstate.stores.contracts.claimer_presence`). Written before the claim,
+        so a failure here claims nothing rather than losing a claimed job."""
+        if not self.supports_worker_registry:
+            return
+        using = str(getattr(self, "using", id(self)))
+        if not claimer_beats.due(using, owner, lease):
+            return
+        if not self._beat_worker(owner):
+            self._register_worker(claimer_fields(owner, lease))
 
     def requeue_stale_dispatched(
         self,

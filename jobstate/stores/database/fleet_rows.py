@@ -5,8 +5,10 @@ A pause is a row of ``QueuePause``; the claim statements read the table themselv
 a pause holds for every claim that starts after it commits, with no cache to go stale.
 Two operators pausing the same queue at once meet on its unique key: the second insert
 fails on ``jobstate_queuepause_unique_queue`` inside a savepoint and answers "already
-paused". Worker rows are written only by the process they describe, so their writes
-never race; instants come from the database clock.
+paused". A worker row is written by the process it describes, except an executor's,
+which any process its claims go through may write first: two first writes meet on
+``jobstate_worker_unique_worker_id`` inside a savepoint, and the second becomes an update
+of the row the first inserted. Instants come from the database clock.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
-from jobstate.models import QUEUE_PAUSE_UNIQUE, QueuePause, Worker
+from jobstate.models import QUEUE_PAUSE_UNIQUE, WORKER_UNIQUE_ID, QueuePause, Worker
 from jobstate.stores.integrity import violates
 
 __all__ = [
@@ -59,8 +61,17 @@ def register_worker(using: str, fields: dict[str, Any]) -> None:
     restarted = rows.filter(worker_id=fields["worker_id"]).update(
         **fields, started_at=Now(), heartbeat_at=Now(), stopped_at=None, stopped_reason=""
     )
-    if not restarted:
-        rows.create(**fields)
+    if restarted:
+        return
+    try:
+        with transaction.atomic(using=using):
+            rows.create(**fields)
+    except IntegrityError as exc:
+        if not violates(
+            exc, constraint=WORKER_UNIQUE_ID, table=Worker._meta.db_table, columns=("worker_id",)
+        ):
+            raise
+        rows.filter(worker_id=fields["worker_id"]).update(heartbeat_at=Now())
 
 
 def beat_worker(using: str, worker_id: str) -> bool:
