@@ -65,7 +65,7 @@ HUB_ONLY_FIELDS = frozenset(
         "session_id",
         "callback_url",
         "dispatched_at_moment",
-        "executor_id",
+        "executor_display",
         "input_preview_text",
         "input_json",
         "report_json",
@@ -85,7 +85,7 @@ SUMMARY_FIELDS = frozenset(
         "attempts",
         "created_at_moment",
         "claimed_at_moment",
-        "executor_id",
+        "executor_display",
         "lease",
     }
 )
@@ -101,6 +101,7 @@ _SOURCE_FIELDS = {
     "input_preview_text": "input_preview",
     "error_text": "error",
     "lease": "lease_until",
+    "executor_display": "executor_id",
 }
 
 
@@ -235,7 +236,10 @@ def summary_items(job: Job, lease: str) -> list[SummaryItem]:
             (gettext_lazy("Due"), moment(due) if due else None),
             (gettext_lazy("Claimed"), moment(job.claimed_at) if job.claimed_at else None),
             (gettext_lazy("Finished"), moment(finished) if finished else None),
-            (gettext_lazy("Executor / worker"), job.executor_id),
+            (
+                gettext_lazy("Executor / worker"),
+                worker_link(job.executor_id) if job.executor_id else None,
+            ),
             (gettext_lazy("Lease"), lease),
         ]
     return [SummaryItem(str(label), value) for label, value in pairs if value and value != "—"]

@@ -171,12 +171,12 @@ def test_the_queues_page_counts_each_queue(admin_client: Client, store: Database
 
     mail = row_of(page, 'data-queue="mail"')
     assert '<td class="jobstate-number jobstate-ready">3</td>' in mail
-    assert '<td class="jobstate-number jobstate-delayed">1</td>' in mail
+    assert '<td class="jobstate-number jobstate-delayed jobstate-phone-hidden">1</td>' in mail
     reports = row_of(page, 'data-queue="reports"')
     assert '<td class="jobstate-number jobstate-running">1</td>' in reports
     billing = row_of(page, 'data-target="billing"')
     assert "paused" in billing and "olga" in billing
-    assert '<td class="jobstate-number jobstate-finished">1</td>' in billing
+    assert '<td class="jobstate-number jobstate-finished jobstate-phone-hidden">1</td>' in billing
     assert "Resume…" in billing
 
 

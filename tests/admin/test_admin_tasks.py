@@ -171,7 +171,7 @@ def test_a_tasks_page_shows_each_attempt_and_its_traceback_once_and_its_argument
     for n in (1, 2, 3):
         assert html.count(f"line {100 + n}, in send_invoice") == 1, n
         assert timeline.count(f"Attempt {n} on") == 1
-        assert f'href="/admin/jobstate/worker/?q=w-{n}"' in timeline  # the worker, linked
+        assert f'href="/admin/jobstate/worker/find/?id=w-{n}"' in timeline  # the worker, linked
     assert timeline.count('<details class="jobstate-traceback">') == 3
     assert timeline.count("ran 2.3 s") == 3
     assert html.count("&quot;invoice-4711&quot;") == 1  # args
