@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model, Q, QuerySet
+from django.db.models import DateTimeField, Model, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -145,6 +146,55 @@ class ScaledAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     date_hierarchy = None
     list_per_page = 50
+
+    def __init__(self, model: type[Model], admin_site: admin.AdminSite) -> None:
+        super().__init__(model, admin_site)
+        # Every instant of the model that a page names as it is (a column or a read-only
+        # field) shows as every console instant does (moment: seconds, one format, the
+        # viewer's zone), through a ``<name>_moment`` twin: the admin renders a model
+        # field itself before it looks at the ModelAdmin, so the twin takes its place.
+        self.instant_fields = {
+            field.name: field
+            for field in model._meta.concrete_fields
+            if isinstance(field, DateTimeField)
+        }
+        for name, field in self.instant_fields.items():
+            if not hasattr(self, f"{name}_moment"):
+                shown = moment_field(name, field.verbose_name)
+                setattr(self, f"{name}_moment", MethodType(shown, self))
+
+    def as_moments(self, names: Sequence[Any]) -> list[Any]:
+        """``names`` with each instant of the model replaced by its ``_moment`` twin
+        (rows of a fieldset, given as tuples, too)."""
+        return [
+            tuple(self.as_moments(name))
+            if isinstance(name, list | tuple)
+            else (f"{name}_moment" if name in self.instant_fields else name)
+            for name in names
+        ]
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        return self.as_moments(super().get_list_display(request))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [
+            (title, {**options, "fields": self.as_moments(options["fields"])})
+            for title, options in super().get_fieldsets(request, obj)
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        names = list(super().get_readonly_fields(request, obj))
+        return [*names, *(f"{name}_moment" for name in names if name in self.instant_fields)]
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        # The twins keep their model field's help text under them.
+        kwargs.setdefault(
+            "help_texts",
+            {f"{name}_moment": field.help_text for name, field in self.instant_fields.items()},
+        )
+        return super().get_form(request, obj, change, **kwargs)
 
     #: Columns of ``list_display`` left out on a phone (a viewport under 768 px): the
     #: ones an operator scans first stay; the rest are on each row's page.
