@@ -185,7 +185,8 @@ def console(live_server: Any) -> Iterator[tuple[Page, str]]:
                 "deliveryreplay",
                 "bulkoperation",
             )
-        ]
+        ],
+        "discard_job",
     )
     base = str(live_server).rstrip("/")
     with chromium_page() as page:
@@ -385,3 +386,20 @@ def test_the_filter_sidebar_hides_and_stays_hidden(console: tuple[Page, str]) ->
     expect(page.locator("#changelist-filter")).to_be_hidden()
     page.get_by_role("button", name="Show filters").click()
     expect(page.locator("#changelist-filter")).to_be_visible()
+
+
+def test_a_confirmation_page_fits_a_phone(console: tuple[Page, str]) -> None:
+    """The confirmation's reason box (here a queued task's discard) stayed as wide as its
+    declared columns and pushed the page past a phone's edge."""
+    page, base = console
+    page.set_viewport_size(SIZES["phone"])
+    # (No ORM here: the browser's event loop runs in this thread.)
+    page.goto(f"{base}/admin/jobstate/job/?status__exact=queued")
+    page.locator("#result_list tbody tr a[href*='/change/']").first.click()
+    page.get_by_role("button", name="Discard…").first.click()
+    page.wait_for_selector("#jobstate-confirm-form")
+    _shoot(page, "discard-confirmation", "phone")
+    scroll = page.evaluate("document.documentElement.scrollWidth")
+    assert scroll <= SIZES["phone"]["width"], scroll
+    box = page.locator("#jobstate-confirm-form textarea").bounding_box()
+    assert box is not None and box["x"] + box["width"] <= SIZES["phone"]["width"], box
