@@ -74,8 +74,11 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
         assert {s for n, s in settings if n == name} == {"defaults", "prepared", "unprepared"}
     assert {s for n, s in settings if n == "procrastinate"} == {"defaults", "prepared"}
     seed = [cell for cell in cells if cell["contender"].startswith("jobstate-seed")]
-    # A claim and a completion per job, and each worker's last claim that found nothing.
-    assert {cell["statements"] - 2 * cell["done"] for cell in seed} == {2}
+    # A claim and a completion per job; besides, each worker's last claim that found
+    # nothing and, once per worker, the claim's registration of its claimer on the
+    # Workers page (a few statements): nothing more per job.
+    for cell in seed:
+        assert 2 <= cell["statements"] - 2 * cell["done"] <= 10, cell
     ours = [c for c in cells if (c["contender"], c["setting"]) == ("jobstate", "defaults")]
     assert ours[0]["rss_growth"] is not None, "worker memory was not sampled"
     manifest = report["manifest"]
