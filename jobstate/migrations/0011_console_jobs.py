@@ -4,7 +4,7 @@
 jobs, and on PostgreSQL a GIN index (jsonb_path_ops) on the jobs' input for the
 ``input:key=value`` search. The index is built with CREATE INDEX CONCURRENTLY, so the
 jobs table takes no write lock while it builds; this migration is therefore not atomic.
-Other databases get no index (see docs/admin.md for how their search is bounded)."""
+Other databases get no index (see docs/console.md for how their search is bounded)."""
 
 import django.db.models.functions.datetime
 from django.db import migrations, models

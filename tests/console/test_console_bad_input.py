@@ -232,7 +232,7 @@ def test_input_takes_one_value_and_keys_without_quotes_or_backslashes() -> None:
             parse_search(term)
 
 
-#: The table of docs/admin.md ("What input: means"): each input and the terms that find it.
+#: The table of docs/console.md ("What input: means"): each input and the terms that find it.
 DOCUMENTED = [
     ({"customer": 42}, {"input:customer=42"}),
     ({"customer": 42.0, "contains": True}, {"input:customer=42", "input:contains=true"}),

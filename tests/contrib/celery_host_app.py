@@ -1,4 +1,4 @@
-"""A host's Celery app written as the docs say (docs/operations-commands.md, *Celery*):
+"""A host's Celery app written as the docs say (docs/production.md, *Celery*):
 its own tasks by autodiscovery, then the one line that registers jobstate's. The host
 test starts ``celery -A tests.contrib.celery_host_app worker`` and ``beat`` with it."""
 

@@ -42,7 +42,7 @@ HOST_APP = "tests.contrib.celery_host_app"
 OLD_HOST_APP = "tests.contrib.celery_old_host_app"
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 WAIT = 30.0
-#: The task names the docs promise a host (docs/operations-commands.md, *Celery*).
+#: The task names the docs promise a host (docs/production.md, *Celery*).
 DOCUMENTED_TASKS = {
     "jobstate.reap_stale",
     "jobstate.prune",
