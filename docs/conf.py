@@ -23,7 +23,7 @@ from jobstate import __version__  # noqa: E402
 
 project = "django-jobstate"
 author = "django-jobstate developers"
-copyright = "django-jobstate developers"  # noqa: A001 (Sphinx's name for it)
+copyright = "django-jobstate developers"
 version = release = __version__
 
 extensions = [
