@@ -4,7 +4,8 @@ Each code block of the quick start follows an HTML comment naming what to do wit
 (``<!-- quickstart: append to mysite/settings.py -->``). This test makes the project the
 README starts from with ``startproject``, applies the blocks in the README's order and
 checks what the README says the reader will see: the status printed after the enqueue,
-the worker's log line, the status and return value read back. A line ending in
+the worker's log line, the status and return value read back, and the console's jobs,
+job and workers pages showing the task and its worker. A line ending in
 ``# Django 5.2: ...`` is replaced by the comment's version on Django 5.2, as the README
 tells its reader to do. Nothing is taken from anywhere else: a wrong import, setting or
 command in the README fails here.
@@ -278,3 +279,48 @@ def test_the_readme_quick_start_runs_as_written(
 
     assert worker is not None
     assert worker.interrupt() == 0, worker.output()
+    worker_id = re.search(r"jobstate_worker (\S+) started", worker.output())
+    assert worker_id, worker.output()
+    the_console_shows_the_task_and_its_worker(project, project_env, worker_id[1])
+
+
+# What the README says the console shows after the quick start, read as a signed-in
+# superuser would (the project's own admin URLs, from startproject).
+CONSOLE = """
+import json
+from django.contrib.auth import get_user_model
+from django.test import Client
+from jobstate.models import Job
+
+user = get_user_model().objects.create_superuser("admin", "admin@example.com", None)
+client = Client(HTTP_HOST="localhost")
+client.force_login(user)
+job = Job.objects.get()
+pages = {
+    "index": "/admin/",
+    "jobs": "/admin/jobstate/job/",
+    "job": f"/admin/jobstate/job/{job.pk}/change/",
+    "workers": "/admin/jobstate/worker/",
+}
+print(json.dumps({name: client.get(url).content.decode() for name, url in pages.items()}))
+"""
+
+
+def the_console_shows_the_task_and_its_worker(
+    project: Path, env: dict[str, str], worker_id: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "--verbosity", "0", "-c", CONSOLE],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    pages = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 'href="/admin/jobstate/job/"' in pages["index"]
+    assert 'href="/admin/jobstate/worker/"' in pages["index"]
+    assert "mysite.tasks.add" in pages["jobs"]
+    assert "mysite.tasks.add" in pages["job"] and worker_id in pages["job"]
+    assert worker_id in pages["workers"]
