@@ -236,3 +236,21 @@ def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: P
     assert not NOISE.search(rest), rest
     assert not group_alive(process.pid), "a demo process outlived Ctrl-C"
     assert not banner.answers(f"http://127.0.0.1:{port}/admin/login/", timeout=0.5)
+
+
+@pytest.mark.slow
+def test_the_script_refuses_an_address_something_else_already_answers_at(
+    tmp_path: Path, http_server: str
+) -> None:
+    root = stand_in_checkout(tmp_path)
+    env = demo_env(tmp_path, free_port())
+    env["DEMO_ADDR"] = http_server
+    done = subprocess.run(
+        ["scripts/demo"], cwd=root, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert f"something already answers at http://{http_server}/" in done.stderr
+    assert "DEMO_ADDR=" in done.stderr
+    # It stopped before setting anything up.
+    assert not (tmp_path / "demo.sqlite3").exists()
+    assert "preparing" not in done.stdout
