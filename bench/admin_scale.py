@@ -14,7 +14,7 @@ with Django's test ``Client`` logged in as a superuser:
 
 - the jobs changelist, unfiltered and filtered by status (``error``);
 - the audit changelist;
-- the operations dashboard (with its two finished-jobs charts);
+- the Overview page (with its two finished-jobs charts);
 - the Workers page (16 registered workers, the executors of the seeded claimed jobs,
   some lost and some stopped) and the Queues page (one queue paused);
 - the job runs, notifications, schedules, runtime locks and bulk operations lists and

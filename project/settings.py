@@ -184,3 +184,15 @@ LOGGING = {
         "jobstate": {"handlers": ["console"], "level": env("JOBSTATE_LOG_LEVEL", default="WARNING")}
     },
 }
+# scripts/demo keeps the terminal for its banner: jobstate's and the demo's own log lines
+# (a crashed sample run being cleaned up, a notification to the demo's unreachable pager)
+# go to its log file instead, with a time stamp.
+if _demo_log := env("JOBSTATE_DEMO_LOG", default=""):
+    LOGGING["formatters"] = {"stamped": {"format": "%(asctime)s %(name)s: %(message)s"}}
+    LOGGING["handlers"] = {
+        "demo_log": {"class": "logging.FileHandler", "filename": _demo_log, "formatter": "stamped"}
+    }
+    LOGGING["loggers"] = {
+        name: {"handlers": ["demo_log"], "level": "INFO", "propagate": False}
+        for name in ("jobstate", "project")
+    }

@@ -1,5 +1,6 @@
-# Sourced by scripts/test and scripts/demo: make (once) and activate the virtual
-# environment .venv-<python version> with the project and its dev and bench dependency groups.
+# Sourced by scripts/test: make (once) and activate the virtual environment
+# .venv-<python version> with the project and its dev and bench dependency groups.
+# (scripts/demo makes a lighter one of its own, .venv-demo-<python version>.)
 # PYTHON picks the interpreter (default python3). The dev group's mysqlclient builds from
 # source, so before installing, scripts/ensure-mariadb --build-deps makes sure the MariaDB
 # client headers, pkg-config and a compiler are there (apt-get as root), or stops loudly.

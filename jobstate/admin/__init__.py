@@ -5,7 +5,7 @@ at any size (estimated or capped counts, index-backed ordering and filters, exac
 search). History tables are read-only. Every change an operator makes is an admin
 action with a confirmation page and its own permission; it goes through the stores,
 re-checks each row in the database, and leaves an audit entry naming the user. The
-Operations page (``admin:jobstate_dashboard``) shows the metrics snapshot and charts;
+Overview page (``admin:jobstate_dashboard``) shows the metrics snapshot and charts;
 the Workers page lists the registered worker processes and the Queues page
 (``admin:jobstate_queuepause_changelist``) every queue, with pause and resume. The
 three pages refresh themselves in place.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from jobstate.admin.bulk_actions import BulkOperationAdmin
 from jobstate.admin.common import ReadOnlyAdmin, status_badge
-from jobstate.admin.dashboard_entry import OperationsDashboardAdmin
+from jobstate.admin.dashboard_entry import OverviewAdmin
 from jobstate.admin.history import ApprovalDecisionAdmin, AuditEntryAdmin, DeliveryReplayAdmin
 from jobstate.admin.jobs import JobAdmin
 from jobstate.admin.locks import RuntimeLockAdmin
@@ -35,7 +35,7 @@ __all__ = [
     "JobAdmin",
     "JobRunAdmin",
     "NotificationAdmin",
-    "OperationsDashboardAdmin",
+    "OverviewAdmin",
     "QueuePauseAdmin",
     "ReadOnlyAdmin",
     "RuntimeLockAdmin",

@@ -1,4 +1,4 @@
-"""The figures and charts of the admin's Operations page.
+"""The figures and charts of the admin's Overview page.
 
 Everything is computed on the server and drawn as inline SVG by the template: no
 CDN, and no script needed (a small static script refreshes the page in place; see

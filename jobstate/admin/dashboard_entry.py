@@ -1,4 +1,4 @@
-"""The Operations page's entry among the app's models: on the admin's index, the app's
+"""The Overview page's entry among the app's models: on the admin's index, the app's
 page and the navigation sidebar, a link to ``admin:jobstate_dashboard`` (served by
 :class:`~jobstate.admin.jobs.JobAdmin`)."""
 
@@ -10,14 +10,14 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 
-from jobstate.models import Job, OperationsDashboard
+from jobstate.models import Job, Overview
 
-__all__ = ["OperationsDashboardAdmin"]
+__all__ = ["OverviewAdmin"]
 
 
-@admin.register(OperationsDashboard)
-class OperationsDashboardAdmin(admin.ModelAdmin):
-    """Listed for whoever may view jobs; its one URL leads to the Operations page."""
+@admin.register(Overview)
+class OverviewAdmin(admin.ModelAdmin):
+    """Listed for whoever may view jobs; its one URL leads to the Overview page."""
 
     def get_urls(self) -> list[URLPattern]:
         opts = self.opts

@@ -1,5 +1,5 @@
 """The jobs changelist, the job page and the operator actions on jobs, plus the
-Operations page (registered on the job admin's URLs)."""
+Overview page (registered on the job admin's URLs)."""
 
 from __future__ import annotations
 
@@ -452,17 +452,17 @@ class JobAdmin(TaskFieldsAdmin):
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }
 
-    # --- the Operations page ---------------------------------------------------------
+    # --- the Overview page ---------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
-        operations = path(
-            "operations/",
-            self.admin_site.admin_view(self.operations_view),
+        overview = path(
+            "overview/",
+            self.admin_site.admin_view(self.overview_view),
             name="jobstate_dashboard",
         )
-        return [operations, *bulk_urls(self), *super().get_urls()]
+        return [overview, *bulk_urls(self), *super().get_urls()]
 
-    def operations_view(self, request: HttpRequest) -> HttpResponse:
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
         """The metrics snapshot as cards, jobs finished per minute over the last hour
         and the queue's depth by target. Needs the view permission on jobs; answers
         only ``GET`` and ``HEAD`` (it changes nothing, so it takes no form)."""
@@ -474,7 +474,7 @@ class JobAdmin(TaskFieldsAdmin):
         status_cards, health_cards = cards(snapshot)
         context = {
             **self.admin_site.each_context(request),
-            "title": _("Operations"),
+            "title": _("Overview"),
             "subtitle": None,
             "opts": self.opts,
             "status_cards": status_cards,
@@ -486,4 +486,4 @@ class JobAdmin(TaskFieldsAdmin):
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
         }
         request.current_app = self.admin_site.name
-        return TemplateResponse(request, "admin/jobstate/operations.html", context)
+        return TemplateResponse(request, "admin/jobstate/overview.html", context)

@@ -78,7 +78,7 @@ class SweepKind(enum.StrEnum):
 @dataclass(frozen=True)
 class Argument:
     """An argument of one sweep beyond the shared options: its name, which is also the
-    keyword of the store operations it is passed to; the ``JOBSTATE`` setting that gives
+    keyword of the store methods it is passed to; the ``JOBSTATE`` setting that gives
     it when the caller passes ``None``; and the check it must pass before anything runs
     (``None``: the store's own checks suffice)."""
 

@@ -6,13 +6,13 @@ One module per table family: :mod:`~jobstate.models.runs`, :mod:`~jobstate.model
 decisions), :mod:`~jobstate.models.bulk_operations` (the console's bulk operations),
 :mod:`~jobstate.models.schedules` (periodic schedules and their occurrences) and
 :mod:`~jobstate.models.fleet` (registered workers, paused queues) and
-:mod:`~jobstate.models.console` (the Operations page's entry among the admin's models, a
+:mod:`~jobstate.models.console` (the Overview page's entry among the admin's models, a
 proxy without a table). Everything is importable from ``jobstate.models``.
 """
 
 from jobstate.core.states import JobRunStatus, JobStatus
 from jobstate.models.bulk_operations import BulkAction, BulkOperation, BulkState
-from jobstate.models.console import OperationsDashboard
+from jobstate.models.console import Overview
 from jobstate.models.fleet import (
     NO_QUEUE,
     QUEUE_PAUSE_UNIQUE,
@@ -79,7 +79,7 @@ __all__ = [
     "JobStatus",
     "Notification",
     "OccurrenceTrigger",
-    "OperationsDashboard",
+    "Overview",
     "QueuePause",
     "RuntimeLock",
     "RuntimeLockQuerySet",

@@ -1,4 +1,4 @@
-"""Entries of the console that are pages rather than tables: the Operations page, as
+"""Entries of the console that are pages rather than tables: the Overview page, as
 a proxy of the jobs table, so the admin lists it with the app's models (on the site's
 index, the app's page and the navigation sidebar). No table of its own."""
 
@@ -9,12 +9,12 @@ from django.utils.translation import gettext_lazy as _
 from jobstate.models.jobs import Job
 
 
-class OperationsDashboard(Job):
-    """The admin's entry for the Operations page (``admin:jobstate_dashboard``); its
+class Overview(Job):
+    """The admin's entry for the Overview page (``admin:jobstate_dashboard``); its
     list URL leads there. Who may view jobs may view it."""
 
     class Meta:
         proxy = True
-        verbose_name = _("operations dashboard")
-        verbose_name_plural = _("operations dashboard")
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")
         default_permissions = ()

@@ -1,7 +1,7 @@
 """``MemoryStateStore``: the in-memory reference implementation of the state store.
 
 It keeps every guarantee of :class:`~jobstate.stores.base.StateStore` inside one process
-(one re-entrant lock serialises all operations) and passes the same contract cases as
+(one re-entrant lock serialises all calls) and passes the same contract cases as
 the database store. Use it in a host's unit tests, or as the reading aid for what each
 primitive must do: the public methods, their argument checks and the transitions written
 over primitives (requeue, reject, approval) are the base class's, so the store holds

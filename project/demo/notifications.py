@@ -38,10 +38,14 @@ def accepts(notification: Notification) -> None:
 def busy_once(notification: Notification) -> None:
     """A receiver that answers "busy" to the first attempt and takes the retry."""
     if notification.attempts < 2:
-        raise DeliveryFailed("the demo receiver is busy (HTTP 503); try again later")
+        raise DeliveryFailed(
+            "the demo receiver answers busy to a first attempt on purpose; the retry gets through"
+        )
 
 
 @notification_handler
 def always_fails(notification: Notification) -> None:
     """A receiver that is never reachable: its notifications end as dead letters."""
-    raise DeliveryFailed("the demo pager is unreachable (it always is)")
+    raise DeliveryFailed(
+        "the demo pager is offline on purpose: this notification ends as a dead letter"
+    )

@@ -269,7 +269,7 @@ def test_the_pages_work_without_the_script(live_server: Any) -> None:
                 page.locator('#jobstate-queues tr[data-target="billing"] .jobstate-ready')
             ).to_have_text("1")
             expect(page.locator("#jobstate-live")).to_be_hidden()
-            page.goto(f"{base}/admin/jobstate/job/operations/")
+            page.goto(f"{base}/admin/jobstate/job/overview/")
             expect(page.locator("#jobstate-throughput-chart")).to_be_visible()
             expect(page.locator("#jobstate-live")).to_be_hidden()
 

@@ -6,7 +6,7 @@ measured from the elements' boxes:
   lists is inside the viewport (no sideways scrolling), with long task paths, long
   worker ids and time-ordered ids in the rows;
 - the first job's status badge is visible on the phone;
-- the Operations link on the app's page is one line;
+- the Overview link on the app's page is one line;
 - links contrast with what is behind them (WCAG ratio at least 3:1);
 - the ids one list shows are distinct;
 - the app's own pages have the breadcrumbs of a stock change list, in the running
@@ -65,7 +65,7 @@ LISTS = {
 }
 OTHER_PAGES = {
     "app": "/admin/jobstate/",
-    "operations": "/admin/jobstate/job/operations/",
+    "overview": "/admin/jobstate/job/overview/",
     "queues": "/admin/jobstate/queuepause/",
     "locks": "/admin/jobstate/runtimelock/",
     "approvals": "/admin/jobstate/approvaldecision/",
@@ -239,7 +239,7 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
             _shoot(page, name, size)
             scroll = page.evaluate("document.documentElement.scrollWidth")
             assert scroll <= viewport["width"], (name, size, scroll)
-            if name == "operations":
+            if name == "overview":
                 # The charts' labels stay readable however far the chart is scaled.
                 heights = page.eval_on_selector_all(
                     ".jobstate-chart text", "els => els.map(e => e.getBoundingClientRect().height)"
@@ -263,7 +263,7 @@ def test_the_status_badge_is_visible_on_a_phone(console: tuple[Page, str]) -> No
     assert box is not None and box["x"] + box["width"] <= PHONE["width"]
 
 
-def test_the_operations_link_on_the_app_page_is_one_line(console: tuple[Page, str]) -> None:
+def test_the_overview_link_on_the_app_page_is_one_line(console: tuple[Page, str]) -> None:
     page, base = console
     for viewport in SIZES.values():
         page.set_viewport_size(viewport)
@@ -347,7 +347,7 @@ def test_the_app_pages_breadcrumbs_are_django_s_own(console: tuple[Page, str]) -
     page.goto(base + LISTS["jobs"])
     stock = _crumbs(page)
     assert stock, "a stock change list has breadcrumbs"
-    for path in ("/admin/jobstate/job/operations/", "/admin/jobstate/queuepause/"):
+    for path in ("/admin/jobstate/job/overview/", "/admin/jobstate/queuepause/"):
         page.goto(base + path)
         assert _crumbs(page) == stock, path
         bar = page.locator(".breadcrumbs")

@@ -1,4 +1,4 @@
-"""The Operations page: metric cards, the finished-per-minute and queue-depth charts
+"""The Overview page: metric cards, the finished-per-minute and queue-depth charts
 drawn server-side, who may see it, what it costs, and where it is linked from."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
 from tests.support.admin_kit import failed_job, logged_in, operator, running_job
 
-PAGE = "/admin/jobstate/job/operations/"
+PAGE = "/admin/jobstate/job/overview/"
 
 
 def finished_at(store: DatabaseStateStore, request_id: str, status: str, when: datetime) -> None:
@@ -169,13 +169,13 @@ def test_linked_from_the_app_index_and_the_jobs_list(
     admin_client: Client, django_user_model: Any, db: None
 ) -> None:
     app_index = admin_client.get("/admin/jobstate/").content.decode()
-    assert f'<a href="{PAGE}" id="jobstate-dashboard-link">Operations dashboard</a>' in app_index
+    assert f'<a href="{PAGE}" id="jobstate-dashboard-link">Overview page</a>' in app_index
     # The site's index lists it with the app's models (its entry leads to the page).
     site_index = admin_client.get("/admin/").content.decode()
-    assert ">Operations dashboard</a>" in site_index
-    entry = admin_client.get("/admin/jobstate/operationsdashboard/")
+    assert ">Overview</a>" in site_index
+    entry = admin_client.get("/admin/jobstate/overview/")
     assert entry.status_code == 302 and entry["Location"] == PAGE
     jobs = admin_client.get("/admin/jobstate/job/").content.decode()
-    assert f'href="{PAGE}" id="jobstate-operations-tool"' in jobs
+    assert f'href="{PAGE}" id="jobstate-overview-tool"' in jobs
     runs_only = logged_in(operator(django_user_model, "sam", "view_jobrun"))
-    assert "Operations dashboard" not in runs_only.get("/admin/jobstate/").content.decode()
+    assert "Overview" not in runs_only.get("/admin/jobstate/").content.decode()

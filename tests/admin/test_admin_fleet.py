@@ -27,7 +27,7 @@ WORKERS = "/admin/jobstate/worker/"
 QUEUES = "/admin/jobstate/queuepause/"
 PAUSE = "/admin/jobstate/queuepause/pause/"
 RESUME = "/admin/jobstate/queuepause/resume/"
-OPERATIONS = "/admin/jobstate/job/operations/"
+OVERVIEW = "/admin/jobstate/job/overview/"
 LEASE = timedelta(seconds=30)
 
 
@@ -292,11 +292,11 @@ def test_the_throughput_chart_buckets_24_hours_by_hour(store: DatabaseStateStore
     assert chart.peak == 2
 
 
-def test_the_operations_page_draws_both_charts_and_offers_the_live_refresh(
+def test_the_overview_page_draws_both_charts_and_offers_the_live_refresh(
     admin_client: Client, store: DatabaseStateStore
 ) -> None:
     store.create_job(request_id="finished", target="mail", status="done")
-    page = admin_client.get(OPERATIONS).content.decode()
+    page = admin_client.get(OVERVIEW).content.decode()
     assert 'id="jobstate-finished-chart"' in page
     assert 'id="jobstate-throughput-chart"' in page
     assert "1 in 24 hours" in page

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_demo_setup_records_runs_in_every_state_and_the_admin_lists_them(capsys):
     call_command("demo_setup")
     out = capsys.readouterr().out
-    assert "user 'admin', password 'jobstate-demo'" in out
+    assert "Admin user 'admin', password 'jobstate-demo'" in out
 
     statuses = set(JobRun.objects.values_list("status", flat=True))
     assert statuses == set(JobRunStatus.values)
@@ -61,7 +61,7 @@ def test_demo_setup_leaves_jobs_in_every_status_with_notifications(capsys):
     for status in (JobStatus.RUNNING, JobStatus.DISPATCHED):
         job = Job.objects.get(status=status)
         assert job.claim_token is not None and job.lease_until > timezone.now()
-    assert "Jobs by status: queued 2, running 1, dispatched 1, done 1" in out
+    assert "Sample jobs, one or more in every status: queued 2, running 1, dispatched 1" in out
     states = dict(Notification.objects.values_list("destination", "state"))
     assert states == {
         ACCEPTS: NotificationState.DELIVERED,
@@ -98,7 +98,9 @@ def test_demo_traffic_delivers_retries_and_dead_letters_notifications():
         destination=ALWAYS_FAILS, job__request_id__contains="setup"
     )
     assert (dead.state, dead.attempts) == (NotificationState.DEAD, 3)  # --outbox-attempts 3
-    assert dead.last_error == "the demo pager is unreachable (it always is)"
+    assert dead.last_error == (
+        "the demo pager is offline on purpose: this notification ends as a dead letter"
+    )
     assert DeliveryAttempt.objects.filter(notification=dead, succeeded=False).count() == 3
     assert AuditEntry.objects.filter(event="delivery_error", job_id=dead.job_id).exists()
     # Its retry is not due yet: the busy receiver's notification still waits.
@@ -115,7 +117,7 @@ def test_demo_traffic_delivers_retries_and_dead_letters_notifications():
 def test_demo_setup_can_run_twice(capsys):
     call_command("demo_setup")
     call_command("demo_setup")
-    assert "Demo ready" in capsys.readouterr().out
+    assert "Admin user 'admin'" in capsys.readouterr().out
     assert Notification.objects.filter(destination=ALWAYS_FAILS).count() == 2
 
 
@@ -182,7 +184,7 @@ def test_demo_traffic_runs_a_setup_sample_requeued_from_the_console():
 def test_demo_setup_names_the_address_the_demo_serves(capsys, monkeypatch):
     monkeypatch.setenv("DEMO_ADDR", "127.0.0.1:8123")
     call_command("demo_setup")
-    assert "Demo ready. Admin: http://127.0.0.1:8123/admin/" in capsys.readouterr().out
+    assert "for http://127.0.0.1:8123/admin/" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -36,8 +36,8 @@ def test_the_apps_own_templates_render_under_the_branding(admin_client: Client) 
     assert "order-7" in page
     assert "admin/jobstate/job/change_list.html" in [t.name for t in jobs.templates]
 
-    operations = admin_client.get("/admin/jobstate/job/operations/")
-    page = operations.content.decode()
-    assert operations.status_code == 200 and branded(page)
+    overview = admin_client.get("/admin/jobstate/job/overview/")
+    page = overview.content.decode()
+    assert overview.status_code == 200 and branded(page)
     assert 'id="jobstate-status-cards"' in page
-    assert "admin/jobstate/operations.html" in [t.name for t in operations.templates]
+    assert "admin/jobstate/overview.html" in [t.name for t in overview.templates]

@@ -58,7 +58,7 @@ from tests.support.security_kit import (
 
 pytestmark = pytest.mark.django_db
 
-OPERATIONS = "/admin/jobstate/job/operations/"
+OVERVIEW = "/admin/jobstate/job/overview/"
 
 
 def change_url(model: type[Model], pk: str) -> str:
@@ -240,7 +240,7 @@ CASE_IDS = [case.action for case in CASES]
 
 #: Custom admin URLs (besides the standard list, add, change, delete and history) and
 #: why they need no action permission: they change nothing.
-READ_ONLY_VIEWS = {"jobstate_dashboard": OPERATIONS}
+READ_ONLY_VIEWS = {"jobstate_dashboard": OVERVIEW}
 
 #: Custom admin URLs that change state: the queue pause and resume pages (a
 #: confirmation page on GET, the change on its POST), each behind ``pause_queue``.
@@ -251,7 +251,7 @@ ACTION_VIEWS = {"jobstate_queue_pause": PAUSE, "jobstate_queue_resume": RESUME}
 #: The console's pages without an action of their own to guard, which a read-only user
 #: must see.
 CONSOLE_PAGES = {
-    "operations": OPERATIONS,
+    "overview": OVERVIEW,
     "workers": "/admin/jobstate/worker/",
     "queues": "/admin/jobstate/queuepause/",
 }
@@ -515,7 +515,7 @@ def test_outsiders_are_sent_to_log_in_from_the_custom_views(
 # --- the custom views -----------------------------------------------------------------
 
 
-def test_the_operations_page_takes_no_post(admin_client: Client) -> None:
+def test_the_overview_page_takes_no_post(admin_client: Client) -> None:
     pk = _failed_job()
     before = snapshot()
     for url in READ_ONLY_VIEWS.values():

@@ -89,9 +89,9 @@ def finish(
 
 
 def admin_pages(client: Client) -> dict[str, str]:
-    """Every admin page of jobstate: the index pages, each list, the Operations page and
+    """Every admin page of jobstate: the index pages, each list, the Overview page and
     the page of every row there is."""
-    urls = ["/admin/", "/admin/jobstate/", "/admin/jobstate/job/operations/"]
+    urls = ["/admin/", "/admin/jobstate/", "/admin/jobstate/job/overview/"]
     rows = {
         "job": Job.objects.values_list("pk", flat=True),
         "jobrun": JobRun.objects.values_list("pk", flat=True),

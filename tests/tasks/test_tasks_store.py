@@ -1,4 +1,4 @@
-"""The state store's task operations on the database store (PostgreSQL and SQLite) and
+"""The state store's task methods on the database store (PostgreSQL and SQLite) and
 the in-memory store: claim order, queues and delays, what a claim writes, lease renewal
 in one statement, the recovery of lost attempts, and what the other sweeps leave alone.
 On PostgreSQL: concurrent claims never hand a task out twice, and the claim is read from

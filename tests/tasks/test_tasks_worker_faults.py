@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class FlakyStore(DatabaseStateStore):
-    """Fails the first calls of some operations, as a database restart would."""
+    """Fails the first calls of some methods, as a database restart would."""
 
     failures: ClassVar[dict[str, int]] = {}
     error: ClassVar[type[StoreError]] = StoreUnavailable

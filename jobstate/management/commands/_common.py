@@ -1,5 +1,5 @@
 """Option types, exit codes, error mapping and the terminal progress line shared by
-jobstate's operations commands. (A leading underscore keeps Django from listing this
+jobstate's management commands. (A leading underscore keeps Django from listing this
 module as a command.)"""
 
 from __future__ import annotations

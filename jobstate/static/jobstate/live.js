@@ -1,4 +1,4 @@
-/* Live pages of the jobstate console: the Operations, Workers and Queues pages refresh
+/* Live pages of the jobstate console: the Overview, Workers and Queues pages refresh
  * their figures in place every few seconds.
  *
  * Progressive enhancement: a page works without this script (it is current as of its

@@ -1,4 +1,4 @@
-"""The state store's fleet operations: pausing and resuming a queue, and the registry of
+"""The state store's fleet methods: pausing and resuming a queue, and the registry of
 worker processes (``supports_queue_pauses``, ``supports_worker_registry``).
 
 A queue is a ``(target, queue)`` pair: a task's queue is its ``queue_name``; the jobs

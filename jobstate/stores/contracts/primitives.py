@@ -108,7 +108,7 @@ class StateStorePrimitives(ABC):
     supports_metrics: ClassVar[bool] = False
     #: ``schema_readiness`` (``_schema_readiness``).
     supports_readiness: ClassVar[bool] = False
-    #: ``sweep_store`` (``_sweep_store``): the batch operations of the maintenance
+    #: ``sweep_store`` (``_sweep_store``): the batch methods of the maintenance
     #: sweeps (:mod:`jobstate.maintenance`) over the store's data.
     supports_sweeps: ClassVar[bool] = False
     #: ``pause_queue``, ``resume_queue`` and ``paused_queues`` (``_pause_queue``,

@@ -215,7 +215,7 @@ class JobRunStore(ABC):
         optional_key(overlap_key, field="overlap_key")
         return self._reap_stale(stale_after, job_key, overlap_key, limit)
 
-    #: Whether :meth:`sweep_store` gives the batch operations of the maintenance sweeps
+    #: Whether :meth:`sweep_store` gives the batch methods of the maintenance sweeps
     #: over this store's runs (:mod:`jobstate.maintenance`).
     supports_sweeps: bool = False
 

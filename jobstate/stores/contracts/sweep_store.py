@@ -1,4 +1,4 @@
-"""The contract of the batch operations behind the maintenance sweeps.
+"""The contract of the batch methods behind the maintenance sweeps.
 
 A state store that can be swept says so with ``supports_sweeps = True`` and hands out a
 :class:`SweepStore` from ``sweep_store()``; a run store does the same with a
@@ -69,7 +69,7 @@ class OutboxRecovery(Protocol):
 
 
 class SweepStore(ABC):
-    """The batch operations of the job-queue sweeps: jobs, audit entries, runtime locks
+    """The batch methods of the job-queue sweeps: jobs, audit entries, runtime locks
     and notifications of one state store (see the module docstring for what every
     operation guarantees)."""
 

@@ -60,7 +60,7 @@ def task_claim_order(job: Job) -> tuple[int, object, object, object]:
 
 
 class TasksPart(LedgerPart):
-    """The task operations of :class:`~jobstate.stores.contracts.state_store.StateStore`; see
+    """The task methods of :class:`~jobstate.stores.contracts.state_store.StateStore`; see
     the module docstring."""
 
     def enqueue_task(self, task: NewTask) -> Job:

@@ -20,11 +20,21 @@ from jobstate.outbox.relay import deliver_notifications
 from jobstate.runner import JobRunner
 from jobstate.stores import get_run_store, get_state_store
 from jobstate.stores.base import JobStatus, NotificationRequest, StateStore, Trigger
+from project.demo.banner import DEMO_USER, admin_password
 from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
 
 from .demo_traffic import REMOTE_TARGET, SETUP_TARGET
 
-DEMO_USER = "admin"
+__all__ = ["DEMO_USER", "Command"]
+
+#: How each run status reads in the summary: what a newcomer sees on the Job runs list.
+RUN_STATUS_WORDS = {
+    "SUCCEEDED": "{n} succeeded",
+    "FAILED": "{n} failed (the job raises on purpose)",
+    "RUNNING": "{n} still running (held by another machine)",
+    "SKIPPED": "{n} skipped (that machine held the job's overlap key)",
+    "TIMED_OUT": "{n} timed out (a crashed run, cleaned up by the next start)",
+}
 
 #: The lease of the sample running and dispatched jobs. Nobody renews it, so once it
 #: ends the reaping sweep (demo_traffic, reap_stale or Celery beat) hands them back,
@@ -40,7 +50,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
-        password = os.environ.get("DEMO_ADMIN_PASSWORD", "jobstate-demo")
+        password = admin_password()
         user, _ = get_user_model().objects.get_or_create(
             username=DEMO_USER, defaults={"is_staff": True, "is_superuser": True}
         )
@@ -52,8 +62,7 @@ class Command(BaseCommand):
         address = os.environ.get("DEMO_ADDR") or "127.0.0.1:8000"
         self.stdout.write(
             self.style.SUCCESS(
-                f"Demo ready. Admin: http://{address}/admin/  "
-                f"user {DEMO_USER!r}, password {password!r}"
+                f"Admin user {DEMO_USER!r}, password {password!r}, for http://{address}/admin/"
             )
         )
 
@@ -84,9 +93,13 @@ class Command(BaseCommand):
             started_at=datetime.now(UTC),
         )
         runner.execute("demo.nightly-close", {"seconds": 0.2}, trigger)
-        counts = JobRun.objects.values("status").annotate(n=Count("id")).order_by("status")
-        summary = ", ".join(f"{row['status']} {row['n']}" for row in counts)
-        self.stdout.write(f"Job runs by status: {summary}")
+        counts = dict(JobRun.objects.values_list("status").annotate(n=Count("id")))
+        summary = ", ".join(
+            words.format(n=counts[status])
+            for status, words in RUN_STATUS_WORDS.items()
+            if counts.get(status)
+        )
+        self.stdout.write(f"Sample operations-job runs: {summary}.")
 
     def _record_sample_jobs(self) -> None:
         store = get_state_store()
@@ -153,10 +166,14 @@ class Command(BaseCommand):
         jobs = dict(Job.objects.values_list("status").annotate(n=Count("id")))
         notes = dict(Notification.objects.values_list("state").annotate(n=Count("id")))
         self.stdout.write(
-            "Jobs by status: " + ", ".join(f"{s} {jobs.get(s, 0)}" for s in JobStatus.values)
+            "Sample jobs, one or more in every status: "
+            + ", ".join(f"{s} {jobs.get(s, 0)}" for s in JobStatus.values)
+            + "."
         )
         self.stdout.write(
-            "Notifications by state: " + ", ".join(f"{s} {n}" for s, n in sorted(notes.items()))
+            "Sample notifications: "
+            + ", ".join(f"{n} {s}" for s, n in sorted(notes.items()))
+            + " (one goes to a receiver that is offline on purpose, to show a dead letter)."
         )
 
     @staticmethod
