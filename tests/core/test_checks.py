@@ -75,7 +75,7 @@ def test_settings_that_contradict_a_transaction_pooler_are_warned_about(
         "jobstate.W052",
     ]
     assert "PREPARED_STATEMENTS" in messages[0].msg and "LISTEN_NOTIFY" in messages[1].msg
-    with pytest.raises(SystemCheckError, match="jobstate.W051"):
+    with pytest.raises(SystemCheckError, match=r"jobstate\.W051"):
         call_command("check", fail_level="WARNING")
 
     settings.JOBSTATE = {

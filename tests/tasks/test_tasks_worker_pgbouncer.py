@@ -2,8 +2,9 @@
 "transaction"``), a pooler of the test's own: a fleet drains the queue while the pooler is
 killed with SIGKILL and started again, and no worker exits, no task is lost or runs
 twice, and the database never sees more server connections than the pool; a report sent
-while the pooler is down is written once it is back; and a worker behind the pooler says
-it polls, at a short interval, rather than claiming to listen."""
+while the pooler is down is written once it is back; a worker started while it is down
+starts once it is back; and a worker behind the pooler says it polls, at a short
+interval, rather than claiming to listen."""
 
 from __future__ import annotations
 
@@ -150,6 +151,26 @@ def test_a_failure_reported_while_the_pooler_is_down_is_written_once_it_is_back(
     assert read.status == TaskResultStatus.FAILED
     assert read.errors[0].exception_class_path == "tests.support.task_functions.Boom"
     assert "The report of ended task attempts failed" in caplog.text
+    assert "trying again" in caplog.text
+
+
+def test_a_worker_started_while_the_pooler_is_down_starts_once_it_is_back(
+    settings: Any, pgbouncer: PgBouncer, caplog: pytest.LogCaptureFixture
+) -> None:
+    use_options(settings)
+    settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), **POOLED}
+    result = add.enqueue(2, 2)
+    pgbouncer.kill()
+    restart = threading.Timer(1.0, pgbouncer.start)
+    with through(pgbouncer):
+        restart.start()
+        try:
+            worker = run_worker(batch=True, interval=0.1, schedules=False)
+        finally:
+            restart.join()
+    assert worker.summary.succeeded == 1
+    assert add.get_result(result.id).return_value == 4
+    assert "DatabaseStateStore.register_worker failed" in caplog.text
     assert "trying again" in caplog.text
 
 

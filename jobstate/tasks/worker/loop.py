@@ -29,10 +29,10 @@ of the worker itself:
 A store failure that retrying can cure (the database or a pooler in front of it
 restarting, a deadlock) is logged and retried with a growing wait, while the running
 tasks go on; so is a registration that fails as the worker starts. Database errors of
-the worker's own transactions (its reports, the schedule evaluations) are translated as
-the store's are, so a lost connection there is retried too, never the end of the
-worker. Any other failure ends the worker, after handing back the tasks it had not
-started.
+the worker's own transactions (its reports; the schedule evaluations translate theirs)
+are translated as the store's are, so a lost connection there is retried too, never the
+end of the worker. Any other failure ends the worker, after handing back the tasks it
+had not started.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from jobstate.core.states import task_notify_payload
 from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
-from jobstate.stores.errors import translated_database_errors
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.worker.cancellation import CancelWatch
 from jobstate.tasks.worker.config import (
@@ -390,8 +389,7 @@ class TaskWorker:
     def _evaluate_schedules(self) -> float:
         """Enqueue the due slots of the schedules; the seconds until the next pass."""
         assert self._schedule_pass is not None
-        with translated_database_errors("The evaluation of the schedules", self.config.using):
-            enqueued, wait = self._schedule_pass()
+        enqueued, wait = self._schedule_pass()
         self.summary.scheduled += enqueued
         return wait
 
