@@ -58,6 +58,18 @@ def run_worker(**config: Any) -> TaskWorker:
     return worker
 
 
+def batch_through(pooler: PgBouncer, *, restarted_after: float) -> TaskWorker:
+    """A ``--batch`` worker run in-process through ``pooler``, which is started again
+    ``restarted_after`` seconds after the worker starts (the test or its task kills it)."""
+    restart = threading.Timer(restarted_after, pooler.start)
+    with through(pooler):
+        restart.start()
+        try:
+            return run_worker(batch=True, interval=0.1, schedules=False)
+        finally:
+            restart.join()
+
+
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -138,14 +150,8 @@ def test_a_failure_reported_while_the_pooler_is_down_is_written_once_it_is_back(
     settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), **POOLED}
     assert pgbouncer.process is not None
     result = kills_then_fails.enqueue(pgbouncer.process.pid)
-    restart = threading.Timer(1.5, pgbouncer.start)
     caplog.set_level(logging.INFO, logger="jobstate.worker")
-    with through(pgbouncer):
-        restart.start()
-        try:
-            worker = run_worker(batch=True, interval=0.1, schedules=False)
-        finally:
-            restart.join()
+    worker = batch_through(pgbouncer, restarted_after=1.5)
     assert worker.summary.failed == 1 and worker.summary.lost == 0
     read = kills_then_fails.get_result(result.id)
     assert read.status == TaskResultStatus.FAILED
@@ -161,13 +167,7 @@ def test_a_worker_started_while_the_pooler_is_down_starts_once_it_is_back(
     settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), **POOLED}
     result = add.enqueue(2, 2)
     pgbouncer.kill()
-    restart = threading.Timer(1.0, pgbouncer.start)
-    with through(pgbouncer):
-        restart.start()
-        try:
-            worker = run_worker(batch=True, interval=0.1, schedules=False)
-        finally:
-            restart.join()
+    worker = batch_through(pgbouncer, restarted_after=1.0)
     assert worker.summary.succeeded == 1
     assert add.get_result(result.id).return_value == 4
     assert "DatabaseStateStore.register_worker failed" in caplog.text
