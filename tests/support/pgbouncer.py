@@ -58,8 +58,6 @@ class PgBouncer:
             "logfile =\n"
             "pidfile =\n"
         )
-        directory.chmod(0o755)
-        self.config.chmod(0o644)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
