@@ -42,6 +42,9 @@ class PgBouncer:
         self.config = directory / "pgbouncer.ini"
         db = connection.settings_dict
         server = f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432}"
+        if db["PASSWORD"]:
+            # Clients are let in without one (auth_type any); the server may want it.
+            server += f" password={db['PASSWORD']}"
         self.config.write_text(
             "[databases]\n"
             f"{self.database} = {server} dbname={self.database} "
