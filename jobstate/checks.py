@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.core.conf import jobstate_settings
 
@@ -48,6 +48,67 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     an empty observability token) stops ``runserver``, ``migrate`` and ``check``
     instead of the first request or job that needs it. One message per problem."""
     return [Error(problem, id="jobstate.E001") for problem in jobstate_settings.problems()]
+
+
+@register(JobStateTags.settings)
+def check_pooler_settings(**kwargs: Any) -> list[CheckMessage]:
+    """With ``JOBSTATE["CONNECTION_POOLER"] = "transaction"``, the settings that need a
+    database session to last beyond one transaction, which a pooler in transaction mode
+    does not give: prepared statements (``jobstate.W050``), ``LISTEN`` (``W051``) and
+    server-side cursors (``W052``) on the default database."""
+    try:
+        if jobstate_settings.CONNECTION_POOLER != "transaction":
+            return []
+        prepared, listen = jobstate_settings.PREPARED_STATEMENTS, jobstate_settings.LISTEN_NOTIFY
+    except ImproperlyConfigured:
+        return []  # jobstate.E001 says what is wrong with the settings
+    if DEFAULT_DB_ALIAS not in settings.DATABASES:
+        return []
+    connection = connections[DEFAULT_DB_ALIAS]
+    if connection.vendor != "postgresql":
+        return []
+    database = connection.settings_dict
+    pooled = "JOBSTATE['CONNECTION_POOLER'] is 'transaction'"
+    messages: list[CheckMessage] = []
+    threshold = database.get("OPTIONS", {}).get("prepare_threshold")
+    if prepared or threshold is not None:
+        which = (
+            "JOBSTATE['PREPARED_STATEMENTS'] is True"
+            if prepared
+            else f"DATABASES['default']['OPTIONS']['prepare_threshold'] is {threshold!r}"
+        )
+        messages.append(
+            Warning(
+                f"{pooled} but {which}: a statement prepared on one server connection is "
+                "run on another, which fails with 'prepared statement does not exist'.",
+                hint="Set JOBSTATE['PREPARED_STATEMENTS'] = False and leave prepare_threshold "
+                "unset; on PgBouncer 1.21 or newer with max_prepared_statements above 0, "
+                "add 'jobstate.W050' to SILENCED_SYSTEM_CHECKS instead.",
+                id="jobstate.W050",
+            )
+        )
+    if listen:
+        messages.append(
+            Warning(
+                f"{pooled} but JOBSTATE['LISTEN_NOTIFY'] is True: a LISTEN through the pooler "
+                "ends with its transaction, so no worker is woken by NOTIFY (workers behind "
+                "the pooler poll instead, and enqueues send NOTIFY for nothing).",
+                hint="Set JOBSTATE['LISTEN_NOTIFY'] = False.",
+                id="jobstate.W051",
+            )
+        )
+    if not database.get("DISABLE_SERVER_SIDE_CURSORS", False):
+        messages.append(
+            Warning(
+                f"{pooled} but DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] is not "
+                "True: a QuerySet.iterator() outside a transaction opens a cursor that the "
+                "pooler may look for on another server connection.",
+                hint="Set DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] = True, as "
+                "Django's documentation of transaction pooling says.",
+                id="jobstate.W052",
+            )
+        )
+    return messages
 
 
 @register(JobStateTags.operations)

@@ -86,6 +86,12 @@ DEFAULTS: dict[str, Any] = {
     # Turn it off behind a pooler in transaction mode, which does not deliver
     # notifications; workers then poll at their --interval.
     "LISTEN_NOTIFY": True,
+    # How the default database is reached: None (directly, or through a pooler in session
+    # mode) or "transaction" (a pooler in transaction mode, such as PgBouncer's default,
+    # hands each transaction to any of its server connections). With "transaction" the
+    # workers never LISTEN and poll at a short default interval, and the system checks
+    # warn about settings that need a session of their own (jobstate.W050-W052).
+    "CONNECTION_POOLER": None,
     # Periodic schedules, by key: what each enqueues and when (a cron expression in a
     # time zone). jobstate.schedules checks and evaluates them; see docs/schedules.md.
     "SCHEDULES": {},
@@ -131,6 +137,8 @@ _POSITIVE_INTS = {
 }
 _OPTIONAL = {"THREAD_INFLIGHT_QUOTA", "METRICS_EXACT_LIMIT"}
 _BOOLEANS = {"PREPARED_STATEMENTS"}
+#: What ``CONNECTION_POOLER`` may say: nothing to know, or a pooler in transaction mode.
+CONNECTION_POOLERS = (None, "transaction")
 
 
 class JobStateSettings:
@@ -177,6 +185,7 @@ class JobStateSettings:
     WORKER_RETENTION: timedelta
     ADMIN_REDACTED_KEYS: list[str]
     LISTEN_NOTIFY: bool
+    CONNECTION_POOLER: str | None
     SCHEDULES: dict[str, dict[str, Any]]
     SCHEDULE_CATCH_UP_LIMIT: int
 
@@ -268,6 +277,11 @@ def _check_shape(name: str, value: Any) -> None:
     if name == "LISTEN_NOTIFY" and not isinstance(value, bool):
         raise ImproperlyConfigured(
             f"JOBSTATE['LISTEN_NOTIFY'] must be True or False, got {value!r}."
+        )
+    if name == "CONNECTION_POOLER" and value not in CONNECTION_POOLERS:
+        raise ImproperlyConfigured(
+            "JOBSTATE['CONNECTION_POOLER'] must be None or 'transaction' (a pooler in "
+            f"transaction mode, such as PgBouncer's default), got {value!r}."
         )
     # Each schedule's own keys are checked by jobstate.schedules (jobstate.E030), one
     # message per problem; here only what every reader relies on.

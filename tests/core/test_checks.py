@@ -21,6 +21,7 @@ from django.db import connections
 from jobstate.checks import (
     check_database_guarantees,
     check_operations_modules,
+    check_pooler_settings,
     check_schedules,
     check_settings,
 )
@@ -38,6 +39,8 @@ def test_the_default_settings_pass() -> None:
         ({"NO_SUCH_SETTING": 1}, "NO_SUCH_SETTING"),
         ({"PREPARED_STATEMENTS": "off"}, "PREPARED_STATEMENTS"),
         ({"PREPARED_STATEMENTS": 0}, "PREPARED_STATEMENTS"),
+        ({"CONNECTION_POOLER": "pgbouncer"}, "CONNECTION_POOLER"),
+        ({"CONNECTION_POOLER": True}, "CONNECTION_POOLER"),
     ],
 )
 def test_a_bad_setting_fails_the_check_at_start_up(
@@ -50,6 +53,44 @@ def test_a_bad_setting_fails_the_check_at_start_up(
     assert message.id == "jobstate.E001" and named in message.msg
     with pytest.raises(SystemCheckError, match=named):
         call_command("check")
+
+
+# --- settings behind a pooler in transaction mode ------------------------------------------
+
+
+@pytest.mark.postgres
+def test_settings_that_contradict_a_transaction_pooler_are_warned_about(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = connections["default"].settings_dict
+    monkeypatch.delitem(database, "DISABLE_SERVER_SIDE_CURSORS", raising=False)
+    settings.JOBSTATE = {"CONNECTION_POOLER": None}
+    assert check_pooler_settings() == []
+
+    settings.JOBSTATE = {"CONNECTION_POOLER": "transaction"}
+    messages = check_pooler_settings()
+    assert [message.id for message in messages] == [
+        "jobstate.W050",
+        "jobstate.W051",
+        "jobstate.W052",
+    ]
+    assert "PREPARED_STATEMENTS" in messages[0].msg and "LISTEN_NOTIFY" in messages[1].msg
+    with pytest.raises(SystemCheckError, match=r"jobstate\.W051"):
+        call_command("check", fail_level="WARNING")
+
+    settings.JOBSTATE = {
+        "CONNECTION_POOLER": "transaction",
+        "PREPARED_STATEMENTS": False,
+        "LISTEN_NOTIFY": False,
+    }
+    monkeypatch.setitem(database, "DISABLE_SERVER_SIDE_CURSORS", True)
+    assert check_pooler_settings() == []
+    # The host's own prepared statements are as wrong there as jobstate's.
+    monkeypatch.setitem(
+        database, "OPTIONS", {**database.get("OPTIONS", {}), "prepare_threshold": 5}
+    )
+    [message] = check_pooler_settings()
+    assert message.id == "jobstate.W050" and "prepare_threshold" in message.msg
 
 
 # --- what each database guarantees --------------------------------------------------------

@@ -4,6 +4,8 @@ this module by the tasks' dotted paths)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -101,3 +103,18 @@ async def async_sleeps(seconds: float) -> float:
     started = time.time()
     await asyncio.sleep(seconds)
     return started
+
+
+@task
+def records_its_run(path: str, key: int) -> None:
+    """Appends ``key`` to the file ``path``: one line per run, so a test counts how many
+    times each task ran."""
+    _note(path, str(key))
+
+
+@task
+def kills_then_fails(pid: int) -> None:
+    """Kills the process ``pid`` (a test's pooler) with SIGKILL, then fails, so the
+    worker reports a failure while its connection is cut."""
+    os.kill(pid, signal.SIGKILL)
+    raise Boom("the pooler is gone")

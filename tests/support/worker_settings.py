@@ -1,8 +1,9 @@
 """Settings of the task workers the tests start as processes: the project's settings
 with the ``TASKS`` options a test gives in ``JOBSTATE_TEST_TASK_OPTIONS`` (JSON; durations
 in seconds), so a worker and its test agree on them, ``JOBSTATE['MAX_PAYLOAD_BYTES']``
-from ``JOBSTATE_TEST_MAX_PAYLOAD_BYTES`` when a test lowers it, and Django's log of the
-tasks tagged (see :class:`TaggedFormatter`)."""
+from ``JOBSTATE_TEST_MAX_PAYLOAD_BYTES`` when a test lowers it, the settings of a worker
+behind a pooler in transaction mode with ``JOBSTATE_TEST_POOLER=transaction``, and
+Django's log of the tasks tagged (see :class:`TaggedFormatter`)."""
 
 import json
 import logging
@@ -36,11 +37,14 @@ TASKS = {
     }
 }
 
+JOBSTATE = dict(PROJECT_JOBSTATE)
 if "JOBSTATE_TEST_MAX_PAYLOAD_BYTES" in os.environ:
-    JOBSTATE = {
-        **PROJECT_JOBSTATE,
-        "MAX_PAYLOAD_BYTES": int(os.environ["JOBSTATE_TEST_MAX_PAYLOAD_BYTES"]),
-    }
+    JOBSTATE["MAX_PAYLOAD_BYTES"] = int(os.environ["JOBSTATE_TEST_MAX_PAYLOAD_BYTES"])
+
+# Behind a pooler in transaction mode, the settings the system checks ask for there.
+if os.environ.get("JOBSTATE_TEST_POOLER") == "transaction":
+    JOBSTATE.update(CONNECTION_POOLER="transaction", PREPARED_STATEMENTS=False, LISTEN_NOTIFY=False)
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True  # noqa: F405
 
 
 class TaggedFormatter(logging.Formatter):

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from jobstate.testing import FakeClock
 from jobstate.testing.memory_state import MemoryStateStore
+from tests.support.pgbouncer import PgBouncer
 from tests.support.stores import MemoryTasks, SharedMemoryStateStore
 
 
@@ -31,3 +32,17 @@ def memory_tasks(settings: Any, monkeypatch: pytest.MonkeyPatch, db: None) -> It
         "LISTEN_NOTIFY": False,
     }
     yield MemoryTasks(store=store, clock=clock)
+
+
+@pytest.fixture
+def pgbouncer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgBouncer]:
+    """A PgBouncer of the test's own in transaction mode, pooling the test database in at
+    most 3 server connections; the test may kill and start it again."""
+    pooler = PgBouncer(tmp_path_factory.mktemp("pgbouncer"), pool_size=3)
+    pooler.start()
+    try:
+        yield pooler
+    finally:
+        # Its server connections must be gone before the test database is flushed or
+        # dropped.
+        pooler.stop()

@@ -1,20 +1,23 @@
 """The worker rides out store failures that retrying can cure: a claim or a report that
 fails with a retryable store error is tried again, and an ended attempt whose report
-failed is reported later, never dropped. A failure retrying cannot cure stops the
+failed is reported later, never dropped; a report written before its connection was lost
+is recognised as written when it is sent again. A failure retrying cannot cure stops the
 worker, after handing back what it had not started."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 import pytest
+from django.db import transaction
 
 from jobstate.exceptions import StoreError, StoreUnavailable
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends
 from jobstate.tasks.worker import TaskWorker, WorkerConfig
-from tests.support.task_functions import add
+from tests.support.task_functions import add, always_fails
 from tests.support.tasks_kit import use_options
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,7 +41,11 @@ class FlakyStore(DatabaseStateStore):
 
     def complete_claimed_jobs(self, reports: Any) -> Any:
         self._fail("complete_claimed_jobs")
-        return super().complete_claimed_jobs(reports)
+        results = super().complete_claimed_jobs(reports)
+        # Committed (with the worker's audit entry, when it writes one), and then the
+        # reply is lost with the connection.
+        transaction.on_commit(lambda: self._fail("complete_claimed_jobs reply"), using=self.using)
+        return results
 
 
 @pytest.fixture
@@ -71,6 +78,23 @@ def test_failed_claims_and_reports_are_retried_and_no_attempt_is_dropped(
         assert read.status == TaskResultStatus.SUCCESSFUL and read.return_value == 2 * n
         assert read.attempts == 1
     assert "trying again" in caplog.text
+
+
+@pytest.mark.parametrize("task", [add, always_fails], ids=["success", "failure"])
+def test_a_report_whose_reply_was_lost_is_settled_not_taken_for_a_lost_claim(
+    flaky: type[FlakyStore], caplog: pytest.LogCaptureFixture, task: Any
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobstate.worker")
+    result = task.enqueue(1, 2) if task is add else task.enqueue("no")
+    flaky.failures = {"complete_claimed_jobs reply": 1}
+    summary = run_worker()
+    assert summary.lost == 0
+    assert (summary.succeeded, summary.failed) == ((1, 0) if task is add else (0, 1))
+    read = task.get_result(result.id)
+    assert read.attempts == 1
+    assert read.status == (TaskResultStatus.SUCCESSFUL if task is add else TaskResultStatus.FAILED)
+    assert "its claim was lost" not in caplog.text
+    assert "the task's row shows the report written" in caplog.text
 
 
 def test_a_failure_retrying_cannot_cure_stops_the_worker(flaky: type[FlakyStore]) -> None:

@@ -42,6 +42,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
+from jobstate.core.conf import jobstate_settings
 from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, JobStateError
 
 from ._common import (
@@ -58,6 +59,11 @@ from ._common import (
 #: The worker stopped because a timed-out task's thread did not stop (3 is the
 #: reloader's "restart me").
 EXIT_STUCK = 4
+#: The default ``--interval``, and the shorter one of a worker that cannot LISTEN behind
+#: a pooler in transaction mode (``JOBSTATE["CONNECTION_POOLER"]``): polling is then how
+#: it learns of a new task.
+DEFAULT_INTERVAL = 1.0
+POOLED_INTERVAL = 0.25
 #: Most threads one worker process runs tasks in.
 CONCURRENCY_LIMIT = 1000
 #: Longest ``--grace``: a day.
@@ -107,6 +113,11 @@ def _queue_names(text: str) -> list[str] | None:
     return list(dict.fromkeys(names))
 
 
+def _default_interval() -> float:
+    pooled = jobstate_settings.CONNECTION_POOLER == "transaction"
+    return POOLED_INTERVAL if pooled else DEFAULT_INTERVAL
+
+
 class Command(JobStateCommand):
     help = (
         "Run the tasks of a jobstate task backend (django.tasks) until stopped: claim, "
@@ -154,8 +165,10 @@ class Command(JobStateCommand):
             "--interval",
             type=interval_seconds,
             metavar="SECONDS",
-            help="How often an idle worker looks for tasks (default: 1). On PostgreSQL a "
-            "new task also wakes it at once, unless JOBSTATE['LISTEN_NOTIFY'] is False.",
+            help="How often an idle worker looks for tasks (default: 1; 0.25 when "
+            "JOBSTATE['CONNECTION_POOLER'] is 'transaction'). On PostgreSQL a new task also "
+            "wakes it at once, unless JOBSTATE['LISTEN_NOTIFY'] is False or the worker is "
+            "behind a pooler in transaction mode.",
         )
         parser.add_argument(
             "--worker-id",
@@ -252,7 +265,7 @@ class Command(JobStateCommand):
                 concurrency=options["concurrency"],
                 batch=options["batch"],
                 max_tasks=options["max_tasks"],
-                interval=1.0 if interval is None else interval.total_seconds(),
+                interval=_default_interval() if interval is None else interval.total_seconds(),
                 worker_id=worker_id,
                 grace=options["grace"],
                 schedules=not options["no_schedules"],

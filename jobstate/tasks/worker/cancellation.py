@@ -13,6 +13,7 @@ the worker stops claiming and exits with status 4 (see :mod:`.loop`).
 
 A claim lost any other way (its lease ran out and a sweep recovered it) is only marked,
 as the beat's lease renewal marks it: its result will be dropped, and the task runs on.
+An attempt that has already ended is left to its report.
 """
 
 from __future__ import annotations
@@ -63,8 +64,13 @@ class CancelWatch:
         for attempt in held:
             if attempt.job.id not in lost:
                 continue
-            attempt.claim_lost = True
             job = attempt.job
+            if attempt.ended:
+                # Only its report is left, and the report tells a recovered claim from one
+                # its own earlier report settled (whose reply a lost connection cut off).
+                attempt.cancelled = lost[job.id] == JobStatus.REJECTED
+                continue
+            attempt.claim_lost = True
             if lost[job.id] != JobStatus.REJECTED:
                 logger.warning(
                     "Lost the claim of task %s %s: its lease ran out and it was recovered "

@@ -141,6 +141,11 @@ class Attempt:
         return self._state is _State.RUNNING
 
     @property
+    def ended(self) -> bool:
+        """Its thread has left the task's code: only its report is left to write."""
+        return self._state is _State.ENDED
+
+    @property
     def interrupted(self) -> bool:
         """Interrupted past its timeout, and its thread has not stopped yet."""
         return self._state is _State.INTERRUPTED

@@ -26,9 +26,13 @@ of the worker itself:
   queues (:mod:`.waiter`, PostgreSQL), a timeout, beat or slot is due, or ``interval``
   passes.
 
-A store failure that retrying can cure (the database restarting, a deadlock) is logged
-and retried with a growing wait, while the running tasks go on; any other failure ends
-the worker, after handing back the tasks it had not started.
+A store failure that retrying can cure (the database or a pooler in front of it
+restarting, a deadlock) is logged and retried with a growing wait, while the running
+tasks go on; so is a registration that fails as the worker starts. Database errors of
+the worker's own transactions (its reports; the schedule evaluations translate theirs)
+are translated as the store's are, so a lost connection there is retried too, never the
+end of the worker. Any other failure ends the worker, after handing back the tasks it
+had not started.
 """
 
 from __future__ import annotations
@@ -139,7 +143,8 @@ class TaskWorker:
             )
             self._start_listener()
             try:
-                self._presence.register()
+                if not self._register():
+                    return self.summary
                 self._presence.announce(listening=self._listener is not None)
                 self._work()
             finally:
@@ -177,12 +182,8 @@ class TaskWorker:
                     return
                 free, claimed = self._claim()
             except StoreError as exc:
-                if not exc.retryable:
-                    raise
                 failures += 1
-                wait = min(self.config.interval * 2 ** min(failures - 1, 10), _RETRY_CAP)
-                logger.warning("The database failed (%s); trying again in %.1f s", exc, wait)
-                self._wake.wait(wait)
+                self._wait_after(exc, failures)
                 continue
             failures = 0
             if free and claimed == free:
@@ -192,6 +193,29 @@ class TaskWorker:
                 self._stop_requested = "--batch: no task ready"
                 return
             self._wake.wait(self._sleep_seconds(next_beat))
+
+    def _wait_after(self, exc: StoreError, failures: int) -> None:
+        """Wait before trying again after the ``failures``-th store failure in a row,
+        longer each time; re-raise one that retrying cannot cure."""
+        if not exc.retryable:
+            raise exc
+        wait = min(self.config.interval * 2 ** min(failures - 1, 10), _RETRY_CAP)
+        logger.warning("The database failed (%s); trying again in %.1f s", exc, wait)
+        self._wake.wait(wait)
+
+    def _register(self) -> bool:
+        """Register the worker, trying again while the database cannot be reached;
+        ``False`` when a stop was requested first."""
+        failures = 0
+        while self._stop_requested is None:
+            try:
+                self._presence.register()
+            except StoreError as exc:
+                failures += 1
+                self._wait_after(exc, failures)
+                continue
+            return True
+        return False
 
     def _claim(self) -> tuple[int, int]:
         """Claim up to the free slots (and what ``--max-tasks`` still allows) and start
@@ -400,8 +424,11 @@ class TaskWorker:
 
     def _start_listener(self) -> None:
         # A --batch worker ends once the queue is empty, so a new task need not wake it.
-        if self.config.batch or not (
-            jobstate_settings.LISTEN_NOTIFY and listen_notify_available(self.config.using)
+        # Through a pooler in transaction mode a LISTEN ends with its transaction.
+        if (
+            self.config.batch
+            or jobstate_settings.CONNECTION_POOLER == "transaction"
+            or not (jobstate_settings.LISTEN_NOTIFY and listen_notify_available(self.config.using))
         ):
             return
         self._listener = NotificationListener(

@@ -8,9 +8,11 @@ import logging
 import os
 import socket
 
+from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import WorkerKind, WorkerRegistration
 from jobstate.exceptions import StoreError
 from jobstate.stores.base import StateStore
+from jobstate.stores.errors import translated_database_errors
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.worker.config import WorkerConfig
 from jobstate.tasks.worker.coverage import unserved_queues_warning
@@ -81,6 +83,12 @@ class WorkerPresence:
             wake = f"LISTEN/NOTIFY, polling every {self.config.interval:g} s as a fallback"
         else:
             wake = f"polling every {self.config.interval:g} s"
+            if jobstate_settings.LISTEN_NOTIFY and jobstate_settings.CONNECTION_POOLER:
+                wake += (
+                    " (no LISTEN/NOTIFY: JOBSTATE['CONNECTION_POOLER'] is "
+                    f"{jobstate_settings.CONNECTION_POOLER!r}, and a LISTEN through a "
+                    "pooler in transaction mode ends with its transaction)"
+                )
         timeout = self.options.timeout or "none"
         logger.info(
             "jobstate_worker %s started: backend %r, queues %s, concurrency %d, wake-up by "
@@ -95,11 +103,19 @@ class WorkerPresence:
             timeout,
         )
         if self.queues is not None and self.store.supports_worker_registry:
-            warning = unserved_queues_warning(
-                target=self.backend.target,
-                alias=self.backend.alias,
-                queues=self.queues,
-                using=self.config.using,
-            )
+            try:
+                with translated_database_errors("The queue coverage check", self.config.using):
+                    warning = unserved_queues_warning(
+                        target=self.backend.target,
+                        alias=self.backend.alias,
+                        queues=self.queues,
+                        using=self.config.using,
+                    )
+            except StoreError as exc:
+                if not exc.retryable:
+                    raise
+                # A warning only: the worker starts all the same.
+                logger.warning("Could not check which queues wait for a worker: %s", exc)
+                return
             if warning is not None:
                 logger.warning(warning)

@@ -10,6 +10,12 @@ counted as an attempt.
 Every report is fenced by the attempt's claim token: if the worker lost the claim (its
 lease ran out and a sweep recovered the task), the report writes nothing and the
 attempt's result is dropped, with a warning.
+
+A report whose connection died on its way (a database or pooler restart) raises
+:class:`~jobstate.exceptions.StoreUnavailable`, whatever the driver raised, and is sent
+again by the worker later; it may have committed before the connection died. When the
+second report then finds the claim gone, the row it read back tells which: if its log
+holds this attempt, the first report was written and the attempt is settled.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from jobstate.core.attempt_log import (
     AttemptOutcome,
     AttemptSettlement,
     TaskAttempt,
+    attempt_history,
     refused_settlement,
     settle_attempt,
 )
@@ -35,11 +42,13 @@ from jobstate.core.states import ClaimReport, JobStatus
 from jobstate.exceptions import (
     InvalidPatch,
     InvalidPayload,
+    StoreUnavailable,
     TaskReportRefused,
     TaskTimedOut,
     WorkerLost,
 )
 from jobstate.stores.base import CompletionResult, StateStore
+from jobstate.stores.errors import translated_database_errors
 from jobstate.tasks.compat import task_finished
 from jobstate.tasks.options import TaskOptions
 from jobstate.tasks.results import task_result
@@ -64,6 +73,8 @@ class SettledAttempt:
     settlement: AttemptSettlement
     written: bool
     """``False``: the claim was gone, nothing was written."""
+    reply_lost: bool = False
+    """An earlier report was written though its reply was lost with the connection."""
 
 
 def interrupted(attempt: Attempt, why: str) -> Outcome:
@@ -97,6 +108,9 @@ class Reporter:
         self.using = using
         self.options = options
         self.sender = sender
+        #: The claims (job id, token) whose last report died with its connection and so
+        #: may have been written.
+        self._unconfirmed: set[tuple[Any, Any]] = set()
 
     def settle(self, outcomes: Sequence[Outcome]) -> list[SettledAttempt]:
         """Report every outcome; return what each report did, in order. A report the
@@ -116,7 +130,7 @@ class Reporter:
                 return [item for outcome in outcomes for item in self.settle([outcome])]
             outcomes, settlements, results = self._settle_refused(outcomes[0], exc)
         settled = [
-            SettledAttempt(outcome, settlement, result.completed)
+            self._settled(outcome, settlement, result)
             for outcome, settlement, result in zip(outcomes, settlements, results, strict=True)
         ]
         for item, result in zip(settled, results, strict=True):
@@ -128,7 +142,30 @@ class Reporter:
             outcome.exception = None
         return settled
 
+    def _settled(
+        self, outcome: Outcome, settlement: AttemptSettlement, result: CompletionResult
+    ) -> SettledAttempt:
+        claim = _claim(outcome.attempt)
+        unconfirmed = claim in self._unconfirmed
+        self._unconfirmed.discard(claim)
+        if result.completed or not unconfirmed or not _logged(result.job, outcome.record):
+            return SettledAttempt(outcome, settlement, result.completed)
+        return SettledAttempt(outcome, settlement, True, reply_lost=True)
+
     def _report(
+        self, outcomes: Sequence[Outcome], settlements: Sequence[AttemptSettlement]
+    ) -> list[CompletionResult]:
+        """Write the reports; a lost connection raises ``StoreUnavailable`` (never the
+        driver's error, which a failed commit, or a reconnection as the transaction
+        block ends, raises outside the store's own calls) and marks them unconfirmed."""
+        try:
+            with translated_database_errors("The report of ended task attempts", self.using):
+                return self._write(outcomes, settlements)
+        except StoreUnavailable:
+            self._unconfirmed.update(_claim(outcome.attempt) for outcome in outcomes)
+            raise
+
+    def _write(
         self, outcomes: Sequence[Outcome], settlements: Sequence[AttemptSettlement]
     ) -> list[CompletionResult]:
         reports = [
@@ -307,6 +344,11 @@ class Reporter:
         if outcome.record.failed:
             what = f"{what} ({settlement.patch.get('error')})"
         what = f"{what} in {duration_ms:.0f} ms"
+        if item.reply_lost:
+            what = (
+                f"{what} (the connection was lost as its report was sent; the task's row "
+                "shows the report written)"
+            )
         if settlement.retrying:
             what = f"{what}; retry in {_wait(settlement).total_seconds():.1f} s"
         elif outcome.record.failed:
@@ -320,6 +362,24 @@ class Reporter:
             job.max_attempts or 1,
             what,
         )
+
+
+def _claim(attempt: Attempt) -> tuple[Any, Any]:
+    return attempt.job.id, attempt.job.claim_token
+
+
+def _logged(job: Job | None, record: TaskAttempt) -> bool:
+    """Whether ``job``'s attempt log holds ``record``: the same worker, start, end and
+    outcome. Only this attempt's own report writes that entry (a recovery of the task
+    logs the attempt as its worker lost, at another instant)."""
+    if job is None:
+        return False
+    mark = (record.worker_id, record.started_at, record.finished_at, record.outcome)
+    return any(
+        isinstance(entry, TaskAttempt)
+        and (entry.worker_id, entry.started_at, entry.finished_at, entry.outcome) == mark
+        for entry in attempt_history(job.attempt_log)
+    )
 
 
 def _retry_at(settlement: AttemptSettlement) -> str | None:
