@@ -376,3 +376,18 @@ def test_listen_notify_off_sends_nothing(settings: Any) -> None:
         assert not list(listener.notifies(timeout=0.3))
     finally:
         listener.close()
+
+
+@pytest.mark.postgres
+def test_the_workers_listening_connection_prepares_no_statement() -> None:
+    # Behind a pooler in transaction mode a statement prepared on one server connection is
+    # missing (or already present) on the next: the listener's keep-alive must stay unprepared
+    # however often it runs, whatever psycopg's default threshold.
+    from jobstate.tasks.worker.waiter import NotificationListener
+
+    listener = NotificationListener("default", accepts=lambda payload: True, wake=lambda: None)
+    with listener._connect() as conn:
+        for _ in range(12):
+            conn.execute("SELECT 1")
+        prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert prepared == (0,)

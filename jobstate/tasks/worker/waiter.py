@@ -108,7 +108,9 @@ class NotificationListener(threading.Thread):
             for key, value in connections[self.using].get_connection_params().items()
             if key not in _DJANGO_ONLY_PARAMETERS
         }
-        return psycopg.connect(**params, autocommit=True)
+        # Never prepared: its keep-alive runs often enough to reach psycopg's default
+        # threshold, and behind a transaction pooler a prepared statement breaks the session.
+        return psycopg.connect(**params, autocommit=True, prepare_threshold=None)
 
     @staticmethod
     def _errors() -> type[Exception]:
