@@ -37,7 +37,6 @@ had not started.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import signal
@@ -46,8 +45,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from jobstate.core.conf import jobstate_settings
-from jobstate.core.states import task_notify_payload
 from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
@@ -64,7 +61,7 @@ from jobstate.tasks.worker.presence import WorkerPresence
 from jobstate.tasks.worker.reports import Reporter, interrupted
 from jobstate.tasks.worker.shutdown import stop_signals
 from jobstate.tasks.worker.unknown_tasks import UnknownTasks
-from jobstate.tasks.worker.waiter import NotificationListener, listen_notify_available
+from jobstate.tasks.worker.waiter import NotificationListener, start_listener
 
 __all__ = ["TaskWorker", "WorkerConfig", "WorkerSummary", "default_worker_id"]
 
@@ -117,7 +114,6 @@ class TaskWorker:
         self.queues: tuple[str, ...] | None = config.queues
         if self.queues is None and backend.queues:
             self.queues = tuple(sorted(backend.queues))
-        self._accepted = self._payloads()
         self._presence = WorkerPresence(self.store, config, backend, self.queues)
         self._cancels = CancelWatch(self.store, every=config.interval)
 
@@ -407,34 +403,10 @@ class TaskWorker:
 
     # --- start and stop --------------------------------------------------------------
 
-    def _payloads(self) -> frozenset[str] | None:
-        if self.queues is None:
-            return None
-        return frozenset(task_notify_payload(self.backend.target, name) for name in self.queues)
-
-    def _accepts(self, payload: str) -> bool:
-        """Whether a notification names one of this worker's queues."""
-        if self._accepted is not None:
-            return payload in self._accepted
-        try:
-            target, _queue = json.loads(payload)
-        except (ValueError, TypeError):
-            return False
-        return bool(target == self.backend.target)
-
     def _start_listener(self) -> None:
-        # A --batch worker ends once the queue is empty, so a new task need not wake it.
-        # Through a pooler in transaction mode a LISTEN ends with its transaction.
-        if (
-            self.config.batch
-            or jobstate_settings.CONNECTION_POOLER == "transaction"
-            or not (jobstate_settings.LISTEN_NOTIFY and listen_notify_available(self.config.using))
-        ):
-            return
-        self._listener = NotificationListener(
-            self.config.using, accepts=self._accepts, wake=self._wake.set
+        self._listener = start_listener(
+            self.config, target=self.backend.target, queues=self.queues, wake=self._wake.set
         )
-        self._listener.start()
 
     def _wind_down(self) -> None:
         """Claim nothing more; hand back what no thread started; let the running tasks

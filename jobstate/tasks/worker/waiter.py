@@ -13,17 +13,20 @@ start later, never not at all.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from django.db import connections
 
-from jobstate.core.states import TASK_NOTIFY_CHANNEL
+from jobstate.core.conf import jobstate_settings
+from jobstate.core.states import TASK_NOTIFY_CHANNEL, task_notify_payload
 from jobstate.stores.database.backends import database_ops
+from jobstate.tasks.worker.config import WorkerConfig
 
-__all__ = ["NotificationListener", "listen_notify_available"]
+__all__ = ["NotificationListener", "QueueFilter", "listen_notify_available", "start_listener"]
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -117,3 +120,48 @@ class NotificationListener(threading.Thread):
         import psycopg
 
         return psycopg.Error
+
+
+class QueueFilter:
+    """Which notifications name one of a worker's queues: a worker of named queues
+    compares payloads whole; a worker of every queue (``queues`` None) reads the payload's
+    target."""
+
+    def __init__(self, target: str, queues: Collection[str] | None) -> None:
+        self.target = target
+        self._payloads = (
+            None
+            if queues is None
+            else frozenset(task_notify_payload(target, name) for name in queues)
+        )
+
+    def __call__(self, payload: str) -> bool:
+        if self._payloads is not None:
+            return payload in self._payloads
+        try:
+            target, _queue = json.loads(payload)
+        except (ValueError, TypeError):
+            return False
+        return bool(target == self.target)
+
+
+def start_listener(
+    config: WorkerConfig,
+    *,
+    target: str,
+    queues: Collection[str] | None,
+    wake: Callable[[], None],
+) -> NotificationListener | None:
+    """Start the thread that wakes a worker when a task of its queues is enqueued, or
+    return None when the worker only polls."""
+    # A --batch worker ends once the queue is empty, so a new task need not wake it.
+    # Through a pooler in transaction mode a LISTEN ends with its transaction.
+    if (
+        config.batch
+        or jobstate_settings.CONNECTION_POOLER == "transaction"
+        or not (jobstate_settings.LISTEN_NOTIFY and listen_notify_available(config.using))
+    ):
+        return None
+    listener = NotificationListener(config.using, accepts=QueueFilter(target, queues), wake=wake)
+    listener.start()
+    return listener
