@@ -31,6 +31,7 @@ from jobstate.core.states import EXPIRED_QUEUED_ERROR, JobStatus
 from jobstate.models import Job, thread_blockers
 from jobstate.stores.contracts.primitives import Settled
 from jobstate.stores.contracts.validation import CLEARED_CLAIM, ParsedReport
+from jobstate.stores.database import set_claims
 from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.tables import job_rows
 
@@ -55,6 +56,9 @@ def claim(
 ) -> Job | None:
     """Claim the oldest ready job of ``scope`` that passes the per-thread gate."""
     ops = database_ops(using)
+    if ops.claims_in_sets:
+        claimed = set_claims.claim(using, scope, owner, lease, status, 1)
+        return claimed[0] if claimed else None
     if ops.hot_statements:
         picked, job = ops.claim_one(scope, owner, lease, status)
         if not picked or job is not None:

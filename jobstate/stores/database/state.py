@@ -38,6 +38,7 @@ from jobstate.stores.database import (
     fleet_rows,
     intake,
     notification_outbox,
+    set_claims,
     sweep_statements,
     task_queue,
 )
@@ -129,10 +130,15 @@ class DatabaseStateStore(StateStore):
         """Where the backend has the one-statement forms (PostgreSQL) the jobs without a
         thread are claimed by one statement (``UPDATE ... FROM (SELECT ... LIMIT k FOR
         UPDATE SKIP LOCKED) RETURNING``); when that leaves room in the batch, threaded
-        jobs follow one claim at a time through the per-thread gate. Elsewhere every job
-        is claimed one at a time, inside one transaction."""
-        if database_ops(self.using).hot_statements:
+        jobs follow one claim at a time through the per-thread gate. Where rows are
+        locked but not returned by an ``UPDATE`` (MariaDB, MySQL) the batch is one
+        locking read and one ``UPDATE ... WHERE id IN`` (:mod:`.set_claims`). Elsewhere
+        every job is claimed one at a time, inside one transaction."""
+        ops = database_ops(self.using)
+        if ops.hot_statements:
             return claims.claim_batch(self.using, scope, owner, lease, limit)
+        if ops.claims_in_sets:
+            return set_claims.claim(self.using, scope, owner, lease, JobStatus.RUNNING, limit)
         return super()._claim_batch(scope, owner, lease, limit)
 
     def _complete_claimed(
@@ -144,10 +150,15 @@ class DatabaseStateStore(StateStore):
         """Where the backend has the one-statement forms (PostgreSQL) the reports that
         patch the same fields are applied by one ``UPDATE ... FROM (VALUES ...)
         RETURNING`` statement, each row fenced by its own claim token; a batch of uniform
-        reports (the usual case) is one statement. Elsewhere the reports are applied one
-        by one inside one transaction."""
-        if database_ops(self.using).hot_statements:
+        reports (the usual case) is one statement. On MariaDB and MySQL the current
+        claims are locked by one read, each shape of patch is one ``UPDATE``, and the
+        rows are read back once (:mod:`.set_claims`). Elsewhere the reports are applied
+        one by one inside one transaction."""
+        ops = database_ops(self.using)
+        if ops.hot_statements:
             return claims.complete_claimed_batch(self.using, reports)
+        if ops.claims_in_sets:
+            return set_claims.complete_batch(self.using, reports)
         return super()._complete_claimed_batch(reports)
 
     def _extend_claim_lease(self, pk: uuid.UUID, token: uuid.UUID, lease: timedelta | None) -> bool:

@@ -4,9 +4,10 @@ renewing a worker's leases and listing the tasks whose lease ran out.
 Where the backend has the one-statement forms (PostgreSQL), an enqueue is the insert and
 its ``NOTIFY`` in one statement and a claim one ``UPDATE ... FROM (SELECT ... FOR UPDATE
 SKIP LOCKED) RETURNING`` that reads the task claim index in claim order (see
-:mod:`jobstate.stores.database.backends.postgresql_statements`). Elsewhere the portable
-path below picks and moves the tasks one by one inside one transaction, which SQLite's
-``IMMEDIATE`` transactions serialise.
+:mod:`jobstate.stores.database.backends.postgresql_statements`); on MariaDB and MySQL a
+claim is one locking read and one ``UPDATE ... WHERE id IN`` (:mod:`.set_claims`).
+Elsewhere the portable path below picks and moves the tasks one by one inside one
+transaction, which SQLite's ``IMMEDIATE`` transactions serialise.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from django.db.models.functions import Now
 
 from jobstate.core.states import JobStatus
 from jobstate.models import Job
+from jobstate.stores.database import set_claims
 from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.intake import create_job
 from jobstate.stores.database.tables import job_rows
@@ -106,6 +108,8 @@ def _claim_portable(
     if queues is not None:
         candidates = candidates.filter(queue_name__in=queues)
     ordered = candidates.in_task_claim_order()
+    if database_ops(using).claims_in_sets:
+        return set_claims.claim_tasks(using, ordered, owner, lease, limit)
     if database_ops(using).locks_rows:
         # Concurrent workers pass over each other's picks instead of waiting for them
         # and then finding them taken.

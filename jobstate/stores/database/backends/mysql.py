@@ -6,6 +6,7 @@ session's clock on UTC, InnoDB's deadlocks and ``JSON_CONTAINS`` for the input s
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +34,10 @@ _DEADLOCK = 1213
 class MySQLOperations(BackendOperations):
     vendor = "mysql"
     now_sql = "CURRENT_TIMESTAMP(6)"
+
+    # No UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and DELETE only), so a
+    # claim of one job or many is one locking read of the rows and one UPDATE of them.
+    claims_in_sets = True
 
     # MySQL refuses an UPDATE whose subquery reads the updated table. MariaDB accepts
     # it (Django's update_can_self_select), but it shares this backend and the claim's
@@ -86,6 +91,46 @@ class MySQLOperations(BackendOperations):
                 f"INSERT IGNORE INTO {THREAD_GATE_TABLE} (thread_id) VALUES (%s)", [thread_id]
             )
             return bool(cursor.rowcount == 1)
+
+    def try_lock_threads(self, thread_ids: Collection[int]) -> set[int]:
+        """The rows of every thread locked by one ``SKIP LOCKED`` read; only threads it
+        did not hand over are looked at again, as :meth:`try_lock_thread` does, and the
+        never-gated ones created (and so locked) by one multi-row insert. Raw SQL
+        because the gate table has no model: it exists on these servers only."""
+        wanted = sorted(set(thread_ids))
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT thread_id FROM {THREAD_GATE_TABLE} WHERE thread_id IN "
+                f"({_marks(wanted)}) FOR UPDATE SKIP LOCKED",
+                wanted,
+            )
+            held = {int(row[0]) for row in cursor.fetchall()}
+            rest = [thread_id for thread_id in wanted if thread_id not in held]
+            if not rest:
+                return held
+            cursor.execute(
+                f"SELECT thread_id FROM {THREAD_GATE_TABLE} WHERE thread_id IN ({_marks(rest)})",
+                rest,
+            )
+            gated = {int(row[0]) for row in cursor.fetchall()}
+            new = [thread_id for thread_id in rest if thread_id not in gated]
+            if not new:
+                return held
+            cursor.execute(
+                f"INSERT IGNORE INTO {THREAD_GATE_TABLE} (thread_id) VALUES "
+                + ", ".join(["(%s)"] * len(new)),
+                new,
+            )
+            if cursor.rowcount == len(new):
+                return held | set(new)
+            # A concurrent first lock made some of them duplicates: the rows this insert
+            # created are this transaction's, and it does not skip its own locks.
+            cursor.execute(
+                f"SELECT thread_id FROM {THREAD_GATE_TABLE} WHERE thread_id IN "
+                f"({_marks(new)}) FOR UPDATE SKIP LOCKED",
+                new,
+            )
+            return held | {int(row[0]) for row in cursor.fetchall()}
 
     # --- migration 0009's guards ------------------------------------------------------
 
@@ -152,3 +197,8 @@ class MySQLOperations(BackendOperations):
             .filter(**{alias: True})
             .exclude(**{f"{alias}_type": "ARRAY"})
         )
+
+
+def _marks(values: Sequence[object]) -> str:
+    """One placeholder per value, for ``IN (...)``."""
+    return ", ".join(["%s"] * len(values))

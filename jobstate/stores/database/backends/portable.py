@@ -12,7 +12,7 @@ methods.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -62,6 +62,12 @@ class BackendOperations:
     #: outbox completion and the run reaper (:meth:`claim_one` and the methods after it).
     #: Elsewhere the ORM paths in the concern modules do the same in a transaction.
     hot_statements = False
+
+    #: Whether claims, task claims and batch reports take the set-based path of
+    #: :mod:`jobstate.stores.database.set_claims` (one locking read of every candidate,
+    #: one ``UPDATE ... WHERE id IN``): where rows are locked but no ``UPDATE ...
+    #: RETURNING`` hands the moved rows back in the same statement.
+    claims_in_sets = False
 
     #: Whether the claim's ``UPDATE`` may re-check the per-thread gate in a subquery of
     #: the job table it updates (else the gate is read by a statement of its own, under
@@ -149,6 +155,11 @@ class BackendOperations:
         lock; waiting here while another claimer waits for that row would deadlock."""
         self.lock_thread(thread_id)
         return True
+
+    def try_lock_threads(self, thread_ids: Collection[int]) -> set[int]:
+        """:meth:`try_lock_thread` for several threads at once: the ones now held by
+        this transaction."""
+        return {thread_id for thread_id in thread_ids if self.try_lock_thread(thread_id)}
 
     # --- instants read back from the database ----------------------------------------
 

@@ -1,0 +1,221 @@
+"""Claims and reports in sets, on databases that lock rows but have no ``UPDATE ...
+RETURNING`` (MariaDB, MySQL: :attr:`BackendOperations.claims_in_sets`).
+
+A claim of one job or of ``k`` is the same few statements in one transaction, whatever
+``k``:
+
+1. one locking read of up to ``k`` candidates (``SELECT ... ORDER BY created_at, id
+   LIMIT k FOR UPDATE SKIP LOCKED``) with every guard of a claim in it: the targets,
+   ``run_after`` on the database clock, paused queues, the per-thread gate. It reads the
+   whole rows and the database clock, so nothing needs reading back;
+2. for the candidates that belong to a thread, the threads' gate locks taken without
+   waiting, then the gate read again under them by one statement (a snapshot read
+   before the lock can miss a sibling claimed a moment earlier); a candidate whose
+   thread is held elsewhere or blocked is passed over and another read fills its place;
+3. one ``UPDATE ... WHERE id IN (...) AND status = 'queued'`` that moves them all, each
+   with its own claim token, the claim instants and the lease from the clock read in
+   step 1.
+
+The rows stay locked from step 1 to the commit, so the ``UPDATE`` moves every row it
+names; should it move fewer, the rows are read back and only those that carry this
+claim's token are handed out. Task claims take the same path with their own candidates
+and order. A batch of reports is one fenced locking read, one ``UPDATE`` per shape of
+patch (the values of each row given by ``CASE id``), and one read of the rows back.
+"""
+
+from __future__ import annotations
+
+import operator
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from functools import reduce
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Case, Exists, F, Field, Q, QuerySet, Value, When
+from django.db.models.functions import Now
+
+from jobstate.core.states import JobStatus
+from jobstate.models import Job, JobQuerySet, thread_blockers
+from jobstate.stores.contracts.primitives import Settled
+from jobstate.stores.contracts.validation import CLEARED_CLAIM, ParsedReport
+from jobstate.stores.database.backends import database_ops
+from jobstate.stores.database.tables import job_rows
+
+__all__ = ["claim", "claim_tasks", "complete_batch"]
+
+#: The annotation that carries the database clock on a locked candidate.
+_CLOCK = "jobstate_clock"
+
+
+def claim(
+    using: str, scope: list[str], owner: str, lease: timedelta, status: JobStatus, limit: int
+) -> list[Job]:
+    """Claim up to ``limit`` ready jobs of ``scope`` that pass the per-thread gate, each
+    moved to ``status``; at most one job of a thread. Oldest first."""
+    ops = database_ops(using)
+    jobs = job_rows(using)
+    taken: list[Job] = []
+    passed_threads: set[int] = set()
+    with transaction.atomic(using=using):
+        # Each round either fills the batch, finds nothing more, or rules out at least
+        # one more thread, so the loop ends.
+        while len(taken) < limit:
+            candidates = jobs.claimable(scope)
+            if taken:
+                # Rows this transaction holds are not skipped by its own locking read.
+                candidates = candidates.exclude(id__in=[job.id for job in taken])
+            if passed_threads:
+                candidates = candidates.exclude(thread_id__in=passed_threads)
+            picked = _locked(ops.lock_candidates(candidates), limit - len(taken))
+            passed = _failing_the_gate(using, picked) if ops.locks_rows else set()
+            taken += [job for job in picked if job.thread_id not in passed]
+            if not passed:
+                break
+            passed_threads |= passed
+        if not taken:
+            return []
+        fixed: dict[str, Any] = {
+            "status": status,
+            "executor_id": owner,
+            "dispatched_at": None,
+            "run_after": None,
+        }
+        dispatched = status == JobStatus.DISPATCHED
+        return _move(jobs, taken, fixed, lease, dispatched=dispatched, attempt=False)
+
+
+def claim_tasks(
+    using: str, candidates: JobQuerySet, owner: str, lease: timedelta, limit: int
+) -> list[Job]:
+    """Claim up to ``limit`` of ``candidates`` (due tasks, in task claim order): each
+    becomes running for ``owner`` with one more attempt; ``run_after`` is kept."""
+    ops = database_ops(using)
+    jobs = job_rows(using)
+    with transaction.atomic(using=using):
+        picked = _locked(ops.lock_candidates(candidates), limit)
+        if not picked:
+            return []
+        fixed: dict[str, Any] = {
+            "status": JobStatus.RUNNING,
+            "executor_id": owner,
+            "dispatched_at": None,
+        }
+        # The claim starts an attempt: ``attempts`` counts the attempts that started.
+        return _move(jobs, picked, fixed, lease, dispatched=False, attempt=True)
+
+
+def _locked(candidates: QuerySet[Job], limit: int) -> list[Job]:
+    """The first ``limit`` of ``candidates`` (a locking read), each with the database
+    clock of the read as :data:`_CLOCK`."""
+    return list(candidates.annotate(**{_CLOCK: Now()})[:limit])
+
+
+def _failing_the_gate(using: str, picked: list[Job]) -> set[int]:
+    """The threads of ``picked`` whose job may not be claimed: another transaction
+    holds the thread's gate, or, read again under the gate's lock, a sibling blocks the
+    job (running or dispatched, or ready and ahead of it)."""
+    threads = {job.thread_id for job in picked if job.thread_id is not None}
+    if not threads:
+        return set()
+    held = database_ops(using).try_lock_threads(threads)
+    passed = threads - held
+    if held:
+        rows = job_rows(using).filter(id__in=[job.id for job in picked if job.thread_id in held])
+        blocked = rows.filter(Exists(thread_blockers())).values_list("thread_id", flat=True)
+        passed.update(thread_id for thread_id in blocked if thread_id is not None)
+    return passed
+
+
+def _move(
+    jobs: JobQuerySet,
+    taken: list[Job],
+    fixed: dict[str, Any],
+    lease: timedelta,
+    *,
+    dispatched: bool,
+    attempt: bool,
+) -> list[Job]:
+    """One ``UPDATE`` of the locked ``taken`` rows to ``fixed``, each with a fresh claim
+    token, the claim instants and the lease from the latest clock read, and with
+    ``attempt`` one more attempt; the rows as written."""
+    clock: datetime = max(getattr(job, _CLOCK) for job in taken)
+    tokens = {job.id: uuid.uuid4() for job in taken}
+    stamps: dict[str, Any] = {
+        "claimed_at": clock,
+        "lease_until": clock + lease,
+        "updated_at": clock,
+    }
+    if dispatched:
+        stamps["dispatched_at"] = clock
+    changes = {
+        **fixed,
+        **stamps,
+        "claim_token": _per_row(list(tokens.items()), "claim_token"),
+    }
+    if attempt:
+        changes["attempts"] = F("attempts") + 1
+    moved = jobs.filter(id__in=list(tokens), status=JobStatus.QUEUED).update(**changes)
+    if moved != len(taken):
+        # Only a row another transaction could write despite the lock; what this claim
+        # wrote is what carries its tokens.
+        written = jobs.filter(id__in=list(tokens))
+        return [job for job in written if job.claim_token == tokens[job.id]]
+    for job in taken:
+        delattr(job, _CLOCK)
+        for name, value in {**fixed, **stamps}.items():
+            setattr(job, name, value)
+        job.claim_token = tokens[job.id]
+        if attempt:
+            job.attempts += 1
+    return taken
+
+
+# --- reports ---------------------------------------------------------------------------
+
+
+def complete_batch(using: str, parsed: list[ParsedReport]) -> list[Settled]:
+    """Apply many fenced reports: the claims still current are locked by one read
+    (id and claim token per report, the job running or dispatched), each shape of patch
+    is one ``UPDATE`` of those rows, and every reported row is read back once. One
+    answer per report, in the order given."""
+    jobs = job_rows(using)
+    ids = [pk for pk, *_ in parsed]
+    fence = reduce(operator.or_, (Q(id=pk, claim_token=token) for pk, token, *_ in parsed))
+    with transaction.atomic(using=using):
+        current = set(
+            jobs.filter(fence)
+            .claimed()
+            .select_for_update()
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        shapes: dict[tuple[str, ...], list[ParsedReport]] = {}
+        for report in parsed:
+            if report[0] in current:
+                shapes.setdefault(tuple(sorted(report[3])), []).append(report)
+        for columns, group in shapes.items():
+            changes: dict[str, Any] = {
+                **CLEARED_CLAIM,
+                "status": _per_row([(pk, status) for pk, _token, status, _c in group], "status"),
+                "updated_at": Now(),
+            }
+            for name in columns:
+                changes[name] = _per_row([(report[0], report[3][name]) for report in group], name)
+            jobs.filter(id__in=[report[0] for report in group]).update(**changes)
+        rows = {job.id: job for job in jobs.filter(id__in=ids)}
+    return [(pk in current, rows.get(pk)) for pk in ids]
+
+
+def _per_row(values: Sequence[tuple[uuid.UUID, Any]], name: str) -> Value | Case:
+    """The value of field ``name`` for each row id: one value when every row takes the
+    same, else ``CASE id WHEN ... THEN ... END``."""
+    field = Job._meta.get_field(name)
+    if not isinstance(field, Field):
+        raise TypeError(f"Job.{name} is not a concrete field.")
+    first = values[0][1]
+    if all(given == first for _pk, given in values):
+        return Value(first, output_field=field)
+    whens = [When(id=pk, then=Value(given, output_field=field)) for pk, given in values]
+    return Case(*whens, output_field=field)

@@ -1,0 +1,240 @@
+"""The set-based claims and reports on MariaDB and MySQL: real concurrent connections
+(one per thread) released together, and the number of statements each path costs.
+
+These servers have no ``UPDATE ... RETURNING``, so a claim there is one locking read of
+its candidates, one ``UPDATE ... WHERE id IN``, and the transaction's own ``BEGIN`` and
+``COMMIT``; a batch must cost the same statements whatever its size.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobstate.models import Job
+from jobstate.stores.base import ClaimReport, CompletionOutcome, JobStatus
+from jobstate.stores.database import DatabaseStateStore
+from tests.support.threads import WORKERS, in_parallel
+
+pytestmark = [pytest.mark.mysql, pytest.mark.only_on("mysql")]
+
+
+def drain_in_batches(store: DatabaseStateStore, worker: str, limit: int) -> list[uuid.UUID]:
+    """Claim and complete batches until the queue answers an empty batch."""
+    done: list[uuid.UUID] = []
+    while True:
+        jobs = store.claim_next_inhub_jobs(["batch"], worker, limit=limit)
+        if not jobs:
+            return done
+        results = store.complete_claimed_jobs(
+            [ClaimReport(job.id, job.claim_token or uuid.uuid4(), JobStatus.DONE) for job in jobs]
+        )
+        assert all(result.completed for result in results), "a fresh claim's report bounced"
+        done.extend(job.id for job in jobs)
+
+
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_eight_batch_workers_drain_every_job_exactly_once() -> None:
+    store = DatabaseStateStore()
+    queued = {store.create_job(request_id=f"b{n}", target="batch").id for n in range(400)}
+
+    drained = in_parallel(WORKERS, lambda i: drain_in_batches(store, f"w{i}", limit=25))
+
+    counts = Counter(job_id for batch in drained for job_id in batch)
+    assert set(counts) == queued, "some jobs were never claimed"
+    assert max(counts.values()) == 1, "a job was claimed by two batches"
+    assert Job.objects.filter(status=JobStatus.DONE).count() == 400
+    assert sum(1 for batch in drained if batch) > 1, "only one worker ever got work"
+
+
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_batch_claims_give_each_claim_its_own_token_and_the_database_lease() -> None:
+    store = DatabaseStateStore()
+    for n in range(120):
+        store.create_job(request_id=f"b{n}", target="batch")
+
+    def claim(index: int) -> list[Job]:
+        return store.claim_next_inhub_jobs(["batch"], f"w{index}", timedelta(minutes=3), limit=20)
+
+    batches = in_parallel(WORKERS, claim)
+
+    claimed = [job for batch in batches for job in batch]
+    assert len(claimed) == len({job.id for job in claimed}) == 120
+    assert len({job.claim_token for job in claimed}) == 120, "two claims shared a token"
+    stored = {job.id: job for job in Job.objects.all()}
+    for job in claimed:
+        row = stored[job.id]
+        assert row.status == JobStatus.RUNNING and row.claim_token == job.claim_token
+        assert (job.executor_id, job.claimed_at, job.lease_until) == (
+            row.executor_id,
+            row.claimed_at,
+            row.lease_until,
+        ), "the claimed job handed back is not the row as written"
+        assert row.lease_until == row.claimed_at + timedelta(minutes=3)
+
+
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_batch_workers_keep_each_thread_in_order_and_one_at_a_time() -> None:
+    store = DatabaseStateStore()
+    threads = range(1, 7)
+    for position in range(5):
+        for thread in threads:
+            store.create_job(request_id=f"t{thread}-{position}", target="batch", thread_id=thread)
+        store.create_job(request_id=f"loose-{position}", target="batch")
+    order: dict[int, list[str]] = defaultdict(list)
+    overlaps: list[int] = []
+    lock = threading.Lock()
+
+    def work(index: int) -> int:
+        claimed = 0
+        while True:
+            jobs = store.claim_next_inhub_jobs(["batch"], f"w{index}", limit=4)
+            if not jobs:
+                if not Job.objects.filter(status=JobStatus.QUEUED).exists():
+                    return claimed
+                continue
+            with lock:
+                for job in jobs:
+                    if job.thread_id is None:
+                        continue
+                    order[job.thread_id].append(job.request_id)
+                    running = Job.objects.filter(
+                        thread_id=job.thread_id, status=JobStatus.RUNNING
+                    ).count()
+                    if running > 1:
+                        overlaps.append(job.thread_id)
+            store.complete_claimed_jobs(
+                [ClaimReport(job.id, job.claim_token or uuid.uuid4(), "done") for job in jobs]
+            )
+            claimed += len(jobs)
+
+    claimed = in_parallel(WORKERS, work)
+
+    assert sum(claimed) == 35 == Job.objects.filter(status=JobStatus.DONE).count()
+    assert not overlaps, f"threads {overlaps} had two jobs running at once"
+    for thread in threads:
+        assert order[thread] == [f"t{thread}-{position}" for position in range(5)]
+
+
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_batch_reports_racing_a_requeue_land_only_while_their_claim_is_current() -> None:
+    store = DatabaseStateStore()
+    for n in range(200):
+        store.create_job(request_id=f"r{n}", target="batch")
+    jobs = store.claim_next_inhub_jobs(["batch"], "worker", limit=200)
+    assert len(jobs) == 200
+
+    def work(index: int) -> Any:
+        if index == 0:
+            # An operator hands every job back while the worker reports.
+            return Job.objects.filter(status=JobStatus.RUNNING).update(
+                status=JobStatus.QUEUED, claim_token=None, executor_id=None
+            )
+        return store.complete_claimed_jobs(
+            [ClaimReport(job.id, job.claim_token or uuid.uuid4(), "done") for job in jobs]
+        )
+
+    requeued, outcomes = in_parallel(2, work)
+
+    completed = {
+        result.job.id
+        for result in outcomes
+        if result.outcome is CompletionOutcome.COMPLETED and result.job
+    }
+    stale = [r for r in outcomes if r.outcome is CompletionOutcome.STALE_CLAIM]
+    assert len(completed) + len(stale) == 200
+    assert requeued + len(completed) == 200, "a row was both requeued and completed"
+    assert Job.objects.filter(status=JobStatus.DONE).count() == len(completed)
+    assert Job.objects.filter(status=JobStatus.QUEUED).count() == requeued
+
+
+def _statements(action: Callable[[], Any]) -> tuple[int, Any]:
+    with CaptureQueriesContext(connection) as captured:
+        outcome = action()
+    return len(captured.captured_queries), outcome
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_costs_the_same_statements_whatever_its_size() -> None:
+    store = DatabaseStateStore()
+    for n in range(80):
+        store.create_job(request_id=f"q{n}", target="batch", input={"n": n})
+    # A claimer's first claim also writes its Workers page row; later claims within its
+    # beat write nothing else.
+    assert store.claim_next_inhub_job(["elsewhere"], "worker") is None
+
+    one, job = _statements(lambda: store.claim_next_inhub_job(["batch"], "worker"))
+    assert job is not None and job.input == {"n": 0} and job.status == JobStatus.RUNNING
+    small, few = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=3))
+    large, many = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=40))
+    assert [j.input for j in [*few, *many]] == [{"n": n} for n in range(1, 44)]
+    # BEGIN, the locking read of the candidates (the rows themselves and the database
+    # clock), one UPDATE ... WHERE id IN, COMMIT.
+    assert (one, small, large) == (4, 4, 4)
+
+    def report(jobs: list[Job]) -> list[Any]:
+        return store.complete_claimed_jobs(
+            [ClaimReport(j.id, j.claim_token or "", "done", {"result": {"n": 1}}) for j in jobs]
+        )
+
+    small, few_results = _statements(lambda: report(few))
+    large, many_results = _statements(lambda: report(many))
+    assert all(r.completed and r.job and r.job.result == {"n": 1} for r in few_results)
+    assert all(r.completed and r.job and r.job.result == {"n": 1} for r in many_results)
+    # BEGIN, the fenced locking read of the claims, one UPDATE, the rows read back, COMMIT.
+    assert (small, large) == (5, 5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_claim_costs_the_same_statements_whatever_its_size() -> None:
+    store = DatabaseStateStore()
+    Job.objects.bulk_create(
+        Job(
+            request_id=f"task-{n}",
+            target="tasks:default",
+            queue_name="default",
+            task_path="app.tasks.work",
+            priority=n % 3,
+        )
+        for n in range(60)
+    )
+
+    def claim(limit: int) -> list[Job]:
+        return store.claim_tasks(
+            target="tasks:default",
+            queues=["default"],
+            worker_id="worker",
+            lease=timedelta(minutes=2),
+            limit=limit,
+        )
+
+    small, few = _statements(lambda: claim(3))
+    large, many = _statements(lambda: claim(40))
+    # BEGIN, the locking read of the candidates and the clock, one UPDATE, COMMIT.
+    assert (small, large) == (4, 4)
+    claimed = [*few, *many]
+    assert [job.priority for job in claimed] == sorted(
+        (job.priority for job in claimed), reverse=True
+    ), "tasks were not claimed in priority order"
+    stored = {job.id: job for job in Job.objects.filter(id__in=[job.id for job in claimed])}
+    for job in claimed:
+        row = stored[job.id]
+        assert (row.status, row.attempts, row.claim_token) == (
+            JobStatus.RUNNING,
+            1,
+            job.claim_token,
+        )
+        assert job.attempts == 1 and job.lease_until == row.lease_until
+    assert len({job.claim_token for job in claimed}) == 43
