@@ -91,3 +91,30 @@ def test_instant_filters_match_the_row_the_instant_was_read_from() -> None:
     assert not rows.filter(created_at__gt=ops.clock_instant(at)).exists()
     with pytest.raises(ValueError, match="lookup must be one of"):
         ops.instant_filter("created_at", "range", datetime.now(UTC))
+
+
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_several_thread_gates_at_once_hand_over_only_the_free_ones() -> None:
+    ops = database_ops("default")
+    answers: list[set[int]] = []
+
+    def other() -> None:
+        try:
+            with transaction.atomic():
+                # 7_201 is held by the test's transaction, 7_202 was gated before and is
+                # free, 7_203 was never gated.
+                answers.append(ops.try_lock_threads([7_201, 7_202, 7_203]))
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        ops.lock_thread(7_201)
+        ops.lock_thread(7_202)
+    with transaction.atomic():
+        ops.lock_thread(7_201)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert answers == [{7_202, 7_203}]

@@ -16,12 +16,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobstate.models import Job
 from jobstate.stores.base import ClaimReport, CompletionOutcome, JobStatus
 from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.backends import database_ops
 from tests.support.threads import WORKERS, in_parallel
 
 pytestmark = [pytest.mark.mysql, pytest.mark.only_on("mysql")]
@@ -238,3 +239,65 @@ def test_a_task_claim_costs_the_same_statements_whatever_its_size() -> None:
         )
         assert job.attempts == 1 and job.lease_until == row.lease_until
     assert len({job.claim_token for job in claimed}) == 43
+
+
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_passes_over_a_held_thread_and_still_fills_up() -> None:
+    store = DatabaseStateStore()
+    held = store.create_job(request_id="held-head", target="batch", thread_id=41)
+    loose = [store.create_job(request_id=f"loose-{n}", target="batch").id for n in range(3)]
+    behind = store.create_job(request_id="held-next", target="batch", thread_id=41)
+    locked, release = threading.Event(), threading.Event()
+    # The thread was gated before (its gate row committed), the usual case of a claim
+    # meeting an enqueue or another claim of the same thread.
+    with transaction.atomic():
+        database_ops("default").lock_thread(41)
+
+    def hold_the_thread() -> None:
+        # An enqueue with a quota (or another claimer) holds thread 41's gate meanwhile.
+        try:
+            with transaction.atomic():
+                database_ops("default").lock_thread(41)
+                locked.set()
+                release.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_thread)
+    holder.start()
+    try:
+        assert locked.wait(timeout=30)
+        jobs = store.claim_next_inhub_jobs(["batch"], "worker", limit=3)
+    finally:
+        release.set()
+        holder.join(timeout=30)
+    assert [job.id for job in jobs] == loose
+    assert Job.objects.get(id=held.id).status == JobStatus.QUEUED
+    assert Job.objects.get(id=behind.id).status == JobStatus.QUEUED
+    # Once the gate is free the thread's head goes, and only the head.
+    again = store.claim_next_inhub_jobs(["batch"], "worker", limit=3)
+    assert [job.id for job in again] == [held.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_of_threaded_jobs_costs_the_same_statements_whatever_its_size() -> None:
+    store = DatabaseStateStore()
+    for position in range(2):
+        for thread in range(1, 31):
+            store.create_job(request_id=f"t{thread}-{position}", target="batch", thread_id=thread)
+    assert store.claim_next_inhub_job(["elsewhere"], "worker") is None
+    # Each thread's gate row exists once the thread was gated: a claim's usual case.
+    store.complete_claimed_jobs(
+        [
+            ClaimReport(job.id, job.claim_token or "", "queued")
+            for job in store.claim_next_inhub_jobs(["batch"], "worker", limit=30)
+        ]
+    )
+
+    small, few = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=3))
+    large, many = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=20))
+    assert [job.request_id for job in [*few, *many]] == [f"t{n}-0" for n in range(1, 24)]
+    # BEGIN, the locking read, the threads' gates locked by one read, the gate read
+    # again under them, one UPDATE, COMMIT.
+    assert (small, large) == (6, 6)
