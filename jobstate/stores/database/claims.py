@@ -1,14 +1,15 @@
 """Claims, reports and leases on the Django ORM.
 
-Claims pick a candidate with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL,
-MariaDB and MySQL (concurrent claimers pass over each other's rows instead of queueing
-behind them) and move it with ``UPDATE ... WHERE status = 'queued'``. The per-thread gate
-is re-checked under a transaction-scoped lock on the thread (PostgreSQL's advisory lock;
-the thread gate row on MariaDB and MySQL), because a gate read from a snapshot can miss a
-sibling job claimed a moment earlier. On SQLite, ``IMMEDIATE`` transactions serialise
-writers, so the candidate read and the update already see the same state. Claims rely on
-READ COMMITTED isolation (Django's default on PostgreSQL, MariaDB and MySQL): each
-statement sees what committed before it, which the re-check after the lock needs.
+On MariaDB and MySQL claims take the set-based path of :mod:`.set_claims`. Elsewhere a
+claim picks a candidate with ``SELECT ... FOR UPDATE SKIP LOCKED`` where rows are locked
+(concurrent claimers pass over each other's rows instead of queueing behind them) and
+moves it with ``UPDATE ... WHERE status = 'queued'``. The per-thread gate is re-checked
+under a transaction-scoped lock on the thread (PostgreSQL's advisory lock), because a
+gate read from a snapshot can miss a sibling job claimed a moment earlier. On SQLite,
+``IMMEDIATE`` transactions serialise writers, so the candidate read and the update
+already see the same state. Claims rely on READ COMMITTED isolation (Django's default on
+PostgreSQL, MariaDB and MySQL): each statement sees what committed before it, which the
+re-check after the lock needs.
 
 Reports are fenced by the claim token in the ``WHERE`` clause, and every sweep here is
 one conditional ``UPDATE``, so a row that changed while the statement waited for its lock
