@@ -33,7 +33,7 @@ from functools import reduce
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, Exists, F, Field, Q, QuerySet, Value, When
+from django.db.models import Case, Exists, F, Field, Q, Value, When
 from django.db.models.functions import Now
 
 from jobstate.core.states import JobStatus
@@ -45,7 +45,7 @@ from jobstate.stores.database.tables import job_rows
 
 __all__ = ["claim", "claim_tasks", "complete_batch"]
 
-#: The annotation that carries the database clock on a locked candidate.
+#: The annotation that carries the database clock on a locked task.
 _CLOCK = "jobstate_clock"
 
 
@@ -57,18 +57,18 @@ def claim(
     ops = database_ops(using)
     jobs = job_rows(using)
     taken: list[Job] = []
+    clocks: list[datetime] = []
     passed_threads: set[int] = set()
     with transaction.atomic(using=using):
         # Each round either fills the batch, finds nothing more, or rules out at least
-        # one more thread, so the loop ends.
+        # one more thread, so the loop ends. Rows this transaction holds are not skipped
+        # by its own locking read, so a later round leaves out the ones taken.
         while len(taken) < limit:
-            candidates = jobs.claimable(scope)
-            if taken:
-                # Rows this transaction holds are not skipped by its own locking read.
-                candidates = candidates.exclude(id__in=[job.id for job in taken])
-            if passed_threads:
-                candidates = candidates.exclude(thread_id__in=passed_threads)
-            picked = _locked(ops.lock_candidates(candidates), limit - len(taken))
+            read = ops.claim_candidates(
+                scope, limit - len(taken), [job.id for job in taken], passed_threads
+            )
+            picked = [job for job, _clock in read]
+            clocks += [clock for _job, clock in read]
             passed = _failing_the_gate(using, picked) if ops.locks_rows else set()
             taken += [job for job in picked if job.thread_id not in passed]
             if not passed:
@@ -83,7 +83,7 @@ def claim(
             "run_after": None,
         }
         dispatched = status == JobStatus.DISPATCHED
-        return _move(jobs, taken, fixed, lease, dispatched=dispatched, attempt=False)
+        return _move(jobs, taken, max(clocks), fixed, lease, dispatched=dispatched, attempt=False)
 
 
 def claim_tasks(
@@ -94,7 +94,8 @@ def claim_tasks(
     ops = database_ops(using)
     jobs = job_rows(using)
     with transaction.atomic(using=using):
-        picked = _locked(ops.lock_candidates(candidates), limit)
+        read = ops.lock_candidates(candidates).annotate(**{_CLOCK: Now()})[:limit]
+        picked = list(read)
         if not picked:
             return []
         fixed: dict[str, Any] = {
@@ -103,13 +104,8 @@ def claim_tasks(
             "dispatched_at": None,
         }
         # The claim starts an attempt: ``attempts`` counts the attempts that started.
-        return _move(jobs, picked, fixed, lease, dispatched=False, attempt=True)
-
-
-def _locked(candidates: QuerySet[Job], limit: int) -> list[Job]:
-    """The first ``limit`` of ``candidates`` (a locking read), each with the database
-    clock of the read as :data:`_CLOCK`."""
-    return list(candidates.annotate(**{_CLOCK: Now()})[:limit])
+        clock = max(getattr(job, _CLOCK) for job in picked)
+        return _move(jobs, picked, clock, fixed, lease, dispatched=False, attempt=True)
 
 
 def _failing_the_gate(using: str, picked: list[Job]) -> set[int]:
@@ -131,6 +127,7 @@ def _failing_the_gate(using: str, picked: list[Job]) -> set[int]:
 def _move(
     jobs: JobQuerySet,
     taken: list[Job],
+    clock: datetime,
     fixed: dict[str, Any],
     lease: timedelta,
     *,
@@ -138,9 +135,8 @@ def _move(
     attempt: bool,
 ) -> list[Job]:
     """One ``UPDATE`` of the locked ``taken`` rows to ``fixed``, each with a fresh claim
-    token, the claim instants and the lease from the latest clock read, and with
-    ``attempt`` one more attempt; the rows as written."""
-    clock: datetime = max(getattr(job, _CLOCK) for job in taken)
+    token, the claim instants and the lease from ``clock`` (the latest clock read), and
+    with ``attempt`` one more attempt; the rows as written."""
     tokens = {job.id: uuid.uuid4() for job in taken}
     stamps: dict[str, Any] = {
         "claimed_at": clock,
@@ -163,7 +159,7 @@ def _move(
         written = jobs.filter(id__in=list(tokens))
         return [job for job in written if job.claim_token == tokens[job.id]]
     for job in taken:
-        delattr(job, _CLOCK)
+        job.__dict__.pop(_CLOCK, None)
         for name, value in {**fixed, **stamps}.items():
             setattr(job, name, value)
         job.claim_token = tokens[job.id]

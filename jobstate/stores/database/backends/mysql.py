@@ -6,7 +6,9 @@ session's clock on UTC, InnoDB's deadlocks and ``JSON_CONTAINS`` for the input s
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Collection, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +22,7 @@ from jobstate.models import (
     JobRun,
     ScheduleOccurrence,
 )
+from jobstate.models.jobs import CLAIM_ORDER_SQL, PAUSED_SQL, READY_SQL, THREAD_BLOCKERS_SQL
 from jobstate.stores.database.backends.portable import BackendOperations, input_path
 
 __all__ = ["THREAD_GATE_TABLE", "MySQLOperations"]
@@ -34,6 +37,13 @@ _DEADLOCK = 1213
 class MySQLOperations(BackendOperations):
     vendor = "mysql"
     now_sql = "CURRENT_TIMESTAMP(6)"
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        #: The claim's locking read per (targets, ids passed over, threads passed over).
+        self._claim_reads: dict[tuple[int, int, int], str] = {}
+        #: Per column loaded by the claim's read (and the clock last), its converters.
+        self._converters: list[tuple[Any, list[Any]]] | None = None
 
     # No UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and DELETE only), so a
     # claim of one job or many is one locking read of the rows and one UPDATE of them.
@@ -91,6 +101,81 @@ class MySQLOperations(BackendOperations):
                 f"INSERT IGNORE INTO {THREAD_GATE_TABLE} (thread_id) VALUES (%s)", [thread_id]
             )
             return bool(cursor.rowcount == 1)
+
+    def claim_candidates(
+        self,
+        scope: list[str],
+        limit: int,
+        passed_ids: Sequence[uuid.UUID],
+        passed_threads: Collection[int],
+    ) -> list[tuple[Job, datetime]]:
+        """The claim's locking read as SQL text built once per shape from the rules of
+        :mod:`jobstate.models.jobs` (their ORM twins are proven equal by the SQL twins
+        test): a claim runs it on every poll, and building and compiling the queryset
+        each time cost more than the statement."""
+        connection = self.connection
+        pk = Job._meta.pk
+        sql = self._claim_read(len(scope), len(passed_ids), len(passed_threads))
+        params: list[Any] = [
+            *scope,
+            *(pk.get_db_prep_value(pk_value, connection) for pk_value in passed_ids),
+            *passed_threads,
+            limit,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        return self._loaded(rows)
+
+    def _claim_read(self, targets: int, passed_ids: int, passed_threads: int) -> str:
+        key = (targets, passed_ids, passed_threads)
+        sql = self._claim_reads.get(key)
+        if sql is None:
+            quote = self.connection.ops.quote_name
+            columns = ", ".join(
+                f"c.{quote(field.column or field.attname)}" for field in Job._meta.concrete_fields
+            )
+            passed = ""
+            if passed_ids:
+                passed += f" AND c.id NOT IN ({_marks(range(passed_ids))})"
+            if passed_threads:
+                passed += (
+                    f" AND (c.thread_id IS NULL OR c.thread_id NOT IN "
+                    f"({_marks(range(passed_threads))}))"
+                )
+            sql = self._claim_reads[key] = (
+                f"SELECT {columns}, {self.now_sql} FROM {self.sql('{job}')} AS c "
+                f"WHERE {self.sql(READY_SQL)} AND c.target IN ({_marks(range(targets))}) "
+                f"AND NOT EXISTS ({self.sql(PAUSED_SQL)}) "
+                f"AND (c.thread_id IS NULL OR NOT EXISTS ({self.sql(THREAD_BLOCKERS_SQL)}))"
+                f"{passed} ORDER BY {CLAIM_ORDER_SQL} LIMIT %s FOR UPDATE SKIP LOCKED"
+            )
+        return sql
+
+    def _loaded(self, rows: Sequence[Sequence[Any]]) -> list[tuple[Job, datetime]]:
+        """Rows of every concrete ``Job`` column in model order and the clock, as jobs:
+        through the backend's and the fields' converters, as a queryset loads them."""
+        connection = self.connection
+        fields = Job._meta.concrete_fields
+        if self._converters is None:
+            converters = []
+            for field in [*fields, Job._meta.get_field("created_at")]:
+                column = field.get_col(Job._meta.db_table)
+                functions = [
+                    *connection.ops.get_db_converters(column),
+                    *column.get_db_converters(connection),
+                ]
+                converters.append((column, functions))
+            self._converters = converters
+        names = [field.attname for field in fields]
+        loaded: list[tuple[Job, datetime]] = []
+        for row in rows:
+            values = list(row)
+            for position, (column, functions) in enumerate(self._converters):
+                for function in functions:
+                    values[position] = function(values[position], column, connection)
+            loaded.append((Job.from_db(self.using, names, values[:-1]), values[-1]))
+        return loaded
 
     def try_lock_threads(self, thread_ids: Collection[int]) -> set[int]:
         """The rows of every thread locked by one ``SKIP LOCKED`` read; only threads it
@@ -199,6 +284,6 @@ class MySQLOperations(BackendOperations):
         )
 
 
-def _marks(values: Sequence[object]) -> str:
+def _marks(values: Sequence[object] | range) -> str:
     """One placeholder per value, for ``IN (...)``."""
     return ", ".join(["%s"] * len(values))

@@ -21,6 +21,7 @@ from django.db import NotSupportedError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.features import BaseDatabaseFeatures
 from django.db.models import Model, Q, QuerySet, Value
+from django.db.models.functions import Now
 
 from jobstate.core.states import JobStatus, NotificationRequest
 from jobstate.models import NO_QUEUE, Job, QueuePause
@@ -155,6 +156,25 @@ class BackendOperations:
         lock; waiting here while another claimer waits for that row would deadlock."""
         self.lock_thread(thread_id)
         return True
+
+    def claim_candidates(
+        self,
+        scope: list[str],
+        limit: int,
+        passed_ids: Sequence[uuid.UUID],
+        passed_threads: Collection[int],
+    ) -> list[tuple[Job, datetime]]:
+        """Up to ``limit`` claimable jobs of ``scope`` (ready, of an unpaused queue,
+        through the per-thread gate), oldest first and locked as :meth:`lock_candidates`
+        locks, leaving out ``passed_ids`` and the jobs of ``passed_threads``; each with
+        the database clock of the read (the set-based claims, :attr:`claims_in_sets`)."""
+        candidates = Job.objects.using(self.using).claimable(scope)
+        if passed_ids:
+            candidates = candidates.exclude(id__in=list(passed_ids))
+        if passed_threads:
+            candidates = candidates.exclude(thread_id__in=list(passed_threads))
+        read = self.lock_candidates(candidates).annotate(jobstate_clock=Now())[:limit]
+        return [(job, job.__dict__.pop("jobstate_clock")) for job in read]
 
     def try_lock_threads(self, thread_ids: Collection[int]) -> set[int]:
         """:meth:`try_lock_thread` for several threads at once: the ones now held by
