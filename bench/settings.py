@@ -11,6 +11,7 @@ task, which with Django's default ``CONN_MAX_AGE = 0`` would reconnect every tim
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import environ
 
@@ -54,9 +55,13 @@ DATABASES = {
 
 # django-tasks-db is the default backend (its db_worker runs "default"); jobstate's task
 # backend runs beside it as "jobstate" (python -m bench tasks).
+# JOBSTATE_BENCH_LEASE (seconds): the PgBouncer benchmark's shorter lease, so a claim
+# whose reply a killed pooler cut off comes back within the run, with attempts to spare.
+_lease = os.environ.get("JOBSTATE_BENCH_LEASE")
+_jobstate_options = {"LEASE": timedelta(seconds=float(_lease)), "MAX_ATTEMPTS": 3} if _lease else {}
 TASKS = {
     "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
-    "jobstate": {"BACKEND": "jobstate.tasks.JobStateBackend"},
+    "jobstate": {"BACKEND": "jobstate.tasks.JobStateBackend", "OPTIONS": _jobstate_options},
 }
 if not _postgres:
     # procrastinate's schema is PostgreSQL's; the peers are measured there only.
@@ -70,6 +75,11 @@ JOBSTATE = {"LISTEN_NOTIFY": os.environ.get("JOBSTATE_BENCH_LISTEN_NOTIFY", "1")
 # mode before 1.21 sets, so jobstate prepares nothing either.
 if not _hot_prepare:
     JOBSTATE["PREPARED_STATEMENTS"] = False
+# JOBSTATE_BENCH_POOLER=transaction: a host behind PgBouncer in transaction mode, with the
+# settings the system checks ask for there (python -m bench pgbouncer).
+if os.environ.get("JOBSTATE_BENCH_POOLER") == "transaction":
+    JOBSTATE.update(CONNECTION_POOLER="transaction", PREPARED_STATEMENTS=False, LISTEN_NOTIFY=False)
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 # The peers' tasks live in bench.peer_tasks; procrastinate's worker imports them from
 # there (and finds no tasks module of its own to autodiscover).
