@@ -80,15 +80,28 @@ if not _hot_prepare:
 if os.environ.get("JOBSTATE_BENCH_POOLER") == "transaction":
     JOBSTATE.update(CONNECTION_POOLER="transaction", PREPARED_STATEMENTS=False, LISTEN_NOTIFY=False)
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"]["OPTIONS"] = {}
 
 # The peers' tasks live in bench.peer_tasks; procrastinate's worker imports them from
 # there (and finds no tasks module of its own to autodiscover).
 PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "bench_tasks_not_autodiscovered"
 PROCRASTINATE_IMPORT_PATHS = ["bench.peer_tasks"]
 
+# JOBSTATE_BENCH_WORKER_LOG=1: the worker's warnings (the database failures it rides out,
+# a claim it lost) on stderr, where the PgBouncer benchmark reads them; its INFO line per
+# task would cost the drain it measures.
+_worker_log = os.environ.get("JOBSTATE_BENCH_WORKER_LOG") == "1"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"null": {"class": "logging.NullHandler"}},
+    "handlers": {
+        "null": {"class": "logging.NullHandler"},
+        "stderr": {"class": "logging.StreamHandler"},
+    },
     "root": {"handlers": ["null"], "level": "WARNING"},
+    "loggers": (
+        {"jobstate.worker": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}}
+        if _worker_log
+        else {}
+    ),
 }
