@@ -226,7 +226,11 @@ def drain_arm(
     lease: float,
     log: Callable[[str], None],
 ) -> Arm:
-    """Drains ``tasks`` with ``arm``'s workers and fills in what it saw."""
+    """Drains ``tasks`` with ``arm``'s workers and fills in what it saw. While they
+    drain, the harness has one connection to the database, Django's, which the count of
+    server connections leaves out."""
+    from django.db import connection
+
     from jobstate.core.states import TERMINAL_JOB_STATUSES
     from jobstate.models import Worker
     from jobstate.stores import get_state_store
@@ -240,10 +244,7 @@ def drain_arm(
     _load(url, tasks, runs)
     arm.tasks = tasks
     worker_url = pooler.url if arm.pooled else url
-    with (
-        psycopg.connect(url, autocommit=True) as watch,
-        _fleet(arm, worker_url, directory, lease=lease) as workers,
-    ):
+    with _fleet(arm, worker_url, directory, lease=lease) as workers:
 
         def registered() -> bool:
             if any(worker.poll() is not None for worker in workers):
@@ -255,12 +256,12 @@ def drain_arm(
         store.resume_queue(target=_TARGET, queue=_QUEUE, by="bench")
 
         def drained() -> bool:
-            arm.most_server_connections = max(
-                arm.most_server_connections, pooler.count_server_connections(watch.cursor())
-            )
-            row = watch.execute(_ENDED_SQL, [_TARGET, terminal]).fetchone()
-            assert row is not None
-            finished, arm.not_done = row
+            with connection.cursor() as cursor:
+                arm.most_server_connections = max(
+                    arm.most_server_connections, pooler.count_server_connections(cursor)
+                )
+                cursor.execute(_ENDED_SQL, [_TARGET, terminal])
+                finished, arm.not_done = cursor.fetchone()
             if arm.kill_at is not None and not arm.kills and finished >= arm.kill_at * tasks:
                 pooler.kill()
                 time.sleep(0.3)
@@ -272,7 +273,9 @@ def drain_arm(
         # A claim whose reply the kill cut off comes back once its lease has run out.
         _wait(drained, timeout=300 + tasks / 20 + 2 * lease, what=f"{arm.label}: every task ended")
         _stop(arm, workers)
-        row = watch.execute(_WORK_SQL, [_TARGET]).fetchone()
+    with connection.cursor() as cursor:
+        cursor.execute(_WORK_SQL, [_TARGET])
+        row = cursor.fetchone()
     assert row is not None and row[0] is not None
     arm.seconds = (row[1] - row[0]).total_seconds()
     ran = Counter(int(line) for line in runs.read_text().split())
