@@ -43,6 +43,7 @@ import psycopg
 
 from bench.pg import ROOT, BenchError, load_average
 from bench.pgbouncer import PgBouncer
+from bench.tasks import WORK_SQL
 
 #: The jobstate task backend's alias in ``bench.settings``, its target and its queue.
 _TARGET, _QUEUE = "tasks:jobstate", "default"
@@ -55,10 +56,6 @@ _ENQUEUE_CHUNK = 1000
 _ENDED_SQL = """
     SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status <> 'done')
     FROM jobstate_job WHERE target = %s AND status = ANY(%s)
-"""
-_WORK_SQL = """
-    SELECT min((attempt_log -> 0 ->> 'started_at')::timestamptz), max(updated_at)
-    FROM jobstate_job WHERE target = %s AND status = 'done'
 """
 
 
@@ -274,7 +271,8 @@ def drain_arm(
         _wait(drained, timeout=300 + tasks / 20 + 2 * lease, what=f"{arm.label}: every task ended")
         _stop(arm, workers)
     with connection.cursor() as cursor:
-        cursor.execute(_WORK_SQL, [_TARGET])
+        # The same work time as the task benchmark's, on jobstate's own timestamps.
+        cursor.execute(WORK_SQL["jobstate"])
         row = cursor.fetchone()
     assert row is not None and row[0] is not None
     arm.seconds = (row[1] - row[0]).total_seconds()

@@ -236,7 +236,7 @@ def _worker(contender: str, url: str, index: int, concurrency: int) -> subproces
 
 
 #: Each contender's first start and last end, on its own timestamps, and its done count.
-_WORK_SQL = {
+WORK_SQL = {
     "jobstate": """
         SELECT min((attempt_log -> 0 ->> 'started_at')::timestamptz), max(updated_at), count(*)
         FROM jobstate_job WHERE target = 'tasks:jobstate' AND status = 'done'
@@ -277,7 +277,7 @@ def _drain_once(url: str, entry: Entry, tasks: int) -> tuple[float, int]:
         # A backend counts its session in the statistics it sends as it exits.
         time.sleep(0.5)
         opened = _sessions(conn) - before
-        row = conn.execute(_WORK_SQL[entry.contender]).fetchone()
+        row = conn.execute(WORK_SQL[entry.contender]).fetchone()
     assert row is not None
     first, last, done = row
     if done != tasks or first is None or last is None:
@@ -331,7 +331,7 @@ def startup(url: str, *, samples: int, log: Callable[[str], None]) -> dict[str, 
             # jobstate_worker's default concurrency (1), as a deployment starts it.
             _wait_all([_worker(contender, url, 0, 1)], f"{contender} start-up", timeout=120)
             with psycopg.connect(url, autocommit=True) as conn:
-                row = conn.execute(_WORK_SQL[contender]).fetchone()
+                row = conn.execute(WORK_SQL[contender]).fetchone()
             if row is None or row[0] is None:
                 raise BenchError(f"{contender} start-up: the task did not run")
             figures[contender].append(row[0].timestamp() - began)
