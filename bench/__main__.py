@@ -2,7 +2,8 @@
 
     python -m bench drain --workers 4 --jobs 20000 --repeats 3
     python -m bench sweeps --rows 1000000
-    python -m bench tasks --workers 4 --tasks 20000 --repeats 3
+    python -m bench tasks --workers 4 --tasks 5000 --repeats 3 --concurrency 1,4
+    python -m bench pgbouncer --workers 64 --direct 16 --tasks 50000 --kill-at 0.5
     python -m bench all
     python -m bench calls --jobs 5000
     python -m bench --server mysql://root@127.0.0.1:3306/ drain --workers 4 --jobs 20000
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -209,6 +211,8 @@ def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
 
 
 def _tasks(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from django.conf import settings
+
     from bench import tasks
 
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -217,45 +221,98 @@ def _tasks(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         raise BenchError(
             f"unknown contender(s) {sorted(unknown)}; known: {', '.join(tasks.DRAIN_CONTENDERS)}"
         )
+    concurrencies = _counts(args.concurrency, "--concurrency")
+    entries = tasks.lineup(contenders, workers=args.workers, concurrencies=concurrencies)
 
     def log(line: str) -> None:
         print(line, flush=True)
 
     print(
-        f"tasks: drain of {args.tasks} no-op tasks by {args.workers} worker processes "
-        f"({args.repeats} repeats, jobstate_worker --concurrency {args.concurrency}); "
-        f"load average {load_average()}",
+        f"tasks: drain of {args.tasks} no-op tasks by {args.workers} worker processes each, "
+        f"{args.repeats} rounds taking turns: {'; '.join(e.label for e in entries)}; "
+        f"CONN_MAX_AGE = {settings.DATABASES['default']['CONN_MAX_AGE']} for every Django "
+        f"contender (procrastinate: its worker's pool); load average {load_average()}",
         flush=True,
     )
-    drains = tasks.drain(
-        url,
-        contenders=contenders,
-        workers=args.workers,
-        tasks=args.tasks,
-        repeats=args.repeats,
-        concurrency=args.concurrency,
-        log=log,
-    )
+    drains = tasks.drain(url, entries=entries, tasks=args.tasks, repeats=args.repeats, log=log)
+    started: dict[str, list[float]] = {}
+    if args.startups:
+        print("start-up:", flush=True)
+        started = tasks.startup(url, samples=args.startups, log=log)
     print("concurrency:", flush=True)
     spread = tasks.concurrency(url, log=log)
     print("latency:", flush=True)
     notify = tasks.latency(url, samples=args.samples, listen=True, log=log)
     polling = tasks.latency(url, samples=args.samples, listen=False, log=log)
     text = tasks.table(drains)
-    checks = tasks.targets(drains, spread, notify)
+    compared = tasks.rows(drains, started)
+    checks = tasks.targets(drains, started, spread, notify)
+    print()
+    print(text)
+    print()
+    print(compared)
+    print()
+    for line in checks:
+        print(line)
+    print(f"load average at the end: {load_average()}")
+    result["tasks"] = {
+        "table": text,
+        "rows": compared,
+        "targets": checks,
+        "drain": [vars(d) for d in drains],
+        "startup_seconds": started,
+        "concurrency": spread,
+        "latency_listen_notify": notify,
+        "latency_polling": polling,
+    }
+
+
+def _counts(text: str, option: str) -> list[int]:
+    """A comma-separated list of positive counts, e.g. ``1,4``."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise BenchError(f"{option} takes positive counts separated by commas, got {text!r}")
+    return counts
+
+
+def _pgbouncer(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
+    from bench import pooled
+
+    if args.kill_at is not None and not 0 < args.kill_at < 1:
+        raise BenchError(
+            f"--kill-at takes a share of the tasks between 0 and 1, got {args.kill_at}"
+        )
+    print(
+        f"pgbouncer: {args.tasks} tasks, {args.workers} workers (--concurrency 1) through "
+        f"PgBouncer in transaction mode (default_pool_size {args.pool_size}) against "
+        f"{args.direct} connected directly"
+        + (f", then PgBouncer killed at {args.kill_at:.0%}" if args.kill_at else "")
+        + f"; lease {args.lease:g} s; load average {load_average()}",
+        flush=True,
+    )
+    results = pooled.run(
+        url,
+        workers=args.workers,
+        direct=args.direct,
+        tasks=args.tasks,
+        pool_size=args.pool_size,
+        kill_at=args.kill_at,
+        lease=args.lease,
+        logs=args.logs,
+        log=lambda line: print(line, flush=True),
+    )
+    text = pooled.table(results)
+    checks = pooled.targets(results, pool_size=args.pool_size)
     print()
     print(text)
     print()
     for line in checks:
         print(line)
-    result["tasks"] = {
-        "table": text,
-        "targets": checks,
-        "drain": [vars(d) for d in drains],
-        "concurrency": spread,
-        "latency_listen_notify": notify,
-        "latency_polling": polling,
-    }
+    print(f"load average at the end: {load_average()}")
+    result["pgbouncer"] = {"table": text, "targets": checks, "arms": [vars(a) for a in results]}
 
 
 def _calls(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
@@ -292,13 +349,26 @@ def main(argv: list[str] | None = None) -> int:
         "sweeps", help="heartbeat, reap, prune and metrics at scale"
     )
     tasks_parser = commands.add_parser(
-        "tasks", help="jobstate_worker against db_worker and procrastinate; latency"
+        "tasks",
+        help="jobstate_worker against db_worker and procrastinate; start-up; latency",
     )
-    tasks_parser.add_argument("--workers", type=int, default=4, help="worker processes")
-    tasks_parser.add_argument("--tasks", type=int, default=20000)
-    tasks_parser.add_argument("--repeats", type=int, default=1)
     tasks_parser.add_argument(
-        "--concurrency", type=int, default=4, help="threads of each jobstate_worker"
+        "--workers", type=int, default=4, help="worker processes of each contender"
+    )
+    tasks_parser.add_argument("--tasks", type=int, default=5000)
+    tasks_parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds; each drains once per contender"
+    )
+    tasks_parser.add_argument(
+        "--concurrency",
+        default="1,4",
+        help="threads of each jobstate_worker, one drain each: e.g. 1,4",
+    )
+    tasks_parser.add_argument(
+        "--startups",
+        type=int,
+        default=5,
+        help="starts of each worker for the start-up row (0: none)",
     )
     tasks_parser.add_argument("--contenders", default="jobstate,django-tasks-db,procrastinate")
     tasks_parser.add_argument(
@@ -315,6 +385,37 @@ def main(argv: list[str] | None = None) -> int:
     )
     profile_parser.add_argument(
         "--cprofile", type=int, default=0, help="also profile, printing the top N functions"
+    )
+    pgbouncer_parser = commands.add_parser(
+        "pgbouncer",
+        help="many workers through PgBouncer in transaction mode against fewer direct ones",
+    )
+    pgbouncer_parser.add_argument(
+        "--workers", type=int, default=16, help="worker processes through PgBouncer"
+    )
+    pgbouncer_parser.add_argument(
+        "--direct", type=int, default=16, help="worker processes connected directly"
+    )
+    pgbouncer_parser.add_argument("--tasks", type=int, default=5000)
+    pgbouncer_parser.add_argument(
+        "--pool-size", type=int, default=20, help="PgBouncer's default_pool_size"
+    )
+    pgbouncer_parser.add_argument(
+        "--kill-at",
+        type=float,
+        help="also drain once more through PgBouncer, killing it (SIGKILL) and starting it "
+        "again once this share of the tasks is done, e.g. 0.5",
+    )
+    pgbouncer_parser.add_argument(
+        "--lease",
+        type=float,
+        default=10.0,
+        help="the tasks' LEASE in seconds: how long a claim cut off by the kill waits",
+    )
+    pgbouncer_parser.add_argument(
+        "--logs",
+        type=Path,
+        help="directory to keep the workers' and PgBouncer's logs in (default: removed)",
     )
     calls_parser = commands.add_parser(
         "calls", help="Python calls and CPU per job on the hot paths, in one process"
@@ -356,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.server.startswith(("mysql://", "mariadb://")):
         return _run_mysql(args, argv)
     url = database_url(args.server, args.database)
+    if args.command == "pgbouncer":
+        # The lease and attempts a task gets are fixed when it is enqueued: the harness
+        # enqueues under the same options as the workers it starts.
+        os.environ["JOBSTATE_BENCH_LEASE"] = str(args.lease)
     try:
         result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}
         result["manifest"] = _prepare(url, django=args.command != "profile")
@@ -367,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
             _sweeps(args, url, result)
         if args.command == "tasks":
             _tasks(args, url, result)
+        if args.command == "pgbouncer":
+            _pgbouncer(args, url, result)
         if args.command == "calls":
             _calls(args, url, result)
         result["load_average_at_end"] = load_average()

@@ -41,3 +41,12 @@ def jobstate_sleep(seconds: float) -> float:
     started = time.time()
     time.sleep(seconds)
     return started
+
+
+@task(backend="jobstate")
+def jobstate_recorded(n: int, runs: str, **payload: Any) -> None:
+    """Appends ``n`` to the file ``runs``, one line per run (a short append is written
+    whole even when many processes append at once): the PgBouncer benchmark counts each
+    task's runs there, apart from the queue it measures."""
+    with open(runs, "a") as out:
+        out.write(f"{n}\n")

@@ -11,6 +11,7 @@ task, which with Django's default ``CONN_MAX_AGE = 0`` would reconnect every tim
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import environ
 
@@ -54,9 +55,13 @@ DATABASES = {
 
 # django-tasks-db is the default backend (its db_worker runs "default"); jobstate's task
 # backend runs beside it as "jobstate" (python -m bench tasks).
+# JOBSTATE_BENCH_LEASE (seconds): the PgBouncer benchmark's shorter lease, so a claim
+# whose reply a killed pooler cut off comes back within the run, with attempts to spare.
+_lease = os.environ.get("JOBSTATE_BENCH_LEASE")
+_jobstate_options = {"LEASE": timedelta(seconds=float(_lease)), "MAX_ATTEMPTS": 3} if _lease else {}
 TASKS = {
     "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
-    "jobstate": {"BACKEND": "jobstate.tasks.JobStateBackend"},
+    "jobstate": {"BACKEND": "jobstate.tasks.JobStateBackend", "OPTIONS": _jobstate_options},
 }
 if not _postgres:
     # procrastinate's schema is PostgreSQL's; the peers are measured there only.
@@ -70,15 +75,33 @@ JOBSTATE = {"LISTEN_NOTIFY": os.environ.get("JOBSTATE_BENCH_LISTEN_NOTIFY", "1")
 # mode before 1.21 sets, so jobstate prepares nothing either.
 if not _hot_prepare:
     JOBSTATE["PREPARED_STATEMENTS"] = False
+# JOBSTATE_BENCH_POOLER=transaction: a host behind PgBouncer in transaction mode, with the
+# settings the system checks ask for there (python -m bench pgbouncer).
+if os.environ.get("JOBSTATE_BENCH_POOLER") == "transaction":
+    JOBSTATE.update(CONNECTION_POOLER="transaction", PREPARED_STATEMENTS=False, LISTEN_NOTIFY=False)
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"]["OPTIONS"] = {}
 
 # The peers' tasks live in bench.peer_tasks; procrastinate's worker imports them from
 # there (and finds no tasks module of its own to autodiscover).
 PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "bench_tasks_not_autodiscovered"
 PROCRASTINATE_IMPORT_PATHS = ["bench.peer_tasks"]
 
+# JOBSTATE_BENCH_WORKER_LOG=1: the worker's warnings (the database failures it rides out,
+# a claim it lost) on stderr, where the PgBouncer benchmark reads them; its INFO line per
+# task would cost the drain it measures.
+_worker_log = os.environ.get("JOBSTATE_BENCH_WORKER_LOG") == "1"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"null": {"class": "logging.NullHandler"}},
+    "handlers": {
+        "null": {"class": "logging.NullHandler"},
+        "stderr": {"class": "logging.StreamHandler"},
+    },
     "root": {"handlers": ["null"], "level": "WARNING"},
+    "loggers": (
+        {"jobstate.worker": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}}
+        if _worker_log
+        else {}
+    ),
 }

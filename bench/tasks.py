@@ -3,9 +3,18 @@
 
 - **Drain**: the same no-op tasks, enqueued with each contender's own API (Django's
   ``enqueue`` for the two django.tasks backends, ``defer`` for procrastinate), drained by
-  N worker processes started with each contender's own command. The figure is work time:
-  from the first task's start to the last task's end, read from each contender's own
-  timestamps, so process start-up is not counted.
+  N worker processes started with each contender's own command: ``jobstate_worker`` once
+  per ``--concurrency`` (threads per process; 1 and 4 by default), ``db_worker --batch
+  --interval 0`` and ``procrastinate worker`` with one each. The figure is work time: from
+  the first task's start to the last task's end, read from each contender's own
+  timestamps, so process start-up is not counted. Every contender keeps its connections
+  (``CONN_MAX_AGE = None``; procrastinate's worker its own pool), and the connections each
+  drain opened are counted on the server. The contenders take turns: each round drains
+  once per contender, the order turning by one every round, so a change in the machine's
+  load falls on all of them alike.
+- **Start-up**: one task, and one ``jobstate_worker --batch`` or ``db_worker --batch``
+  started for it: from just before the process is started to the task's start on its
+  own timestamp, the two taking turns.
 - **Concurrency**: one ``jobstate_worker --concurrency 8`` and eight 1-second tasks: how
   far apart the eight starts are, and the wall time of the eight.
 - **Latency**: an idle worker, and tasks enqueued one at a time (each in its own
@@ -37,17 +46,64 @@ _ENQUEUE_CHUNK = 500
 #: The drain's contenders, in the order the table lists them.
 DRAIN_CONTENDERS = ("jobstate", "django-tasks-db", "procrastinate")
 
-#: The issue's targets: jobstate's work time against each peer's (speed-up factor).
-TARGETS = {"django-tasks-db": 2.5, "procrastinate": 2.0}
+#: The issue's goals: jobstate's rate over each peer's, by jobstate's threads per process
+#: (``None``: at any thread count).
+GOALS: dict[tuple[str, int | None], float] = {
+    ("django-tasks-db", 1): 2.5,
+    ("django-tasks-db", 4): 4.0,
+    ("procrastinate", None): 2.0,
+}
+
+#: What each contender's worker process is called in the tables.
+_COMMANDS = {
+    "jobstate": "jobstate_worker",
+    "django-tasks-db": "db_worker",
+    "procrastinate": "procrastinate worker",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One contender of the drain: its worker command, how many processes, and how many
+    tasks each process runs at once."""
+
+    contender: str
+    processes: int
+    threads: int
+
+    @property
+    def label(self) -> str:
+        command = _COMMANDS[self.contender]
+        if self.contender == "jobstate":
+            command += f" --concurrency {self.threads}"
+        thread = "thread" if self.threads == 1 else "threads"
+        return f"`{command}` ({self.processes} processes x {self.threads} {thread})"
+
+
+def lineup(contenders: list[str], *, workers: int, concurrencies: list[int]) -> list[Entry]:
+    """The drain's entries: jobstate once per thread count, each peer once (their workers
+    run one task at a time)."""
+    entries = []
+    for contender in contenders:
+        counts = concurrencies if contender == "jobstate" else [1]
+        entries.extend(Entry(contender, workers, threads) for threads in counts)
+    return entries
 
 
 @dataclass
 class Drain:
     contender: str
     workers: int
+    threads: int
     tasks: int
     runs: list[float] = field(default_factory=list)
-    """Work time of each repeat, in seconds."""
+    """Work time of each round, in seconds."""
+    connections: list[int] = field(default_factory=list)
+    """Connections the worker processes opened in each round."""
+
+    @property
+    def entry(self) -> Entry:
+        return Entry(self.contender, self.workers, self.threads)
 
     @property
     def seconds(self) -> float:
@@ -56,6 +112,10 @@ class Drain:
     @property
     def rate(self) -> float:
         return self.tasks / self.seconds if self.runs else 0.0
+
+    @property
+    def rates(self) -> list[float]:
+        return [self.tasks / seconds for seconds in self.runs]
 
 
 # --- processes --------------------------------------------------------------------------
@@ -117,7 +177,7 @@ def _truncate(url: str) -> None:
         conn.execute("TRUNCATE procrastinate_events")
 
 
-def _load(contender: str, url: str, tasks: int) -> None:
+def _load(contender: str, url: str, tasks: int, *, settle: bool = True) -> None:
     from django.db import transaction
 
     from bench.loading import PAYLOAD_PAD
@@ -132,9 +192,10 @@ def _load(contender: str, url: str, tasks: int) -> None:
         with transaction.atomic():
             for n in range(start, min(start + _ENQUEUE_CHUNK, tasks)):
                 enqueue(n)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM (ANALYZE)")
-        conn.execute("CHECKPOINT")
+    if settle:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM (ANALYZE)")
+            conn.execute("CHECKPOINT")
 
 
 def _worker(contender: str, url: str, index: int, concurrency: int) -> subprocess.Popen[str]:
@@ -157,7 +218,7 @@ def _worker(contender: str, url: str, index: int, concurrency: int) -> subproces
             "--batch",
             "--no-startup-delay",
             "--interval",
-            "0.01",
+            "0",
             "--worker-id",
             f"bench-{index}",
         )
@@ -175,7 +236,7 @@ def _worker(contender: str, url: str, index: int, concurrency: int) -> subproces
 
 
 #: Each contender's first start and last end, on its own timestamps, and its done count.
-_WORK_SQL = {
+WORK_SQL = {
     "jobstate": """
         SELECT min((attempt_log -> 0 ->> 'started_at')::timestamptz), max(updated_at), count(*)
         FROM jobstate_job WHERE target = 'tasks:jobstate' AND status = 'done'
@@ -193,38 +254,93 @@ _WORK_SQL = {
 }
 
 
+def _sessions(conn: psycopg.Connection[Any]) -> int:
+    """Connections ever opened to the current database (PostgreSQL 14+ counts them)."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _drain_once(url: str, entry: Entry, tasks: int) -> tuple[float, int]:
+    """One drain of ``tasks`` by ``entry``: its work time, and the connections its worker
+    processes opened."""
+    _truncate(url)
+    _load(entry.contender, url, tasks)
+    with psycopg.connect(url, autocommit=True) as conn:
+        before = _sessions(conn)
+        processes = [
+            _worker(entry.contender, url, n, entry.threads) for n in range(entry.processes)
+        ]
+        _wait_all(processes, entry.contender, timeout=900)
+        # A backend counts its session in the statistics it sends as it exits.
+        time.sleep(0.5)
+        opened = _sessions(conn) - before
+        row = conn.execute(WORK_SQL[entry.contender]).fetchone()
+    assert row is not None
+    first, last, done = row
+    if done != tasks or first is None or last is None:
+        raise BenchError(f"{entry.label}: {done} of {tasks} tasks done")
+    return (last - first).total_seconds(), opened
+
+
 def drain(
     url: str,
     *,
-    contenders: list[str],
-    workers: int,
+    entries: list[Entry],
     tasks: int,
     repeats: int,
-    concurrency: int,
     log: Callable[[str], None],
 ) -> list[Drain]:
-    results = []
-    for contender in contenders:
-        result = Drain(contender, workers, tasks)
-        for repeat in range(repeats):
-            _truncate(url)
-            _load(contender, url, tasks)
-            processes = [_worker(contender, url, n, concurrency) for n in range(workers)]
-            _wait_all(processes, contender, timeout=900)
-            with psycopg.connect(url, autocommit=True) as conn:
-                row = conn.execute(_WORK_SQL[contender]).fetchone()
-            assert row is not None
-            first, last, done = row
-            if done != tasks or first is None or last is None:
-                raise BenchError(f"{contender}: {done} of {tasks} tasks done")
-            result.runs.append((last - first).total_seconds())
+    """``repeats`` rounds, each draining ``tasks`` once per entry; the order turns by one
+    entry every round."""
+    results = {
+        entry: Drain(entry.contender, entry.processes, entry.threads, tasks) for entry in entries
+    }
+    for round_ in range(repeats):
+        turn = round_ % len(entries)
+        for entry in entries[turn:] + entries[:turn]:
+            seconds, opened = _drain_once(url, entry, tasks)
+            result = results[entry]
+            result.runs.append(seconds)
+            result.connections.append(opened)
             log(
-                f"  {contender}, run {repeat + 1}: {tasks} tasks in "
-                f"{result.runs[-1]:.2f} s ({tasks / result.runs[-1]:.0f}/s); "
+                f"  round {round_ + 1}, {entry.label}: {tasks} tasks in {seconds:.2f} s "
+                f"({tasks / seconds:.0f}/s), {opened} connections opened; "
                 f"load {load_average()}"
             )
-        results.append(result)
-    return results
+    return [results[entry] for entry in entries]
+
+
+# --- start-up ---------------------------------------------------------------------------
+
+#: The start-up's contenders: a worker command started for one waiting task.
+STARTUP_CONTENDERS = ("jobstate", "django-tasks-db")
+
+
+def startup(url: str, *, samples: int, log: Callable[[str], None]) -> dict[str, list[float]]:
+    """Seconds from just before a ``--batch`` worker process is started to the start of
+    the one task waiting for it, ``samples`` times per contender, taking turns."""
+    figures: dict[str, list[float]] = {contender: [] for contender in STARTUP_CONTENDERS}
+    for sample in range(samples):
+        for contender in STARTUP_CONTENDERS[sample % 2 :] + STARTUP_CONTENDERS[: sample % 2]:
+            _truncate(url)
+            _load(contender, url, 1, settle=False)
+            began = time.time()
+            # jobstate_worker's default concurrency (1), as a deployment starts it.
+            _wait_all([_worker(contender, url, 0, 1)], f"{contender} start-up", timeout=120)
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(WORK_SQL[contender]).fetchone()
+            if row is None or row[0] is None:
+                raise BenchError(f"{contender} start-up: the task did not run")
+            figures[contender].append(row[0].timestamp() - began)
+    for contender, seconds in figures.items():
+        log(
+            f"  {_COMMANDS[contender]}: start to first task {_spread(seconds, 's', 2)} "
+            f"({samples} starts)"
+        )
+    return figures
 
 
 # --- concurrency and latency ------------------------------------------------------------
@@ -298,29 +414,106 @@ def latency(
 # --- the report -------------------------------------------------------------------------
 
 
+def _spread(values: list[float], unit: str, digits: int) -> str:
+    """``low-high unit (median m)`` over the rounds; the value alone after one round."""
+    unit = f" {unit}" if unit else ""
+    low, high = min(values), max(values)
+    if len(values) == 1:
+        return f"{low:,.{digits}f}{unit}"
+    middle = statistics.median(values)
+    return f"{low:,.{digits}f}-{high:,.{digits}f}{unit} (median {middle:,.{digits}f})"
+
+
 def table(drains: list[Drain]) -> str:
     lines = [
-        "| contender | workers | tasks | work time (median) | tasks/s |",
-        "|---|---:|---:|---:|---:|",
+        "| contender | processes x threads | tasks | work time (median) | tasks/s (rounds) "
+        "| connections opened |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for result in drains:
         lines.append(
-            f"| {result.contender} | {result.workers} | {result.tasks} | "
-            f"{result.seconds:.2f} s | {result.rate:.0f} |"
+            f"| {result.entry.label} | {result.workers} x {result.threads} | {result.tasks} | "
+            f"{result.seconds:.2f} s | {_spread(result.rates, '', 0)} | "
+            f"{max(result.connections)} |"
         )
     return "\n".join(lines)
 
 
-def targets(drains: list[Drain], spread: dict[str, float], notify: dict[str, float]) -> list[str]:
-    by_name = {result.contender: result for result in drains}
+@dataclass(frozen=True)
+class Comparison:
+    """One row of the issue's table: a jobstate entry against a peer's."""
+
+    ours: Drain
+    peer: Drain
+
+    @property
+    def ratio(self) -> float:
+        return self.ours.rate / self.peer.rate
+
+    @property
+    def round_ratios(self) -> list[float]:
+        """jobstate's rate over the peer's in each round (they ran in the same round)."""
+        return [ours / peer for ours, peer in zip(self.ours.rates, self.peer.rates, strict=True)]
+
+    @property
+    def goal(self) -> float | None:
+        return GOALS.get(
+            (self.peer.contender, self.ours.threads), GOALS.get((self.peer.contender, None))
+        )
+
+
+def comparisons(drains: list[Drain]) -> list[Comparison]:
+    ours = [result for result in drains if result.contender == "jobstate"]
+    peers = [result for result in drains if result.contender != "jobstate"]
+    return [Comparison(mine, peer) for peer in peers for mine in ours]
+
+
+def rows(drains: list[Drain], started: dict[str, list[float]]) -> str:
+    """The issue's table: every jobstate entry against every peer, then the start-up."""
+    lines = ["| path | jobstate | peer | ratio | goal |", "|---|---|---|---|---|"]
+    for row in comparisons(drains):
+        ratio = f"**{row.ratio:.2f}x**"
+        if len(row.round_ratios) > 1:
+            ratio += f" (rounds {min(row.round_ratios):.2f}-{max(row.round_ratios):.2f})"
+        goal = f">= {row.goal}x" if row.goal else "—"
+        lines.append(
+            f"| {row.ours.entry.label} vs {row.peer.entry.label} | "
+            f"{_spread(row.ours.rates, 'tasks/s', 0)} | {_spread(row.peer.rates, 'tasks/s', 0)} | "
+            f"{ratio} | {goal} |"
+        )
+    if started:
+        ours, peer = started["jobstate"], started["django-tasks-db"]
+        lines.append(
+            f"| worker start-up to first task (`jobstate_worker`, 1 thread, vs `db_worker`) | "
+            f"{_spread(ours, 's', 2)} | `db_worker` {_spread(peer, 's', 2)} | "
+            f"{statistics.median(ours) / statistics.median(peer):.2f} | <= `db_worker` |"
+        )
+    return "\n".join(lines)
+
+
+def targets(
+    drains: list[Drain],
+    started: dict[str, list[float]],
+    spread: dict[str, float],
+    notify: dict[str, float],
+) -> list[str]:
     lines = []
-    ours = by_name.get("jobstate")
-    for peer, factor in TARGETS.items():
-        if ours is None or peer not in by_name:
+    for row in comparisons(drains):
+        if row.goal is None:
             continue
-        speedup = by_name[peer].seconds / ours.seconds
-        verdict = "met" if speedup >= factor else "MISSED"
-        lines.append(f"{verdict}: {speedup:.2f}x as fast as {peer} (target {factor}x)")
+        verdict = "met" if row.ratio >= row.goal else "MISSED"
+        lines.append(
+            f"{verdict}: {row.ours.entry.label} at {row.ratio:.2f}x {row.peer.entry.label} "
+            f"(goal {row.goal}x)"
+        )
+    if started:
+        ours = statistics.median(started["jobstate"])
+        peer = statistics.median(started["django-tasks-db"])
+        verdict = "met" if ours <= peer else "MISSED"
+        lines.append(
+            f"{verdict}: jobstate_worker starts its first task {ours:.2f} s after it is started, "
+            f"db_worker {peer:.2f} s (medians; goal: no later than db_worker)"
+        )
     if spread:
         gap = spread["start_spread_seconds"]
         verdict = "met" if gap <= 1.0 else "MISSED"

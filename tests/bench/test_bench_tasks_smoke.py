@@ -1,7 +1,9 @@
-"""The task benchmark runs end to end on tiny counts: each contender (jobstate_worker,
-django-tasks-db's db_worker, procrastinate's worker) drains every task it was given with
-its own command, the concurrency and latency figures come out, and the harness drops
-its database. Speed is not asserted here; the figures belong to the benchmark's runs."""
+"""The task benchmark runs end to end on tiny counts: jobstate_worker at one and at two
+threads per process, django-tasks-db's db_worker and procrastinate's worker each drain
+every task they were given with their own command, in rounds whose order turns, on
+connections they keep; the rows against db_worker name both thread counts, the start-up
+row comes out, and the harness drops its database. Speed is not asserted here; the
+figures belong to the benchmark's runs."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from tests.support.servers import postgres_server_url
 
 ROOT = Path(__file__).resolve().parents[2]
-TASKS = 60
+TASKS = 40
 
 
 @pytest.mark.postgres
@@ -42,8 +44,14 @@ def test_every_contender_drains_every_task_and_the_database_is_dropped(tmp_path:
             "2",
             "--tasks",
             str(TASKS),
+            "--repeats",
+            "2",
+            "--concurrency",
+            "1,2",
+            "--startups",
+            "1",
             "--samples",
-            "5",
+            "3",
         ],
         cwd=ROOT,
         env=env,
@@ -53,13 +61,36 @@ def test_every_contender_drains_every_task_and_the_database_is_dropped(tmp_path:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())["tasks"]
-    assert [run["contender"] for run in report["drain"]] == [
-        "jobstate",
-        "django-tasks-db",
-        "procrastinate",
+    assert [(run["contender"], run["threads"]) for run in report["drain"]] == [
+        ("jobstate", 1),
+        ("jobstate", 2),
+        ("django-tasks-db", 1),
+        ("procrastinate", 1),
     ]
     for run in report["drain"]:
-        assert run["tasks"] == TASKS and len(run["runs"]) == 1 and run["runs"][0] > 0
+        assert run["tasks"] == TASKS and run["workers"] == 2
+        assert len(run["runs"]) == 2 and min(run["runs"]) > 0
+        # Connections are kept: a contender reconnecting per task would open one each.
+        assert 0 < max(run["connections"]) < TASKS, run
+    # The contenders take turns: the second round starts with the second contender.
+    rounds = [line for line in result.stdout.splitlines() if line.startswith("  round ")]
+    assert len(rounds) == 8
+    assert rounds[0].startswith("  round 1, `jobstate_worker --concurrency 1`")
+    assert rounds[4].startswith("  round 2, `jobstate_worker --concurrency 2`")
+    rows = report["rows"]
+    assert (
+        "| `jobstate_worker --concurrency 1` (2 processes x 1 thread) vs `db_worker` "
+        "(2 processes x 1 thread) |" in rows
+    )
+    assert (
+        "| `jobstate_worker --concurrency 2` (2 processes x 2 threads) vs `db_worker` "
+        "(2 processes x 1 thread) |" in rows
+    )
+    assert "| worker start-up to first task" in rows
+    for contender in ("jobstate", "django-tasks-db"):
+        [seconds] = report["startup_seconds"][contender]
+        assert 0 < seconds < 30
+    assert any(line.endswith("(goal 2.5x)") for line in report["targets"])
     assert 0 <= report["concurrency"]["start_spread_seconds"] < 8
     for figures in (report["latency_listen_notify"], report["latency_polling"]):
         assert figures["p50_ms"] > 0

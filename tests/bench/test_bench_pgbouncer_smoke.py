@@ -1,0 +1,85 @@
+"""The PgBouncer benchmark runs end to end on tiny counts: workers through a PgBouncer of
+the harness's own (pool of 2) and workers connected directly drain every task once,
+then PgBouncer is killed and started again mid-drain and still no task is lost or runs
+twice and no worker exits; the database never sees more server connections than the
+pool, and the harness drops its database. Speed is not asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support.servers import postgres_server_url
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = 120
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_workers_through_pgbouncer_killed_mid_drain_lose_nothing(tmp_path: Path) -> None:
+    name = f"jobstate_bench_pgbouncer_smoke_{os.getpid()}"
+    out = tmp_path / "pgbouncer.json"
+    logs = tmp_path / "logs"
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--server",
+            postgres_server_url(),
+            "--database",
+            name,
+            "--output",
+            str(out),
+            "pgbouncer",
+            "--workers",
+            "3",
+            "--direct",
+            "2",
+            "--pool-size",
+            "2",
+            "--tasks",
+            str(TASKS),
+            "--kill-at",
+            "0.5",
+            "--lease",
+            "2",
+            "--logs",
+            str(logs),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    arms = {arm["name"]: arm for arm in json.loads(out.read_text())["pgbouncer"]["arms"]}
+    assert sorted(arms) == ["direct", "pooled", "pooled-killed"]
+    assert [arms[name]["workers"] for name in ("pooled", "direct")] == [3, 2]
+    for arm in arms.values():
+        assert arm["tasks"] == TASKS and arm["seconds"] > 0
+        assert (arm["not_done"], arm["lost"], arm["ran_twice"]) == (0, 0, 0), arm
+        assert arm["exited_early"] == [] and arm["exited_badly"] == [], arm
+        assert arm["tracebacks"] == 0, arm
+    for name in ("pooled", "pooled-killed"):
+        assert 0 < arms[name]["most_server_connections"] <= 2
+    killed = arms["pooled-killed"]
+    assert killed["kills"] == 1
+    # The kill cut the workers' connections: they said so and tried again.
+    assert killed["retries_logged"] > 0
+    assert arms["pooled"]["kills"] == 0 and arms["pooled"]["retries_logged"] == 0
+    assert sorted(path.name for path in logs.glob("pooled-killed-*.log")) == [
+        f"pooled-killed-{n}.log" for n in range(3)
+    ]
+    with psycopg.connect(postgres_server_url("postgres"), autocommit=True) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+    assert left is None
