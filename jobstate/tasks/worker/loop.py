@@ -4,7 +4,9 @@ One control loop (the thread that calls :meth:`TaskWorker.run`) does all the dat
 of the worker itself:
 
 - it claims tasks in batches of at most its free slots, so it never holds a task it
-  will not start, and hands each to an execution thread (:mod:`.execution`);
+  will not start, and hands each to an execution thread (:mod:`.execution`); each round
+  claims before its housekeeping (beat, recovery, schedules), so the first claim is
+  made before the start line is logged;
 - it settles ended attempts in batches (:mod:`.reports`);
 - it registers itself when it starts (host, pid, worker id, backend, queues,
   concurrency, lease: the console's Workers page), and once per beat it renews the
