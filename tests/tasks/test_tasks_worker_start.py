@@ -1,6 +1,7 @@
 """A worker's start-up as a real process: its first claim is made before the last line
 of its banner, so a task enqueued before the worker started is claimed without waiting
-for the banner's own database reads, the recovery of lost tasks or the schedules."""
+for the banner's own database reads, the recovery of lost tasks or the schedules; and a
+worker on a database whose guards are missing exits before it claims anything."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from jobstate.core.states import JobStatus
 from jobstate.models import Job
@@ -50,3 +52,31 @@ def test_a_task_enqueued_before_start_is_claimed_before_the_banners_last_line(
     assert claimed.claimed_at.timestamp() < started_at, err
     assert Job.objects.get(id=queued.id).status == JobStatus.DONE
     assert "stopped (--batch: no task ready): 1 started, 1 succeeded" in err
+
+
+@pytest.mark.only_on("mysql")
+def test_a_worker_on_a_mariadb_without_the_thread_gate_exits_before_claiming(
+    settings: Any,
+) -> None:
+    """Migration 0009's guards recorded as applied but gone (a database restored without
+    them): the worker refuses to start, naming jobstate.E044, and claims nothing."""
+    options = use_options(settings)
+    queued = started_then_sleeps.enqueue(0.0)
+    index = "jobstate_jobrun_one_running_per_overlap_key"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP INDEX `{index}` ON `jobstate_jobrun`")
+    try:
+        worker = start_worker("--batch", "--worker-id", "start-2", options=options)
+        try:
+            code, _out, err = finish(worker)
+        finally:
+            stop(worker)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"CREATE UNIQUE INDEX `{index}` ON `jobstate_jobrun` (`running_overlap_key`)"
+            )
+    assert code == 1, err
+    assert "(jobstate.E044)" in err and index in err
+    assert "Traceback" not in err
+    assert Job.objects.get(id=queued.id).status == JobStatus.QUEUED
