@@ -258,19 +258,23 @@ def check_migrations_applied(**kwargs: Any) -> list[CheckMessage]:
                 )
             )
             continue
-        messages += _server_guards(alias)
+        try:
+            messages += server_guard_errors(alias)
+        except DatabaseError as exc:
+            messages.append(
+                Error(f"Cannot read the indexes of database {alias!r}: {exc}", id="jobstate.E011")
+            )
     return messages
 
 
-def _server_guards(alias: str) -> list[CheckMessage]:
+def server_guard_errors(alias: str) -> list[CheckMessage]:
     """On MariaDB and MySQL, migration 0009's guards must be in place even though it is
-    recorded as applied (a database restored without them, a table rebuilt by hand)."""
+    recorded as applied (a database restored without them, a table rebuilt by hand):
+    ``jobstate.E044`` when they are not. The deploy check and the commands that claim
+    (``require_migrated``) ask. ``DatabaseError`` when the catalogue cannot be read."""
     from jobstate.stores.database.backends import database_ops
 
-    try:
-        missing = database_ops(alias).missing_server_guards()
-    except DatabaseError as exc:
-        return [Error(f"Cannot read the indexes of database {alias!r}: {exc}", id="jobstate.E011")]
+    missing = database_ops(alias).missing_server_guards()
     if not missing:
         return []
     return [

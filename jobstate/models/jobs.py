@@ -137,6 +137,19 @@ PAUSED_SQL = """
     WHERE p.target = c.target AND p.queue_name = COALESCE(c.queue_name, '{no_queue}')
 """
 
+#: ``~queue_paused()`` of a candidate ``c`` as the one-statement claims write it: first
+#: whether any queue is paused at all, then, only when one is, :data:`PAUSED_SQL` per
+#: candidate. The first subquery is uncorrelated, so PostgreSQL runs it once per
+#: statement (an *InitPlan*: one page of an empty table) and, finding no pause, never
+#: runs the second; the planner plans no anti join either. Both read the claim
+#: statement's own snapshot, taken when it starts (READ COMMITTED), so a pause committed
+#: before a claim starts is seen by the first and then the second: no claim that starts
+#: after the pause commits takes a job of its queue, with no cache to go stale.
+UNPAUSED_SQL = f"""(
+    NOT EXISTS (SELECT 1 FROM {{pauses}} AS anywhere)
+    OR NOT EXISTS ({PAUSED_SQL})
+)"""
+
 
 class JobQuerySet(models.QuerySet["Job"]):
     def with_status(self, statuses: Iterable[str]) -> JobQuerySet:

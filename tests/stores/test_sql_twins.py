@@ -24,6 +24,7 @@ from jobstate.models.jobs import (
     TASK_CLAIM_ORDER_SQL,
     TASK_READY_SQL,
     THREAD_BLOCKERS_SQL,
+    UNPAUSED_SQL,
 )
 from jobstate.stores.database.backends import database_ops
 
@@ -137,6 +138,27 @@ def test_the_paused_queue_probe_selects_what_unpaused_leaves_out(
     assert {"plain", "other-target"} <= set(_names(rows, sql))
 
 
+def test_the_claims_unpaused_form_selects_what_unpaused_selects_with_and_without_pauses(
+    rows: dict[str, uuid.UUID],
+) -> None:
+    # With pauses: the per-candidate probe decides.
+    sql = _names(rows, _select(UNPAUSED_SQL))
+    assert sorted(sql) == sorted(
+        _names(rows, list(Job.objects.unpaused().values_list("id", flat=True)))
+    )
+    assert not {"paused-queue", "paused-no-queue", "task-paused"} & set(sql)
+    # One pause left, of a queue no job is in: only its jobs would be held back.
+    QueuePause.objects.exclude(target=TARGETS[0]).delete()
+    QueuePause.objects.filter(target=TARGETS[0]).update(queue_name="no-such-queue")
+    assert sorted(_names(rows, _select(UNPAUSED_SQL))) == sorted(rows)
+    # No pause at all: every job passes (the probe per candidate is never run).
+    QueuePause.objects.all().delete()
+    assert sorted(_names(rows, _select(UNPAUSED_SQL))) == sorted(rows)
+    # A pause added again is seen by the next statement.
+    QueuePause.objects.create(target=TARGETS[1], queue_name=NO_QUEUE, paused_by="test")
+    assert "paused-no-queue" not in _names(rows, _select(UNPAUSED_SQL))
+
+
 def test_the_claims_where_selects_what_ready_selects(rows: dict[str, uuid.UUID]) -> None:
     sql = _select(READY_SQL)
     orm = Job.objects.ready().values_list("id", flat=True)
@@ -150,7 +172,7 @@ def test_the_whole_claim_selects_what_claimable_selects_in_its_order(
 ) -> None:
     placeholders = ", ".join(["%s"] * len(TARGETS))
     where = (
-        f"{READY_SQL} AND c.target IN ({placeholders}) AND NOT EXISTS ({PAUSED_SQL})"
+        f"{READY_SQL} AND c.target IN ({placeholders}) AND {UNPAUSED_SQL}"
         f" AND (c.thread_id IS NULL OR NOT EXISTS ({THREAD_BLOCKERS_SQL}))"
     )
     sql = _select(where, TARGETS, order=CLAIM_ORDER_SQL)
@@ -176,7 +198,7 @@ def test_the_task_claims_due_order_is_the_orm_order(rows: dict[str, uuid.UUID]) 
 
 def test_every_placeholder_of_the_rules_is_filled_in() -> None:
     ops = database_ops(connection.alias)
-    for text in (READY_SQL, THREAD_BLOCKERS_SQL, PAUSED_SQL, TASK_READY_SQL):
+    for text in (READY_SQL, THREAD_BLOCKERS_SQL, PAUSED_SQL, UNPAUSED_SQL, TASK_READY_SQL):
         filled = ops.sql(text)
         assert "{" not in filled
         assert "}" not in filled

@@ -2,8 +2,11 @@
 with the ``TASKS`` options a test gives in ``JOBSTATE_TEST_TASK_OPTIONS`` (JSON; durations
 in seconds), so a worker and its test agree on them, ``JOBSTATE['MAX_PAYLOAD_BYTES']``
 from ``JOBSTATE_TEST_MAX_PAYLOAD_BYTES`` when a test lowers it, the settings of a worker
-behind a pooler in transaction mode with ``JOBSTATE_TEST_POOLER=transaction``, and
-Django's log of the tasks tagged (see :class:`TaggedFormatter`)."""
+behind a pooler in transaction mode with ``JOBSTATE_TEST_POOLER=transaction``,
+Django's log of the tasks tagged (see :class:`TaggedFormatter`), and with
+``JOBSTATE_TEST_LOG_INSTANTS=1`` the worker's log lines led by the instant each was
+logged (seconds since the epoch, to the microsecond), for a test that orders them
+against the database's timestamps."""
 
 import json
 import logging
@@ -68,3 +71,12 @@ LOGGING = {
     },
     "loggers": {**PROJECT_LOGGING["loggers"], "django.tasks": _TASK_LOG, "django_tasks": _TASK_LOG},
 }
+
+if os.environ.get("JOBSTATE_TEST_LOG_INSTANTS") == "1":
+    LOGGING["formatters"]["instants"] = {"format": "%(created).6f %(message)s"}
+    LOGGING["handlers"]["instants"] = {"class": "logging.StreamHandler", "formatter": "instants"}
+    LOGGING["loggers"]["jobstate.worker"] = {
+        "handlers": ["instants"],
+        "level": "INFO",
+        "propagate": False,
+    }

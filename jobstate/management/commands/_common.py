@@ -9,6 +9,7 @@ import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
@@ -247,10 +248,36 @@ def unmigrated_error(alias: str) -> CommandError | None:
 def require_migrated(alias: str) -> None:
     """Before a worker or a job run starts (which would log failures of its own before
     the command's error): exit 1 saying to migrate when jobstate's migrations are not
-    all applied on database ``alias``."""
+    all applied on database ``alias``, or, on MariaDB/MySQL, when migration 0009's guards
+    are missing (``jobstate.E044``, unless silenced): a worker must not claim where the
+    per-thread gate or one RUNNING run per overlap key is not enforced."""
     unmigrated = unmigrated_error(alias)
     if unmigrated is not None:
         raise unmigrated
+    unguarded = unguarded_error(alias)
+    if unguarded is not None:
+        raise unguarded
+
+
+def unguarded_error(alias: str) -> CommandError | None:
+    """``jobstate.E044`` as a command's error, when database ``alias`` lacks what
+    migration 0009 adds on MariaDB/MySQL and the host has not silenced the check;
+    ``None`` otherwise, also when the catalogue cannot be read (a database that is down
+    is the worker's to wait for, not a reason to exit)."""
+    from jobstate.checks import server_guard_errors
+
+    try:
+        errors = server_guard_errors(alias)
+    except DatabaseError:
+        return None
+    silenced = set(settings.SILENCED_SYSTEM_CHECKS)
+    errors = [error for error in errors if error.id not in silenced]
+    if not errors:
+        return None
+    return CommandError(
+        " ".join(f"({error.id}) {error.msg} {error.hint}" for error in errors),
+        returncode=EXIT_FAILED,
+    )
 
 
 class JobStateCommand(BaseCommand):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -116,6 +117,24 @@ def _queue_names(text: str) -> list[str] | None:
 def _default_interval() -> float:
     pooled = jobstate_settings.CONNECTION_POOLER == "transaction"
     return POOLED_INTERVAL if pooled else DEFAULT_INTERVAL
+
+
+class _LateSchedulePass:
+    """The worker's evaluation of the schedules, importing :mod:`jobstate.schedules` on
+    its first call: the worker makes that call after its first claim, so a worker's
+    first task does not wait for the schedules' code to load."""
+
+    def __init__(self, *, using: str, worker_id: str) -> None:
+        self.using = using
+        self.worker_id = worker_id
+        self._pass: Callable[[], tuple[int, float]] | None = None
+
+    def __call__(self) -> tuple[int, float]:
+        if self._pass is None:
+            from jobstate.schedules import WorkerSchedulePass
+
+            self._pass = WorkerSchedulePass(using=self.using, worker_id=self.worker_id)
+        return self._pass()
 
 
 class Command(JobStateCommand):
@@ -202,16 +221,11 @@ class Command(JobStateCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        # Imported here, so the other commands work on Django 5.2 without the backport.
-        from jobstate.schedules import WorkerSchedulePass
+        # Imported here, so the other commands work on Django 5.2 without the backport;
+        # the reloader only when asked for, the schedules once the first claim is made
+        # (_LateSchedulePass): a worker imports what its first claim needs first.
         from jobstate.tasks.backend import JobStateBackend
         from jobstate.tasks.worker import TaskWorker, WorkerConfig, default_worker_id
-        from jobstate.tasks.worker.reloading import (
-            RELOAD_EXIT,
-            CodeWatcher,
-            is_reloaded_child,
-            supervise,
-        )
 
         self._configure_logging(options["verbosity"])
         reload = options["reload"]
@@ -223,11 +237,19 @@ class Command(JobStateCommand):
                 "its queues are empty.",
                 returncode=EXIT_USAGE,
             )
-        if reload and not is_reloaded_child():
-            status = supervise()
-            if status:
-                raise SystemExit(status)
-            return
+        if reload:
+            from jobstate.tasks.worker.reloading import (
+                RELOAD_EXIT,
+                CodeWatcher,
+                is_reloaded_child,
+                supervise,
+            )
+
+            if not is_reloaded_child():
+                status = supervise()
+                if status:
+                    raise SystemExit(status)
+                return
         backend = backend_named(options["backend"])
         if not isinstance(backend, JobStateBackend):
             raise CommandError(
@@ -271,9 +293,7 @@ class Command(JobStateCommand):
                 schedules=not options["no_schedules"],
             )
             worker = TaskWorker(
-                config,
-                backend,
-                WorkerSchedulePass(using=config.using, worker_id=config.worker_id),
+                config, backend, _LateSchedulePass(using=config.using, worker_id=worker_id)
             )
             watcher = CodeWatcher(worker.request_stop) if reload else None
             summary = worker.run()

@@ -4,7 +4,9 @@ One control loop (the thread that calls :meth:`TaskWorker.run`) does all the dat
 of the worker itself:
 
 - it claims tasks in batches of at most its free slots, so it never holds a task it
-  will not start, and hands each to an execution thread (:mod:`.execution`);
+  will not start, and hands each to an execution thread (:mod:`.execution`); each round
+  claims before its housekeeping (beat, recovery, schedules), so the first claim is
+  made before the start line is logged;
 - it settles ended attempts in batches (:mod:`.reports`);
 - it registers itself when it starts (host, pid, worker id, backend, queues,
   concurrency, lease: the console's Workers page), and once per beat it renews the
@@ -141,7 +143,6 @@ class TaskWorker:
             try:
                 if not self._register():
                     return self.summary
-                self._presence.announce(listening=self._listener is not None)
                 self._work()
             finally:
                 self._wind_down()
@@ -157,12 +158,25 @@ class TaskWorker:
         next_beat = time.monotonic() + beat
         next_recovery = time.monotonic()
         failures = 0
+        announced = False
         while True:
             self._wake.clear()
             try:
                 self._watch_cancels()
                 self._enforce_timeouts()
                 self._settle_ended()
+                if self._stop_requested is not None:
+                    return
+                if self._done():
+                    return
+                # The claim comes before the round's housekeeping, so a worker's first
+                # task starts before its banner's last line, its recovery of lost tasks
+                # and its first evaluation of the schedules; what those two make ready
+                # sets the wake-up, and the next round claims it at once.
+                free, claimed = self._claim()
+                if not announced:
+                    announced = True
+                    self._presence.announce(listening=self._listener is not None)
                 now = time.monotonic()
                 if now >= next_beat:
                     self._beat()
@@ -170,13 +184,8 @@ class TaskWorker:
                 if now >= next_recovery:
                     self._recover_lost_tasks()
                     next_recovery = now + recovery_every
-                if self._stop_requested is not None:
-                    return
                 if self._schedule_pass is not None and now >= self._next_schedules:
                     self._next_schedules = now + self._evaluate_schedules()
-                if self._done():
-                    return
-                free, claimed = self._claim()
             except StoreError as exc:
                 failures += 1
                 self._wait_after(exc, failures)
@@ -185,7 +194,13 @@ class TaskWorker:
             if free and claimed == free:
                 # Every free slot got a task: more may be ready, so claim again at once.
                 continue
-            if free and not claimed and self.config.batch and not self._running():
+            if (
+                free
+                and not claimed
+                and self.config.batch
+                and not self._running()
+                and not self._wake.is_set()
+            ):
                 self._stop_requested = "--batch: no task ready"
                 return
             self._wake.wait(self._sleep_seconds(next_beat))
@@ -373,6 +388,9 @@ class TaskWorker:
 
     def _recover_lost_tasks(self) -> None:
         recovery = self.store.recover_expired_tasks()
+        if recovery.requeued:
+            # Claimable now: claim them without waiting out the interval.
+            self._wake.set()
         if recovery.total:
             logger.warning(
                 "Recovered %d task(s) of workers that stopped renewing their leases: "
@@ -387,6 +405,9 @@ class TaskWorker:
         assert self._schedule_pass is not None
         enqueued, wait = self._schedule_pass()
         self.summary.scheduled += enqueued
+        if enqueued:
+            # A slot due now is claimable now, also by a worker that does not listen.
+            self._wake.set()
         return wait
 
     def _sleep_seconds(self, next_beat: float) -> float:

@@ -24,12 +24,12 @@ from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus, NotificationSt
 from jobstate.models import AuditEntry, Job, Notification, QueuePause
 from jobstate.models.jobs import (
     CLAIM_ORDER_SQL,
-    PAUSED_SQL,
     READY_SQL,
     TASK_CLAIM_ORDER_SQL,
     TASK_DUE_SQL,
     TASK_READY_SQL,
     THREAD_BLOCKERS_SQL,
+    UNPAUSED_SQL,
 )
 from jobstate.stores.contracts.validation import JOB_CLAIM_FIELDS
 from jobstate.stores.database.backends.portable import rule_sql
@@ -63,7 +63,7 @@ def _candidates(connection: BaseDatabaseWrapper, targets: int) -> str:
     placeholders = ", ".join(["%s"] * targets)
     return (
         f"{rule(connection, READY_SQL)} AND c.target IN ({placeholders})"
-        f" AND NOT EXISTS ({rule(connection, PAUSED_SQL)})"
+        f" AND {rule(connection, UNPAUSED_SQL)}"
     )
 
 

@@ -1,0 +1,82 @@
+"""A worker's start-up as a real process: its first claim is made before the last line
+of its banner, so a task enqueued before the worker started is claimed without waiting
+for the banner's own database reads, the recovery of lost tasks or the schedules; and a
+worker on a database whose guards are missing exits before it claims anything."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from jobstate.core.states import JobStatus
+from jobstate.models import Job
+from tests.support.task_functions import started_then_sleeps
+from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
+
+pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_a_task_enqueued_before_start_is_claimed_before_the_banners_last_line(
+    settings: Any,
+) -> None:
+    options = use_options(settings, LEASE=30.0)
+    queued = started_then_sleeps.enqueue(1.0)
+    worker = start_worker(
+        "--batch", "--worker-id", "start-1", options=options, JOBSTATE_TEST_LOG_INSTANTS="1"
+    )
+    try:
+        # The claim's instant is the database's clock when the claim statement ran; the
+        # job keeps it while the task runs.
+        claimed = wait_for(
+            lambda: Job.objects.filter(
+                id=queued.id, status=JobStatus.RUNNING, claimed_at__isnull=False
+            ).first(),
+            what="the task's claim",
+        )
+        code, _out, err = finish(worker)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    banner = [
+        (float(instant), line)
+        for instant, line in re.findall(r"(?m)^(\d+\.\d+) (jobstate_worker start-1 .*)$", err)
+    ]
+    assert banner, err
+    started_at, started_line = banner[0]
+    assert "started: backend 'default'" in started_line
+    # The banner's started line, and so whatever follows it, comes after the claim that
+    # took the waiting task.
+    assert claimed.claimed_at.timestamp() < started_at, err
+    assert Job.objects.get(id=queued.id).status == JobStatus.DONE
+    assert "stopped (--batch: no task ready): 1 started, 1 succeeded" in err
+
+
+@pytest.mark.only_on("mysql")
+def test_a_worker_on_a_mariadb_without_the_thread_gate_exits_before_claiming(
+    settings: Any,
+) -> None:
+    """Migration 0009's guards recorded as applied but gone (a database restored without
+    them): the worker refuses to start, naming jobstate.E044, and claims nothing."""
+    options = use_options(settings)
+    queued = started_then_sleeps.enqueue(0.0)
+    index = "jobstate_jobrun_one_running_per_overlap_key"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP INDEX `{index}` ON `jobstate_jobrun`")
+    try:
+        worker = start_worker("--batch", "--worker-id", "start-2", options=options)
+        try:
+            code, _out, err = finish(worker)
+        finally:
+            stop(worker)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"CREATE UNIQUE INDEX `{index}` ON `jobstate_jobrun` (`running_overlap_key`)"
+            )
+    assert code == 1, err
+    assert "(jobstate.E044)" in err and index in err
+    assert "Traceback" not in err
+    assert Job.objects.get(id=queued.id).status == JobStatus.QUEUED
