@@ -62,6 +62,7 @@ from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, tim
 from jobstate.tasks.worker.presence import WorkerPresence
 from jobstate.tasks.worker.reports import Reporter, interrupted
 from jobstate.tasks.worker.shutdown import stop_signals
+from jobstate.tasks.worker.timeouts import overdue_attempts
 from jobstate.tasks.worker.unknown_tasks import UnknownTasks
 from jobstate.tasks.worker.waiter import NotificationListener, start_listener
 
@@ -314,55 +315,18 @@ class TaskWorker:
             self.summary.cancelled += 1
 
     def _enforce_timeouts(self) -> None:
-        """Interrupt the attempts past their timeout; they end, as timed out, once their
-        thread has stopped, so no other attempt of the task starts anywhere meanwhile
-        (the worker keeps their leases). An interrupted attempt whose thread has not
-        stopped ``grace`` later (it catches the interrupt, or is blocked in C code) makes
-        the worker stop: a thread cannot be killed, only the process. The attempt keeps
-        its lease while the worker winds down and is settled last, its retry due no
-        sooner than a lease later, by when the process and its thread are gone."""
-        now = time.monotonic()
-        for attempt in list(self._active.values()):
-            deadline = attempt.deadline
-            if deadline is not None and now >= deadline and attempt.interrupt():
-                how = (
-                    "interrupted it (TaskTimeLimitExceeded raised in its thread)"
-                    if attempt.interruptible
-                    else "an async task cannot be interrupted"
-                )
-                logger.warning(
-                    "Task %s %s ran past its timeout of %s: %s; it ends once its thread "
-                    "has stopped",
-                    attempt.job.task_path,
-                    attempt.job.id,
-                    self.options.timeout,
-                    how,
-                )
-            elif (
-                attempt.interrupted
-                and attempt.interrupted_at is not None
-                and now >= attempt.interrupted_at + self.config.grace
-                and attempt not in self._stuck
-            ):
-                self._stuck.append(attempt)
-                self.summary.stuck += 1
-                logger.error(
-                    "Task %s %s %s and its thread did not stop "
-                    "within %g s of the interrupt: worker %s stops claiming, hands back "
-                    "what it has not started and exits with status 4 so that its "
-                    "supervisor restarts it; the task is retried only after this process "
-                    "has ended",
-                    attempt.job.task_path,
-                    attempt.job.id,
-                    "was cancelled"
-                    if attempt.cancelled
-                    else f"ran past its timeout of {self.options.timeout}",
-                    self.config.grace,
-                    self.config.worker_id,
-                )
-                self.request_stop(
-                    f"a {'cancelled' if attempt.cancelled else 'timed-out'} task did not stop"
-                )
+        for attempt in overdue_attempts(
+            self._active.values(),
+            timeout=self.options.timeout,
+            grace=self.config.grace,
+            worker_id=self.config.worker_id,
+            stuck=self._stuck,
+        ):
+            self._stuck.append(attempt)
+            self.summary.stuck += 1
+            self.request_stop(
+                f"a {'cancelled' if attempt.cancelled else 'timed-out'} task did not stop"
+            )
 
     def _beat(self) -> None:
         """The worker's beat: renew the leases it holds and move its own last beat, so
