@@ -2,7 +2,7 @@
 
     python -m bench drain --workers 4 --jobs 20000 --repeats 3
     python -m bench sweeps --rows 1000000
-    python -m bench tasks --workers 4 --tasks 5000 --repeats 3 --concurrency 1,4
+    python -m bench tasks --workers 4 --tasks 5000 --repeats 3 --concurrency 1,4 --mysql
     python -m bench pgbouncer --workers 64 --direct 16 --tasks 50000 --kill-at 0.5
     python -m bench all
     python -m bench calls --jobs 5000
@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import tasks_command
 from bench.contenders import CONTENDERS
 from bench.pg import (
     DEFAULT_SERVER,
@@ -210,74 +211,6 @@ def _sweeps(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         print(line)
 
 
-def _tasks(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
-    from django.conf import settings
-
-    from bench import tasks
-
-    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    unknown = set(contenders) - set(tasks.DRAIN_CONTENDERS)
-    if unknown:
-        raise BenchError(
-            f"unknown contender(s) {sorted(unknown)}; known: {', '.join(tasks.DRAIN_CONTENDERS)}"
-        )
-    concurrencies = _counts(args.concurrency, "--concurrency")
-    entries = tasks.lineup(contenders, workers=args.workers, concurrencies=concurrencies)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    print(
-        f"tasks: drain of {args.tasks} no-op tasks by {args.workers} worker processes each, "
-        f"{args.repeats} rounds taking turns: {'; '.join(e.label for e in entries)}; "
-        f"CONN_MAX_AGE = {settings.DATABASES['default']['CONN_MAX_AGE']} for every Django "
-        f"contender (procrastinate: its worker's pool); load average {load_average()}",
-        flush=True,
-    )
-    drains = tasks.drain(url, entries=entries, tasks=args.tasks, repeats=args.repeats, log=log)
-    started: dict[str, list[float]] = {}
-    if args.startups:
-        print("start-up:", flush=True)
-        started = tasks.startup(url, samples=args.startups, log=log)
-    print("concurrency:", flush=True)
-    spread = tasks.concurrency(url, log=log)
-    print("latency:", flush=True)
-    notify = tasks.latency(url, samples=args.samples, listen=True, log=log)
-    polling = tasks.latency(url, samples=args.samples, listen=False, log=log)
-    text = tasks.table(drains)
-    compared = tasks.rows(drains, started)
-    checks = tasks.targets(drains, started, spread, notify)
-    print()
-    print(text)
-    print()
-    print(compared)
-    print()
-    for line in checks:
-        print(line)
-    print(f"load average at the end: {load_average()}")
-    result["tasks"] = {
-        "table": text,
-        "rows": compared,
-        "targets": checks,
-        "drain": [vars(d) for d in drains],
-        "startup_seconds": started,
-        "concurrency": spread,
-        "latency_listen_notify": notify,
-        "latency_polling": polling,
-    }
-
-
-def _counts(text: str, option: str) -> list[int]:
-    """A comma-separated list of positive counts, e.g. ``1,4``."""
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise BenchError(f"{option} takes positive counts separated by commas, got {text!r}")
-    return counts
-
-
 def _pgbouncer(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
     from bench import pooled
 
@@ -324,6 +257,12 @@ def _calls(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
     )
 
 
+def _worker_arguments(parser: argparse.ArgumentParser, *, workers: int, workers_help: str) -> None:
+    """``--workers`` (processes) and ``--tasks`` of a command that starts worker processes."""
+    parser.add_argument("--workers", type=int, default=workers, help=workers_help)
+    parser.add_argument("--tasks", type=int, default=5000, help="tasks of each drain")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -350,30 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     tasks_parser = commands.add_parser(
         "tasks",
-        help="jobstate_worker against db_worker and procrastinate; start-up; latency",
+        help="the issue's rows: jobstate_worker against db_worker and procrastinate, the seed "
+        "path, the raw floor, the pause probe, MariaDB (--mysql); start-up; latency",
     )
-    tasks_parser.add_argument(
-        "--workers", type=int, default=4, help="worker processes of each contender"
-    )
-    tasks_parser.add_argument("--tasks", type=int, default=5000)
-    tasks_parser.add_argument(
-        "--repeats", type=int, default=3, help="rounds; each drains once per contender"
-    )
-    tasks_parser.add_argument(
-        "--concurrency",
-        default="1,4",
-        help="threads of each jobstate_worker, one drain each: e.g. 1,4",
-    )
-    tasks_parser.add_argument(
-        "--startups",
-        type=int,
-        default=5,
-        help="starts of each worker for the start-up row (0: none)",
-    )
-    tasks_parser.add_argument("--contenders", default="jobstate,django-tasks-db,procrastinate")
-    tasks_parser.add_argument(
-        "--samples", type=int, default=200, help="tasks of each latency measurement"
-    )
+    _worker_arguments(tasks_parser, workers=4, workers_help="worker processes of each contender")
+    tasks_command.add_arguments(tasks_parser)
     all_parser = commands.add_parser("all", help="drain, then sweeps")
     profile_parser = commands.add_parser(
         "profile", help="one worker on the seed's completion path: where a job's time goes"
@@ -390,13 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         "pgbouncer",
         help="many workers through PgBouncer in transaction mode against fewer direct ones",
     )
-    pgbouncer_parser.add_argument(
-        "--workers", type=int, default=16, help="worker processes through PgBouncer"
+    _worker_arguments(
+        pgbouncer_parser, workers=16, workers_help="worker processes through PgBouncer"
     )
     pgbouncer_parser.add_argument(
         "--direct", type=int, default=16, help="worker processes connected directly"
     )
-    pgbouncer_parser.add_argument("--tasks", type=int, default=5000)
     pgbouncer_parser.add_argument(
         "--pool-size", type=int, default=20, help="PgBouncer's default_pool_size"
     )
@@ -461,6 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         # The lease and attempts a task gets are fixed when it is enqueued: the harness
         # enqueues under the same options as the workers it starts.
         os.environ["JOBSTATE_BENCH_LEASE"] = str(args.lease)
+    if args.command == "tasks":
+        try:
+            tasks_command.check(args)
+        except BenchError as exc:
+            # Before the database is touched: a mistyped option changes nothing.
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     try:
         result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}
         result["manifest"] = _prepare(url, django=args.command != "profile")
@@ -471,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("sweeps", "all"):
             _sweeps(args, url, result)
         if args.command == "tasks":
-            _tasks(args, url, result)
+            tasks_command.run(args, url, result)
         if args.command == "pgbouncer":
             _pgbouncer(args, url, result)
         if args.command == "calls":

@@ -13,6 +13,9 @@ TARGET = "bench"
 
 RAW_TABLE = "bench_raw_job"
 
+#: The target whose queue the paused cells pause: none of the jobs a drain loads.
+OTHER_TARGET = "bench-elsewhere"
+
 
 def _clone(
     conn: psycopg.Connection[Any], table: str, template: str, count: int, overrides: dict[str, str]
@@ -72,7 +75,8 @@ def load_raw(url: str, jobs: int, batch: int) -> None:
 
 
 def load_jobstate(url: str, jobs: int, batch: int) -> None:
-    from jobstate.models import AuditEntry, Job
+    """``jobs`` queued jobs of :data:`TARGET`, and no queue paused."""
+    from jobstate.models import AuditEntry, Job, QueuePause
     from jobstate.stores import get_state_store
 
     table = Job._meta.db_table
@@ -80,7 +84,7 @@ def load_jobstate(url: str, jobs: int, batch: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         # The audit ledger has no foreign key to the jobs (entries outlive their job), so
         # the cascade that empties the outbox does not reach it.
-        conn.execute(f'TRUNCATE "{table}", "{audit}" CASCADE')
+        conn.execute(f'TRUNCATE "{table}", "{audit}", "{QueuePause._meta.db_table}" CASCADE')
     template = get_state_store().create_job(
         request_id="bench-1", target=TARGET, source="bench", input={"n": 1, "pad": PAYLOAD_PAD}
     )
@@ -99,6 +103,17 @@ def load_jobstate(url: str, jobs: int, batch: int) -> None:
             },
         )
         _finish_load(conn, table)
+
+
+def load_jobstate_paused(url: str, jobs: int, batch: int) -> None:
+    """As :func:`load_jobstate`, then the queue of another target paused: the claims
+    find the pause table non-empty, so they probe it for each candidate they look at."""
+    from jobstate.stores import get_state_store
+
+    load_jobstate(url, jobs, batch)
+    get_state_store().pause_queue(target=OTHER_TARGET, by="bench")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE) jobstate_queuepause")
 
 
 def load_procrastinate(url: str, jobs: int, batch: int) -> None:

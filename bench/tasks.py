@@ -46,14 +46,6 @@ _ENQUEUE_CHUNK = 500
 #: The drain's contenders, in the order the table lists them.
 DRAIN_CONTENDERS = ("jobstate", "django-tasks-db", "procrastinate")
 
-#: The issue's goals: jobstate's rate over each peer's, by jobstate's threads per process
-#: (``None``: at any thread count).
-GOALS: dict[tuple[str, int | None], float] = {
-    ("django-tasks-db", 1): 2.5,
-    ("django-tasks-db", 4): 4.0,
-    ("procrastinate", None): 2.0,
-}
-
 #: What each contender's worker process is called in the tables.
 _COMMANDS = {
     "jobstate": "jobstate_worker",
@@ -337,7 +329,7 @@ def startup(url: str, *, samples: int, log: Callable[[str], None]) -> dict[str, 
             figures[contender].append(row[0].timestamp() - began)
     for contender, seconds in figures.items():
         log(
-            f"  {_COMMANDS[contender]}: start to first task {_spread(seconds, 's', 2)} "
+            f"  {_COMMANDS[contender]}: start to first task {spread(seconds, 's', 2)} "
             f"({samples} starts)"
         )
     return figures
@@ -414,7 +406,7 @@ def latency(
 # --- the report -------------------------------------------------------------------------
 
 
-def _spread(values: list[float], unit: str, digits: int) -> str:
+def spread(values: list[float], unit: str, digits: int) -> str:
     """``low-high unit (median m)`` over the rounds; the value alone after one round."""
     unit = f" {unit}" if unit else ""
     low, high = min(values), max(values)
@@ -422,109 +414,3 @@ def _spread(values: list[float], unit: str, digits: int) -> str:
         return f"{low:,.{digits}f}{unit}"
     middle = statistics.median(values)
     return f"{low:,.{digits}f}-{high:,.{digits}f}{unit} (median {middle:,.{digits}f})"
-
-
-def table(drains: list[Drain]) -> str:
-    lines = [
-        "| contender | processes x threads | tasks | work time (median) | tasks/s (rounds) "
-        "| connections opened |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for result in drains:
-        lines.append(
-            f"| {result.entry.label} | {result.workers} x {result.threads} | {result.tasks} | "
-            f"{result.seconds:.2f} s | {_spread(result.rates, '', 0)} | "
-            f"{max(result.connections)} |"
-        )
-    return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One row of the issue's table: a jobstate entry against a peer's."""
-
-    ours: Drain
-    peer: Drain
-
-    @property
-    def ratio(self) -> float:
-        return self.ours.rate / self.peer.rate
-
-    @property
-    def round_ratios(self) -> list[float]:
-        """jobstate's rate over the peer's in each round (they ran in the same round)."""
-        return [ours / peer for ours, peer in zip(self.ours.rates, self.peer.rates, strict=True)]
-
-    @property
-    def goal(self) -> float | None:
-        return GOALS.get(
-            (self.peer.contender, self.ours.threads), GOALS.get((self.peer.contender, None))
-        )
-
-
-def comparisons(drains: list[Drain]) -> list[Comparison]:
-    ours = [result for result in drains if result.contender == "jobstate"]
-    peers = [result for result in drains if result.contender != "jobstate"]
-    return [Comparison(mine, peer) for peer in peers for mine in ours]
-
-
-def rows(drains: list[Drain], started: dict[str, list[float]]) -> str:
-    """The issue's table: every jobstate entry against every peer, then the start-up."""
-    lines = ["| path | jobstate | peer | ratio | goal |", "|---|---|---|---|---|"]
-    for row in comparisons(drains):
-        ratio = f"**{row.ratio:.2f}x**"
-        if len(row.round_ratios) > 1:
-            ratio += f" (rounds {min(row.round_ratios):.2f}-{max(row.round_ratios):.2f})"
-        goal = f">= {row.goal}x" if row.goal else "—"
-        lines.append(
-            f"| {row.ours.entry.label} vs {row.peer.entry.label} | "
-            f"{_spread(row.ours.rates, 'tasks/s', 0)} | {_spread(row.peer.rates, 'tasks/s', 0)} | "
-            f"{ratio} | {goal} |"
-        )
-    if started:
-        ours, peer = started["jobstate"], started["django-tasks-db"]
-        lines.append(
-            f"| worker start-up to first task (`jobstate_worker`, 1 thread, vs `db_worker`) | "
-            f"{_spread(ours, 's', 2)} | `db_worker` {_spread(peer, 's', 2)} | "
-            f"{statistics.median(ours) / statistics.median(peer):.2f} | <= `db_worker` |"
-        )
-    return "\n".join(lines)
-
-
-def targets(
-    drains: list[Drain],
-    started: dict[str, list[float]],
-    spread: dict[str, float],
-    notify: dict[str, float],
-) -> list[str]:
-    lines = []
-    for row in comparisons(drains):
-        if row.goal is None:
-            continue
-        verdict = "met" if row.ratio >= row.goal else "MISSED"
-        lines.append(
-            f"{verdict}: {row.ours.entry.label} at {row.ratio:.2f}x {row.peer.entry.label} "
-            f"(goal {row.goal}x)"
-        )
-    if started:
-        ours = statistics.median(started["jobstate"])
-        peer = statistics.median(started["django-tasks-db"])
-        verdict = "met" if ours <= peer else "MISSED"
-        lines.append(
-            f"{verdict}: jobstate_worker starts its first task {ours:.2f} s after it is started, "
-            f"db_worker {peer:.2f} s (medians; goal: no later than db_worker)"
-        )
-    if spread:
-        gap = spread["start_spread_seconds"]
-        verdict = "met" if gap <= 1.0 else "MISSED"
-        lines.append(
-            f"{verdict}: eight 1 s tasks started within {gap * 1000:.1f} ms of each other "
-            "(target 1 s)"
-        )
-    if notify:
-        ok = notify["p50_ms"] <= 20 and notify["p99_ms"] <= 100
-        lines.append(
-            f"{'met' if ok else 'MISSED'}: LISTEN/NOTIFY latency p50 {notify['p50_ms']:.1f} ms "
-            f"(target 20), p99 {notify['p99_ms']:.1f} ms (target 100)"
-        )
-    return lines

@@ -1,25 +1,22 @@
 """The drain benchmark runs end to end on tiny counts: every contender (the raw SQL
-floor, jobstate one job at a time, in batches and on the seed's outbox path,
-procrastinate, django-tasks-db) drains every job it was given under every setting that
-changes its statements, and the harness cleans up after itself. Speed is not asserted
+floor, jobstate one job at a time with no queue paused and with another target's
+paused, in batches and on the seed's outbox path, procrastinate, django-tasks-db)
+drains every job it was given under every setting that changes its statements, and
+the harness cleans up after itself. Speed is not asserted
 here; the figures belong to the benchmark's own runs."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from bench.contenders import CONTENDERS
 from bench.pg import BenchError, recreate_database
-from tests.support.servers import postgres_server_url
+from tests.support.bench_runs import postgres_database_exists, run_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 JOBS = 200
 
 
@@ -28,34 +25,11 @@ JOBS = 200
 def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: Path) -> None:
     name = f"jobstate_bench_drain_smoke_{os.getpid()}"
     out = tmp_path / "drain.json"
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "--server",
-            postgres_server_url(),
-            "--database",
-            name,
-            "--output",
-            str(out),
-            "drain",
-            "--workers",
-            "2",
-            "--jobs",
-            str(JOBS),
-            "--repeats",
-            "1",
-            "--batch",
-            "20",
-            "--memory-every",
-            "50",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    result = run_bench(
+        name,
+        out,
+        *("drain", "--workers", "2", "--jobs", str(JOBS), "--repeats", "1"),
+        *("--batch", "20", "--memory-every", "50"),
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -70,7 +44,13 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
     settings = {(cell["contender"], cell["setting"]) for cell in cells}
     # Every jobstate contender under Django's defaults, with prepared statements, and
     # with jobstate's own preparation off; the peers under what changes theirs.
-    for name in ("jobstate", "jobstate-batch", "jobstate-seed", "jobstate-seed-2"):
+    for name in (
+        "jobstate",
+        "jobstate-batch",
+        "jobstate-paused",
+        "jobstate-seed",
+        "jobstate-seed-2",
+    ):
         assert {s for n, s in settings if n == name} == {"defaults", "prepared", "unprepared"}
     assert {s for n, s in settings if n == "procrastinate"} == {"defaults", "prepared"}
     seed = [cell for cell in cells if cell["contender"].startswith("jobstate-seed")]
@@ -87,9 +67,7 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
     assert "| jobstate | defaults | 2 |" in result.stdout
     assert "jobstate-seed [defaults] / faster peer at 2 workers" in result.stdout
     assert "jobstate-batch [prepared] / jobstate [prepared] at 2 workers" in result.stdout
-    with psycopg.connect(postgres_server_url() + "postgres") as conn:
-        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
-    assert left is None, "the benchmark left its database behind"
+    assert not postgres_database_exists(name), "the benchmark left its database behind"
 
 
 @pytest.mark.postgres
@@ -97,17 +75,10 @@ def test_every_contender_drains_every_job_and_the_database_is_dropped(tmp_path: 
 def test_the_profile_splits_a_seed_job_and_names_where_the_python_goes(tmp_path: Path) -> None:
     name = f"jobstate_bench_profile_smoke_{os.getpid()}"
     out = tmp_path / "profile.json"
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "bench", "--server", postgres_server_url(), "--database", name),
-            *("--output", str(out), "profile", "--jobs", "100", "--notifications", "2"),
-            *("--cprofile", "5"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    result = run_bench(
+        name,
+        out,
+        *("profile", "--jobs", "100", "--notifications", "2", "--cprofile", "5"),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -122,9 +93,7 @@ def test_the_profile_splits_a_seed_job_and_names_where_the_python_goes(tmp_path:
     assert profile["statements"] == pytest.approx(2 + 1 / 100)
     assert profile["wall_us"] >= profile["worker_cpu_us"] > 0
     assert "function calls" in profile["cprofile"]
-    with psycopg.connect(postgres_server_url() + "postgres") as conn:
-        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
-    assert left is None, "the benchmark left its database behind"
+    assert not postgres_database_exists(name), "the benchmark left its database behind"
 
 
 @pytest.mark.postgres
@@ -134,17 +103,10 @@ def test_the_sweeps_run_reaps_and_prunes_every_row_and_reports_its_targets(
 ) -> None:
     name = f"jobstate_bench_sweeps_smoke_{os.getpid()}"
     out = tmp_path / "sweeps.json"
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "bench", "--server", postgres_server_url(), "--database", name),
-            *("--output", str(out), "sweeps", "--rows", "3000", "--stale", "300"),
-            *("--audit", "2000", "--baseline", "1"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    result = run_bench(
+        name,
+        out,
+        *("sweeps", "--rows", "3000", "--stale", "300", "--audit", "2000", "--baseline", "1"),
         timeout=180,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -172,16 +134,7 @@ def test_refuses_to_recreate_a_database_it_must_not_drop(name: str) -> None:
 def test_the_call_count_drains_every_path_and_reports_per_job_figures(tmp_path: Path) -> None:
     name = f"jobstate_bench_calls_smoke_{os.getpid()}"
     out = tmp_path / "calls.json"
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    command = ["-m", "bench", "--server", postgres_server_url(), "--database", name]
-    result = subprocess.run(
-        [sys.executable, *command, "--output", str(out), "calls", "--jobs", "60", "--batch", "25"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_bench(name, out, "calls", "--jobs", "60", "--batch", "25", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     calls = json.loads(out.read_text())["calls"]
     assert set(calls) == {"one-job", "batch", "seed", "seed-2"}

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from bench.mysql import connect, execute
+from tests.support.bench_runs import ROOT, run_bench
 from tests.support.servers import mysql_server_url
 
-ROOT = Path(__file__).resolve().parents[2]
 JOBS = 120
 
 
@@ -27,18 +27,12 @@ JOBS = 120
 def test_the_mariadb_drain_empties_every_contender_and_drops_its_database(tmp_path: Path) -> None:
     name = f"jobstate_bench_mysql_smoke_{os.getpid()}"
     out = tmp_path / "drain.json"
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     server = mysql_server_url()
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "bench", "--server", server, "--database", name),
-            *("--output", str(out), "drain", "--workers", "2", "--jobs", str(JOBS)),
-            *("--repeats", "1", "--batch", "10"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    result = run_bench(
+        name,
+        out,
+        *("drain", "--workers", "2", "--jobs", str(JOBS), "--repeats", "1", "--batch", "10"),
+        server=server,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from tests.support.servers import postgres_server_url
+from tests.support.bench_runs import postgres_database_exists, run_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 TASKS = 120
 
 
@@ -27,39 +23,11 @@ def test_workers_through_pgbouncer_killed_mid_drain_lose_nothing(tmp_path: Path)
     name = f"jobstate_bench_pgbouncer_smoke_{os.getpid()}"
     out = tmp_path / "pgbouncer.json"
     logs = tmp_path / "logs"
-    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "--server",
-            postgres_server_url(),
-            "--database",
-            name,
-            "--output",
-            str(out),
-            "pgbouncer",
-            "--workers",
-            "3",
-            "--direct",
-            "2",
-            "--pool-size",
-            "2",
-            "--tasks",
-            str(TASKS),
-            "--kill-at",
-            "0.5",
-            "--lease",
-            "2",
-            "--logs",
-            str(logs),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    result = run_bench(
+        name,
+        out,
+        *("pgbouncer", "--workers", "3", "--direct", "2", "--pool-size", "2"),
+        *("--tasks", str(TASKS), "--kill-at", "0.5", "--lease", "2", "--logs", str(logs)),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     arms = {arm["name"]: arm for arm in json.loads(out.read_text())["pgbouncer"]["arms"]}
@@ -80,6 +48,4 @@ def test_workers_through_pgbouncer_killed_mid_drain_lose_nothing(tmp_path: Path)
     assert sorted(path.name for path in logs.glob("pooled-killed-*.log")) == [
         f"pooled-killed-{n}.log" for n in range(3)
     ]
-    with psycopg.connect(postgres_server_url("postgres"), autocommit=True) as conn:
-        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
-    assert left is None
+    assert not postgres_database_exists(name)
