@@ -1,23 +1,31 @@
-"""The batch claim and batch report on PostgreSQL: real concurrent connections (one per
-thread) released together, and the number of statements each hot path costs."""
+"""The batch claim and batch report on PostgreSQL, MariaDB and MySQL: real concurrent
+connections (one per thread) released together, and the number of statements each hot
+path costs on each.
+
+PostgreSQL claims and reports with one ``UPDATE ... RETURNING`` each. MariaDB and MySQL
+have no ``UPDATE ... RETURNING``, so a claim there is one locking read of its candidates,
+one ``UPDATE ... WHERE id IN``, and the transaction's own ``BEGIN`` and ``COMMIT``; a
+batch must cost the same statements whatever its size.
+"""
 
 from __future__ import annotations
 
 import threading
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobstate.models import Job
 from jobstate.stores.base import ClaimReport, CompletionOutcome, JobStatus
 from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.backends import database_ops
 from tests.support.threads import WORKERS, in_parallel
-
-pytestmark = pytest.mark.postgres
 
 
 def drain_in_batches(store: DatabaseStateStore, worker: str, limit: int) -> list[uuid.UUID]:
@@ -34,6 +42,11 @@ def drain_in_batches(store: DatabaseStateStore, worker: str, limit: int) -> list
         done.extend(job.id for job in jobs)
 
 
+# --- every server database: real concurrent connections ------------------------------
+
+
+@pytest.mark.mysql
+@pytest.mark.concurrent
 @pytest.mark.django_db(transaction=True)
 def test_eight_batch_workers_drain_every_job_exactly_once() -> None:
     store = DatabaseStateStore()
@@ -48,6 +61,36 @@ def test_eight_batch_workers_drain_every_job_exactly_once() -> None:
     assert sum(1 for batch in drained if batch) > 1, "only one worker ever got work"
 
 
+@pytest.mark.mysql
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_batch_claims_give_each_claim_its_own_token_and_the_database_lease() -> None:
+    store = DatabaseStateStore()
+    for n in range(120):
+        store.create_job(request_id=f"b{n}", target="batch")
+
+    def claim(index: int) -> list[Job]:
+        return store.claim_next_inhub_jobs(["batch"], f"w{index}", timedelta(minutes=3), limit=20)
+
+    batches = in_parallel(WORKERS, claim)
+
+    claimed = [job for batch in batches for job in batch]
+    assert len(claimed) == len({job.id for job in claimed}) == 120
+    assert len({job.claim_token for job in claimed}) == 120, "two claims shared a token"
+    stored = {job.id: job for job in Job.objects.all()}
+    for job in claimed:
+        row = stored[job.id]
+        assert row.status == JobStatus.RUNNING and row.claim_token == job.claim_token
+        assert (job.executor_id, job.claimed_at, job.lease_until) == (
+            row.executor_id,
+            row.claimed_at,
+            row.lease_until,
+        ), "the claimed job handed back is not the row as written"
+        assert row.lease_until == row.claimed_at + timedelta(minutes=3)
+
+
+@pytest.mark.mysql
+@pytest.mark.concurrent
 @pytest.mark.django_db(transaction=True)
 def test_batch_workers_keep_each_thread_in_order_and_one_at_a_time() -> None:
     store = DatabaseStateStore()
@@ -91,6 +134,8 @@ def test_batch_workers_keep_each_thread_in_order_and_one_at_a_time() -> None:
         assert order[thread] == [f"t{thread}-{position}" for position in range(5)]
 
 
+@pytest.mark.mysql
+@pytest.mark.concurrent
 @pytest.mark.django_db(transaction=True)
 def test_batch_reports_racing_a_requeue_land_only_while_their_claim_is_current() -> None:
     store = DatabaseStateStore()
@@ -123,6 +168,79 @@ def test_batch_reports_racing_a_requeue_land_only_while_their_claim_is_current()
     assert Job.objects.filter(status=JobStatus.QUEUED).count() == requeued
 
 
+@pytest.mark.mysql
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_passes_over_a_held_thread_and_still_fills_up() -> None:
+    store = DatabaseStateStore()
+    held = store.create_job(request_id="held-head", target="batch", thread_id=41)
+    loose = [store.create_job(request_id=f"loose-{n}", target="batch").id for n in range(3)]
+    behind = store.create_job(request_id="held-next", target="batch", thread_id=41)
+    locked, release = threading.Event(), threading.Event()
+    # The thread was gated before (its gate row committed), the usual case of a claim
+    # meeting an enqueue or another claim of the same thread.
+    with transaction.atomic():
+        database_ops("default").lock_thread(41)
+
+    def hold_the_thread() -> None:
+        # An enqueue with a quota (or another claimer) holds thread 41's gate meanwhile.
+        try:
+            with transaction.atomic():
+                database_ops("default").lock_thread(41)
+                locked.set()
+                release.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_thread)
+    holder.start()
+    try:
+        assert locked.wait(timeout=30)
+        jobs = store.claim_next_inhub_jobs(["batch"], "worker", limit=3)
+    finally:
+        release.set()
+        holder.join(timeout=30)
+    assert [job.id for job in jobs] == loose
+    assert Job.objects.get(id=held.id).status == JobStatus.QUEUED
+    assert Job.objects.get(id=behind.id).status == JobStatus.QUEUED
+    # Once the gate is free the thread's head goes, and only the head.
+    again = store.claim_next_inhub_jobs(["batch"], "worker", limit=3)
+    assert [job.id for job in again] == [held.id]
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db
+def test_a_batch_with_mixed_patches_applies_each_report_and_keeps_the_order() -> None:
+    store = DatabaseStateStore()
+    for n in range(4):
+        store.create_job(request_id=f"m{n}", target="batch")
+    jobs = store.claim_next_inhub_jobs(["batch"], "worker", limit=4)
+    reports = [
+        ClaimReport(jobs[0].id, jobs[0].claim_token or "", "done", {"result": {"ok": True}}),
+        ClaimReport(jobs[1].id, jobs[1].claim_token or "", "error", {"error": "boom"}),
+        ClaimReport(jobs[2].id, jobs[2].claim_token or "", "queued", {"attempts": 2}),
+        ClaimReport(jobs[3].id, jobs[3].claim_token or "", "done"),
+    ]
+    results = store.complete_claimed_jobs(reports)
+    stored = [result.job for result in results]
+    assert [job.id if job else None for job in stored] == [job.id for job in jobs]
+    assert stored[0] and stored[0].result == {"ok": True}
+    assert stored[1] and stored[1].status == JobStatus.ERROR and stored[1].error == "boom"
+    assert stored[2] and stored[2].status == JobStatus.QUEUED and stored[2].attempts == 2
+    assert stored[3] and stored[3].status == JobStatus.DONE
+    assert Job.objects.get(id=jobs[2].id).claim_token is None
+
+
+# --- what each hot path costs -------------------------------------------------------------
+
+
+def _statements(action: Callable[[], Any]) -> tuple[int, Any]:
+    with CaptureQueriesContext(connection) as captured:
+        outcome = action()
+    return len(captured.captured_queries), outcome
+
+
+@pytest.mark.postgres
 @pytest.mark.django_db
 def test_the_hot_paths_cost_one_statement_each() -> None:
     store = DatabaseStateStore()
@@ -153,23 +271,104 @@ def test_the_hot_paths_cost_one_statement_each() -> None:
     ]
 
 
-@pytest.mark.django_db
-def test_a_batch_with_mixed_patches_applies_each_report_and_keeps_the_order() -> None:
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_costs_the_same_statements_whatever_its_size() -> None:
     store = DatabaseStateStore()
-    for n in range(4):
-        store.create_job(request_id=f"m{n}", target="batch")
-    jobs = store.claim_next_inhub_jobs(["batch"], "worker", limit=4)
-    reports = [
-        ClaimReport(jobs[0].id, jobs[0].claim_token or "", "done", {"result": {"ok": True}}),
-        ClaimReport(jobs[1].id, jobs[1].claim_token or "", "error", {"error": "boom"}),
-        ClaimReport(jobs[2].id, jobs[2].claim_token or "", "queued", {"attempts": 2}),
-        ClaimReport(jobs[3].id, jobs[3].claim_token or "", "done"),
-    ]
-    results = store.complete_claimed_jobs(reports)
-    stored = [result.job for result in results]
-    assert [job.id if job else None for job in stored] == [job.id for job in jobs]
-    assert stored[0] and stored[0].result == {"ok": True}
-    assert stored[1] and stored[1].status == JobStatus.ERROR and stored[1].error == "boom"
-    assert stored[2] and stored[2].status == JobStatus.QUEUED and stored[2].attempts == 2
-    assert stored[3] and stored[3].status == JobStatus.DONE
-    assert Job.objects.get(id=jobs[2].id).claim_token is None
+    for n in range(80):
+        store.create_job(request_id=f"q{n}", target="batch", input={"n": n})
+    # A claimer's first claim also writes its Workers page row; later claims within its
+    # beat write nothing else.
+    assert store.claim_next_inhub_job(["elsewhere"], "worker") is None
+
+    one, job = _statements(lambda: store.claim_next_inhub_job(["batch"], "worker"))
+    assert job is not None and job.input == {"n": 0} and job.status == JobStatus.RUNNING
+    small, few = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=3))
+    large, many = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=40))
+    assert [j.input for j in [*few, *many]] == [{"n": n} for n in range(1, 44)]
+    # BEGIN, the locking read of the candidates (the rows themselves and the database
+    # clock), one UPDATE ... WHERE id IN, COMMIT.
+    assert (one, small, large) == (4, 4, 4)
+
+    def report(jobs: list[Job]) -> list[Any]:
+        return store.complete_claimed_jobs(
+            [ClaimReport(j.id, j.claim_token or "", "done", {"result": {"n": 1}}) for j in jobs]
+        )
+
+    small, few_results = _statements(lambda: report(few))
+    large, many_results = _statements(lambda: report(many))
+    assert all(r.completed and r.job and r.job.result == {"n": 1} for r in few_results)
+    assert all(r.completed and r.job and r.job.result == {"n": 1} for r in many_results)
+    # BEGIN, the fenced locking read of the claims, one UPDATE, the rows read back, COMMIT.
+    assert (small, large) == (5, 5)
+
+
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_a_task_claim_costs_the_same_statements_whatever_its_size() -> None:
+    store = DatabaseStateStore()
+    Job.objects.bulk_create(
+        Job(
+            request_id=f"task-{n}",
+            target="tasks:default",
+            queue_name="default",
+            task_path="app.tasks.work",
+            priority=n % 3,
+        )
+        for n in range(60)
+    )
+
+    def claim(limit: int) -> list[Job]:
+        return store.claim_tasks(
+            target="tasks:default",
+            queues=["default"],
+            worker_id="worker",
+            lease=timedelta(minutes=2),
+            limit=limit,
+        )
+
+    small, few = _statements(lambda: claim(3))
+    large, many = _statements(lambda: claim(40))
+    # BEGIN, the locking read of the candidates and the clock, one UPDATE, COMMIT.
+    assert (small, large) == (4, 4)
+    claimed = [*few, *many]
+    assert [job.priority for job in claimed] == sorted(
+        (job.priority for job in claimed), reverse=True
+    ), "tasks were not claimed in priority order"
+    stored = {job.id: job for job in Job.objects.filter(id__in=[job.id for job in claimed])}
+    for job in claimed:
+        row = stored[job.id]
+        assert (row.status, row.attempts, row.claim_token) == (
+            JobStatus.RUNNING,
+            1,
+            job.claim_token,
+        )
+        assert job.attempts == 1 and job.lease_until == row.lease_until
+    assert len({job.claim_token for job in claimed}) == 43
+
+
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_of_threaded_jobs_costs_the_same_statements_whatever_its_size() -> None:
+    store = DatabaseStateStore()
+    for position in range(2):
+        for thread in range(1, 31):
+            store.create_job(request_id=f"t{thread}-{position}", target="batch", thread_id=thread)
+    assert store.claim_next_inhub_job(["elsewhere"], "worker") is None
+    # Each thread's gate row exists once the thread was gated: a claim's usual case.
+    store.complete_claimed_jobs(
+        [
+            ClaimReport(job.id, job.claim_token or "", "queued")
+            for job in store.claim_next_inhub_jobs(["batch"], "worker", limit=30)
+        ]
+    )
+
+    small, few = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=3))
+    large, many = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=20))
+    assert [job.request_id for job in [*few, *many]] == [f"t{n}-0" for n in range(1, 24)]
+    # BEGIN, the locking read, the threads' gates locked by one read, the gate read
+    # again under them, one UPDATE, COMMIT.
+    assert (small, large) == (6, 6)
