@@ -7,7 +7,8 @@ of the worker itself:
   will not start, and hands each to an execution thread (:mod:`.execution`); each round
   claims before its housekeeping (beat, recovery, schedules), so the first claim is
   made before the start line is logged;
-- it settles ended attempts in batches (:mod:`.reports`);
+- it settles ended attempts in batches (:mod:`.reports`); a batch of successes also
+  claims the slots it frees, in one store call (one statement on PostgreSQL);
 - it registers itself when it starts (host, pid, worker id, backend, queues,
   concurrency, lease: the console's Workers page), and once per beat it renews the
   leases of every task it holds, in one statement, and moves its own last beat; now and
