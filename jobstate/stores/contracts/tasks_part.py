@@ -27,11 +27,9 @@ from jobstate.core.states import TASK_TARGET_PREFIX, ClaimReport, NewTask, TaskR
 from jobstate.exceptions import InvalidJobState, InvalidPatch, InvalidPayload, WorkerLost
 from jobstate.stores.contracts.audit import AuditSeverity
 from jobstate.stores.contracts.ledger_part import LedgerPart
-from jobstate.stores.contracts.primitives import Settled
 from jobstate.stores.contracts.queue_part import CompletionResult, completion_result
 from jobstate.stores.contracts.validation import (
     JOB_REPORT_FIELDS,
-    ParsedReport,
     clean_job_fields,
     column_limit,
     parse_batch_limit,
@@ -137,23 +135,6 @@ class TasksPart(LedgerPart):
         )
         results = [completion_result(*answer) for answer in settled]
         return results, sorted(claimed, key=task_claim_order)
-
-    def _complete_and_claim_tasks(
-        self,
-        reports: list[ParsedReport],
-        target: str,
-        queues: list[str] | None,
-        owner: str,
-        lease: timedelta,
-        limit: int,
-    ) -> tuple[list[Settled], list[Job]]:
-        """The primitive of :meth:`complete_and_claim_tasks`, given checked values
-        (``queues`` ``[]``: claim nothing). The portable default is
-        :meth:`_complete_claimed_batch` and then :meth:`_claim_tasks`; a backend that
-        can do both in one round trip overrides it."""
-        settled = self._complete_claimed_batch(reports) if reports else []
-        claimed = [] if queues == [] else self._claim_tasks(target, queues, owner, lease, limit)
-        return settled, claimed
 
     def recover_expired_tasks(self, *, limit: int | None = None) -> TaskRecovery:
         """Recover up to ``limit`` (default ``JOBSTATE['SWEEP_BATCH_SIZE']``) running
