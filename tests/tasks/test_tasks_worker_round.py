@@ -96,6 +96,23 @@ def test_a_round_of_successes_is_one_statement(queues: list[str] | None) -> None
 
 @pytest.mark.postgres
 @pytest.mark.django_db
+def test_a_task_a_round_puts_back_is_not_claimed_by_the_same_statement() -> None:
+    # Both halves of the statement read one snapshot, taken before either writes: the
+    # claim sees the reported task as it was (running), so no row is written twice.
+    store = DatabaseStateStore()
+    store.enqueue_task(new_task())
+    (held,) = store.claim_tasks(target=TARGET, queues=None, worker_id="w-1", lease=LEASE, limit=1)
+    back = ClaimReport(held.id, held.claim_token, JobStatus.QUEUED, {"attempts": 0})
+    results, claimed = store.complete_and_claim_tasks(
+        [back], target=TARGET, queues=None, worker_id="w-1", lease=LEASE, limit=1
+    )
+    assert results[0].completed and claimed == []
+    (again,) = store.claim_tasks(target=TARGET, queues=None, worker_id="w-1", lease=LEASE, limit=1)
+    assert again.id == held.id and again.attempts == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
 @pytest.mark.parametrize("queues", [["default"], ["default", "emails"], None])
 def test_a_round_reads_the_claim_index(queues: list[str] | None) -> None:
     store = DatabaseStateStore()
