@@ -28,7 +28,7 @@ from django.utils.module_loading import import_string
 from jobstate.core.attempt_log import LeftOut, attempt_history
 from jobstate.core.states import TASK_RESULT_STATUS_NAMES, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.exceptions import AttemptsLeftOut, InvalidJobState
-from jobstate.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
+from jobstate.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus, task_backends
 
 if TYPE_CHECKING:
     from jobstate.models import Job
@@ -65,12 +65,26 @@ def task_of(job: Job, alias: str) -> Task[Any, Any]:
     backend ``alias``."""
     if job.task_path is None:
         raise InvalidJobState(f"job {job.id} is not a task.")
+    if job.run_after is None:
+        # The usual case: one task per path, priority and queue, validated once by its
+        # backend (a backend the settings replaced validates it again).
+        return _task_on(job.task_path, job.priority, job.queue_name, alias, task_backends[alias])
     return load_task(job.task_path).using(
         priority=job.priority,
         queue_name=job.queue_name,
         run_after=job.run_after,
         backend=alias,
     )
+
+
+@lru_cache(maxsize=1024)
+def _task_on(
+    task_path: str, priority: int, queue_name: str | None, alias: str, backend: object
+) -> Task[Any, Any]:
+    """The task of ``task_path`` with ``priority`` and ``queue_name`` on backend
+    ``alias`` (whose instance now is ``backend``). A ``Task`` is immutable, and making
+    one has its backend validate it: every attempt of the same kind shares one."""
+    return load_task(task_path).using(priority=priority, queue_name=queue_name, backend=alias)
 
 
 def _task_or_stand_in(job: Job, alias: str) -> Task[Any, Any]:

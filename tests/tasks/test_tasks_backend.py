@@ -29,6 +29,7 @@ from jobstate.tasks.compat import (
     task_backends,
 )
 from jobstate.tasks.options import parse_task_options
+from jobstate.tasks.results import task_of
 from tests.support.task_functions import add, async_add, echo
 from tests.support.tasks_kit import use_options
 
@@ -391,3 +392,16 @@ def test_the_workers_listening_connection_prepares_no_statement() -> None:
             conn.execute("SELECT 1")
         prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
     assert prepared == (0,)
+
+
+def test_a_tasks_queue_is_checked_again_by_a_backend_the_settings_replaced(settings: Any) -> None:
+    # The worker makes one Task per kind of job and keeps it; a backend made anew from
+    # changed settings checks it again.
+    queued = Job.objects.get(id=add.using(queue_name="emails").enqueue(1, 2).id)
+    first = task_of(queued, "default")
+    assert task_of(queued, "default") is first and first.queue_name == "emails"
+    settings.TASKS = {
+        "default": {**settings.TASKS["default"], "QUEUES": ["default"]},
+    }
+    with pytest.raises(InvalidTask):
+        task_of(queued, "default")

@@ -1,18 +1,22 @@
 """The worker rides out store failures that retrying can cure: a claim or a report that
 fails with a retryable store error is tried again, and an ended attempt whose report
 failed is reported later, never dropped; a report written before its connection was lost
-is recognised as written when it is sent again. A failure retrying cannot cure stops the
+is recognised as written when it is sent again, and the tasks a lost reply had claimed
+come back once their leases run out. A failure retrying cannot cure stops the
 worker, after handing back what it had not started."""
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any, ClassVar
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
 from jobstate.exceptions import StoreError, StoreUnavailable
+from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends
@@ -47,6 +51,15 @@ class FlakyStore(DatabaseStateStore):
         transaction.on_commit(lambda: self._fail("complete_claimed_jobs reply"), using=self.using)
         return results
 
+    def complete_and_claim_tasks(self, reports: Any, **arguments: Any) -> Any:
+        self._fail("complete_and_claim_tasks")
+        answer = super().complete_and_claim_tasks(reports, **arguments)
+        # The reports written and the next tasks claimed, and then the reply is lost.
+        transaction.on_commit(
+            lambda: self._fail("complete_and_claim_tasks reply"), using=self.using
+        )
+        return answer
+
 
 @pytest.fixture
 def flaky(settings: Any) -> type[FlakyStore]:
@@ -70,7 +83,7 @@ def test_failed_claims_and_reports_are_retried_and_no_attempt_is_dropped(
     flaky: type[FlakyStore], caplog: pytest.LogCaptureFixture
 ) -> None:
     results = [add.enqueue(n, n) for n in range(4)]
-    flaky.failures = {"claim_tasks": 2, "complete_claimed_jobs": 2}
+    flaky.failures = {"claim_tasks": 2, "complete_and_claim_tasks": 2}
     summary = run_worker(concurrency=2)
     assert summary.succeeded == 4 and summary.lost == 0
     for n, result in enumerate(results):
@@ -86,7 +99,9 @@ def test_a_report_whose_reply_was_lost_is_settled_not_taken_for_a_lost_claim(
 ) -> None:
     caplog.set_level(logging.INFO, logger="jobstate.worker")
     result = task.enqueue(1, 2) if task is add else task.enqueue("no")
-    flaky.failures = {"complete_claimed_jobs reply": 1}
+    # A success is reported with the worker's next claim; a failure on its own.
+    reported_by = "complete_and_claim_tasks" if task is add else "complete_claimed_jobs"
+    flaky.failures = {f"{reported_by} reply": 1}
     summary = run_worker()
     assert summary.lost == 0
     assert (summary.succeeded, summary.failed) == ((1, 0) if task is add else (0, 1))
@@ -95,6 +110,29 @@ def test_a_report_whose_reply_was_lost_is_settled_not_taken_for_a_lost_claim(
     assert read.status == (TaskResultStatus.SUCCESSFUL if task is add else TaskResultStatus.FAILED)
     assert "its claim was lost" not in caplog.text
     assert "the task's row shows the report written" in caplog.text
+
+
+def test_the_tasks_a_lost_reply_had_claimed_come_back_when_their_leases_run_out(
+    flaky: type[FlakyStore], caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobstate.worker")
+    use_options(settings, MAX_ATTEMPTS=2)
+    first, second = add.enqueue(1, 1), add.enqueue(2, 2)
+    # The first task's report and the claim of the second are written; the reply is lost.
+    flaky.failures = {"complete_and_claim_tasks reply": 1}
+    summary = run_worker(worker_id="lost-reply")
+    assert (summary.succeeded, summary.lost, summary.started) == (1, 0, 1)
+    assert "the task's row shows the report written" in caplog.text
+    assert add.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
+    # The worker never learnt of its claim of the second task: nothing ran it, and it
+    # stays claimed until its lease runs out; then it is recovered as a lost attempt.
+    held = Job.objects.get(id=second.id)
+    assert (held.status, held.executor_id, held.attempts) == ("running", "lost-reply", 1)
+    Job.objects.filter(id=second.id).update(lease_until=timezone.now() - timedelta(seconds=1))
+    assert DatabaseStateStore().recover_expired_tasks().requeued == 1
+    summary = run_worker()
+    read = add.get_result(second.id)
+    assert (read.status, read.return_value, read.attempts) == (TaskResultStatus.SUCCESSFUL, 4, 2)
 
 
 def test_a_failure_retrying_cannot_cure_stops_the_worker(flaky: type[FlakyStore]) -> None:

@@ -16,10 +16,11 @@ re-checks them; it keeps the guarantee its public method documents, atomically, 
 store's own clock.
 
 A backend implements every abstract primitive. ``_claim_batch``,
-``_complete_claimed_batch`` and ``_extend_claim_leases`` have portable defaults built
-from the single-job primitives, and the batch transitions (``_requeue_batch``,
-``_reject_batch``, ``_delete_batch``) default to ``None``, which tells the base to apply
-the single-job transition to each job; a backend overrides them for a faster path.
+``_complete_claimed_batch``, ``_extend_claim_leases`` and ``_complete_and_claim_tasks``
+have portable defaults built from the other primitives, and the batch transitions
+(``_requeue_batch``, ``_reject_batch``, ``_delete_batch``) default to ``None``, which
+tells the base to apply the single-job transition to each job; a backend overrides them
+for a faster path.
 The primitives of an optional capability are implemented only by a backend that sets
 its ``supports_*`` flag; their defaults raise
 :class:`~jobstate.exceptions.UnsupportedStoreOperation`.
@@ -34,7 +35,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jobstate.core.states import (
-    TERMINAL_JOB_STATUSES,
     DeliveryRequeueOutcome,
     JobOperationalMetrics,
     JobStatus,
@@ -42,6 +42,7 @@ from jobstate.core.states import (
     Readiness,
 )
 from jobstate.exceptions import UnsupportedStoreOperation
+from jobstate.stores.contracts.operational_figures import operational_metrics
 from jobstate.stores.contracts.validation import ParsedReport
 
 if TYPE_CHECKING:
@@ -75,8 +76,6 @@ METRICS_TERMINAL_WINDOW = timedelta(minutes=15)
 
 #: Jobs of this ``source`` are probes; they do not age the queue (``oldest_queued_age``).
 MONITOR_SOURCE = "monitor"
-
-_TERMINAL_KEYS = sorted(status.value for status in TERMINAL_JOB_STATUSES)
 
 
 class StateStorePrimitives(ABC):
@@ -401,6 +400,22 @@ class StateStorePrimitives(ABC):
         :meth:`~jobstate.stores.contracts.tasks_part.TasksPart.claim_tasks`)."""
         raise self._missing_primitive("supports_tasks", "_claim_tasks")
 
+    def _complete_and_claim_tasks(
+        self,
+        reports: list[ParsedReport],
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[list[Settled], list[Job]]:
+        """A worker's round (``complete_and_claim_tasks``; ``queues`` ``[]``: claim
+        nothing): :meth:`_complete_claimed_batch`, then :meth:`_claim_tasks`. A backend
+        that can do both in one round trip overrides it."""
+        settled = self._complete_claimed_batch(reports) if reports else []
+        claimed = [] if queues == [] else self._claim_tasks(target, queues, owner, lease, limit)
+        return settled, claimed
+
     def _list_expired_tasks(self, limit: int) -> list[Job]:
         """Up to ``limit`` running tasks whose lease ended before the store's clock,
         oldest lease first (the candidates of ``recover_expired_tasks``)."""
@@ -469,30 +484,3 @@ class StateStorePrimitives(ABC):
         return UnsupportedStoreOperation(
             f"{type(self).__name__} sets {flag} but does not implement {primitive}()."
         )
-
-
-def operational_metrics(
-    *,
-    by_status: dict[str, int],
-    terminal: dict[str, int],
-    oldest_queued_age: timedelta | None,
-    delayed: int,
-    expired: int,
-    blocked: int,
-    estimated: dict[str, int] | None = None,
-) -> JobOperationalMetrics:
-    """The snapshot a store's counts make: every status and terminal status present,
-    every figure clamped to ``>= 0``, and ``estimated`` (counts of finished jobs read
-    from statistics instead of counted) named in ``estimated_statuses``."""
-    statuses = dict.fromkeys(JobStatus.values, 0) | by_status | (estimated or {})
-    finished = dict.fromkeys(_TERMINAL_KEYS, 0) | terminal
-    age = 0.0 if oldest_queued_age is None else oldest_queued_age.total_seconds()
-    return JobOperationalMetrics(
-        by_status={status: max(0, count) for status, count in statuses.items()},
-        terminal_last_15m={status: max(0, count) for status, count in finished.items()},
-        oldest_queued_age_seconds=max(0.0, age),
-        delayed_queued_jobs=max(0, delayed),
-        expired_leases=max(0, expired),
-        blocked_threads=max(0, blocked),
-        estimated_statuses=tuple(sorted(estimated)) if estimated is not None else (),
-    )

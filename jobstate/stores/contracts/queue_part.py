@@ -44,7 +44,7 @@ from jobstate.stores.contracts.validation import (
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["CompletionResult", "JobQueuePart"]
+__all__ = ["CompletionResult", "JobQueuePart", "completion_result"]
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class JobQueuePart(StateStorePrimitives):
         token = parse_uuid(claim_token, field="claim_token")
         new_status = validate_release_status(status)
         cleaned = clean_job_fields(patch, allowed=JOB_REPORT_FIELDS, action="complete_claimed_job")
-        return _result(*self._complete_claimed(pk, token, new_status, cleaned))
+        return completion_result(*self._complete_claimed(pk, token, new_status, cleaned))
 
     def claim_next_inhub_jobs(
         self,
@@ -205,7 +205,7 @@ class JobQueuePart(StateStorePrimitives):
         parsed = parse_claim_reports(reports)
         if not parsed:
             return []
-        return [_result(*settled) for settled in self._complete_claimed_batch(parsed)]
+        return [completion_result(*settled) for settled in self._complete_claimed_batch(parsed)]
 
     def extend_claim_lease(
         self, job_id: JobId, claim_token: uuid.UUID | str, lease: timedelta | None = None
@@ -340,7 +340,8 @@ class JobQueuePart(StateStorePrimitives):
         return self._count_inflight(parse_thread_id(thread_id))
 
 
-def _result(applied: bool, job: Job | None) -> CompletionResult:
+def completion_result(applied: bool, job: Job | None) -> CompletionResult:
+    """What a fenced report answers (a primitive's :data:`Settled`) as its result."""
     if applied:
         return CompletionResult(CompletionOutcome.COMPLETED, job)
     if job is None:

@@ -23,15 +23,17 @@ from jobstate.core.attempt_log import (
     settle_attempt,
 )
 from jobstate.core.conf import jobstate_settings
-from jobstate.core.states import TASK_TARGET_PREFIX, NewTask, TaskRecovery
+from jobstate.core.states import TASK_TARGET_PREFIX, ClaimReport, NewTask, TaskRecovery
 from jobstate.exceptions import InvalidJobState, InvalidPatch, InvalidPayload, WorkerLost
 from jobstate.stores.contracts.audit import AuditSeverity
 from jobstate.stores.contracts.ledger_part import LedgerPart
+from jobstate.stores.contracts.queue_part import CompletionResult, completion_result
 from jobstate.stores.contracts.validation import (
     JOB_REPORT_FIELDS,
     clean_job_fields,
     column_limit,
     parse_batch_limit,
+    parse_claim_reports,
     parse_limit,
     require_text,
     resolve_lease,
@@ -94,18 +96,45 @@ class TasksPart(LedgerPart):
         attempt); ``run_after`` is kept. No task is claimed by two callers. Returns them
         in claim order; ``[]`` when none is ready or ``queues`` is empty."""
         self._require(self.supports_tasks, "supports_tasks", "claim_tasks")
-        require_text(target, field="target")
-        if not target.startswith(TASK_TARGET_PREFIX):
-            raise InvalidJobState(f"target must start with {TASK_TARGET_PREFIX!r}, got {target!r}.")
-        scope = None if queues is None else _queue_scope(queues)
-        owner = require_text(worker_id, field="worker_id")
-        duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
-        count = parse_batch_limit(limit)
+        scope, owner, duration, count = _claim_arguments(target, queues, worker_id, lease, limit)
         if scope == []:
             return []
         return sorted(
             self._claim_tasks(target, scope, owner, duration, count), key=task_claim_order
         )
+
+    def complete_and_claim_tasks(
+        self,
+        reports: Sequence[ClaimReport],
+        *,
+        target: str,
+        queues: Sequence[str] | None,
+        worker_id: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[list[CompletionResult], list[Job]]:
+        """A worker's round: apply ``reports`` exactly as :meth:`complete_claimed_jobs`
+        (each fenced by its own claim token; a stale one writes nothing), then claim up
+        to ``limit`` tasks exactly as :meth:`claim_tasks`. Returns the results, one per
+        report in the order given, and the tasks claimed, in claim order.
+
+        Every argument is checked before anything is written: a bad report or a bad
+        claim argument raises and neither writes nor claims. A task one of ``reports``
+        puts back in its queue may or may not be claimed by the same call. The two
+        steps need not be one unit of work: a store may write the reports and then fail
+        to claim. The database store does both in one statement on PostgreSQL, where
+        either both happen or neither does; elsewhere it makes the two calls."""
+        self._require(self.supports_tasks, "supports_tasks", "complete_and_claim_tasks")
+        self._require(
+            self.supports_batch_claims, "supports_batch_claims", "complete_and_claim_tasks"
+        )
+        parsed = parse_claim_reports(reports)
+        scope, owner, duration, count = _claim_arguments(target, queues, worker_id, lease, limit)
+        settled, claimed = self._complete_and_claim_tasks(
+            parsed, target, scope, owner, duration, count
+        )
+        results = [completion_result(*answer) for answer in settled]
+        return results, sorted(claimed, key=task_claim_order)
 
     def recover_expired_tasks(self, *, limit: int | None = None) -> TaskRecovery:
         """Recover up to ``limit`` (default ``JOBSTATE['SWEEP_BATCH_SIZE']``) running
@@ -210,6 +239,19 @@ class TasksPart(LedgerPart):
                 },
             )
             return settlement.status.value
+
+
+def _claim_arguments(
+    target: str, queues: Sequence[str] | None, worker_id: str, lease: timedelta, limit: int
+) -> tuple[list[str] | None, str, timedelta, int]:
+    """A task claim's arguments checked: the queue scope, owner, lease and limit."""
+    require_text(target, field="target")
+    if not target.startswith(TASK_TARGET_PREFIX):
+        raise InvalidJobState(f"target must start with {TASK_TARGET_PREFIX!r}, got {target!r}.")
+    scope = None if queues is None else _queue_scope(queues)
+    owner = require_text(worker_id, field="worker_id")
+    duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
+    return scope, owner, duration, parse_batch_limit(limit)
 
 
 def _queue_scope(queues: Sequence[str]) -> list[str]:

@@ -47,6 +47,7 @@ __all__ = [
     "extend_executor_leases",
     "list_expired_leases",
     "list_jobs_by_status",
+    "settled_reports",
 ]
 
 # --- claims ----------------------------------------------------------------------------
@@ -176,6 +177,14 @@ def complete_claimed_batch(using: str, parsed: list[ParsedReport]) -> list[Settl
         with transaction.atomic(using=using):
             for columns, group in shapes.items():
                 written.update(ops.complete_group(columns, group))
+    return settled_reports(using, parsed, written)
+
+
+def settled_reports(
+    using: str, parsed: list[ParsedReport], written: dict[uuid.UUID, Job]
+) -> list[Settled]:
+    """Each report's answer, given the jobs the reports ``written`` by id: a report
+    that did not apply answers with its job as it is now, read in one query."""
     missed = [pk for pk, *_ in parsed if pk not in written]
     others = {job.id: job for job in job_rows(using).filter(id__in=missed)} if missed else {}
     return [(True, written[pk]) if pk in written else (False, others.get(pk)) for pk, *_ in parsed]

@@ -188,6 +188,24 @@ class DatabaseStateStore(StateStore):
     ) -> list[Job]:
         return task_queue.claim_tasks(self.using, target, queues, owner, lease, limit)
 
+    def _complete_and_claim_tasks(
+        self,
+        reports: list[ParsedReport],
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[list[Settled], list[Job]]:
+        """Where the backend has the one-statement forms (PostgreSQL), reports that
+        patch the same fields and the claim are one statement (:mod:`.task_queue`);
+        elsewhere the reports and then the claim."""
+        if database_ops(self.using).hot_statements and queues != []:
+            return task_queue.complete_and_claim_tasks(
+                self.using, reports, target, queues, owner, lease, limit
+            )
+        return super()._complete_and_claim_tasks(reports, target, queues, owner, lease, limit)
+
     def _list_expired_tasks(self, limit: int) -> list[Job]:
         return task_queue.list_expired_tasks(self.using, limit)
 

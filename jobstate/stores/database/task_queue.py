@@ -22,13 +22,16 @@ from django.db.models.functions import Now
 
 from jobstate.core.states import JobStatus
 from jobstate.models import Job
-from jobstate.stores.database import set_claims
+from jobstate.stores.contracts.primitives import Settled
+from jobstate.stores.contracts.validation import ParsedReport
+from jobstate.stores.database import claims, set_claims
 from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.intake import create_job
 from jobstate.stores.database.tables import job_rows
 
 __all__ = [
     "claim_tasks",
+    "complete_and_claim_tasks",
     "enqueue_task",
     "extend_claim_leases",
     "list_expired_tasks",
@@ -59,6 +62,30 @@ def claim_tasks(
     if ops.hot_statements:
         return ops.claim_tasks(target, queues, owner, lease, limit)
     return _claim_portable(using, target, queues, owner, lease, limit)
+
+
+def complete_and_claim_tasks(
+    using: str,
+    reports: list[ParsedReport],
+    target: str,
+    queues: list[str] | None,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+) -> tuple[list[Settled], list[Job]]:
+    """A worker's round where the backend has the one-statement forms: reports that all
+    patch the same fields (a round of successes) and the claim in one statement; other
+    rounds as the two calls. A report that did not apply is read back afterwards, as
+    :func:`~jobstate.stores.database.claims.complete_claimed_batch` reads it."""
+    shapes = {tuple(sorted(report[3])) for report in reports}
+    if len(shapes) != 1:
+        settled = claims.complete_claimed_batch(using, reports) if reports else []
+        return settled, claim_tasks(using, target, queues, owner, lease, limit)
+    (columns,) = shapes
+    written, claimed = database_ops(using).complete_and_claim_tasks(
+        columns, reports, target, queues, owner, lease, limit
+    )
+    return claims.settled_reports(using, reports, written), claimed
 
 
 def extend_claim_leases(

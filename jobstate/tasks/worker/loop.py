@@ -7,7 +7,8 @@ of the worker itself:
   will not start, and hands each to an execution thread (:mod:`.execution`); each round
   claims before its housekeeping (beat, recovery, schedules), so the first claim is
   made before the start line is logged;
-- it settles ended attempts in batches (:mod:`.reports`);
+- it settles ended attempts in batches (:mod:`.reports`); a batch of successes also
+  claims the slots it frees, in one store call (one statement on PostgreSQL);
 - it registers itself when it starts (host, pid, worker id, backend, queues,
   concurrency, lease: the console's Workers page), and once per beat it renews the
   leases of every task it holds, in one statement, and moves its own last beat; now and
@@ -44,8 +45,9 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.stores import get_state_store
@@ -60,11 +62,14 @@ from jobstate.tasks.worker.config import (
 )
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
 from jobstate.tasks.worker.presence import WorkerPresence
-from jobstate.tasks.worker.reports import Reporter, interrupted
+from jobstate.tasks.worker.reports import Reporter, TaskClaim, interrupted
 from jobstate.tasks.worker.shutdown import stop_signals
 from jobstate.tasks.worker.timeouts import overdue_attempts
 from jobstate.tasks.worker.unknown_tasks import UnknownTasks
 from jobstate.tasks.worker.waiter import NotificationListener, start_listener
+
+if TYPE_CHECKING:
+    from jobstate.models import Job
 
 __all__ = ["TaskWorker", "WorkerConfig", "WorkerSummary", "default_worker_id"]
 
@@ -165,7 +170,8 @@ class TaskWorker:
             try:
                 self._watch_cancels()
                 self._enforce_timeouts()
-                self._settle_ended()
+                # A round of successes claims the next tasks with its reports.
+                room = self._settle_ended(claim=self._stop_requested is None)
                 if self._stop_requested is not None:
                     return
                 if self._done():
@@ -174,7 +180,7 @@ class TaskWorker:
                 # task starts before its banner's last line, its recovery of lost tasks
                 # and its first evaluation of the schedules; what those two make ready
                 # sets the wake-up, and the next round claims it at once.
-                free, claimed = self._claim()
+                free, claimed = self._claim() if room is None else room
                 if not announced:
                     announced = True
                     self._presence.announce(listening=self._listener is not None)
@@ -232,18 +238,32 @@ class TaskWorker:
     def _claim(self) -> tuple[int, int]:
         """Claim up to the free slots (and what ``--max-tasks`` still allows) and start
         what was claimed: ``(room, claimed)``."""
-        free = self.config.concurrency - self._running()
+        request = self._claim_request()
+        if request is None:
+            return 0, 0
+        jobs = request.claim(self.store)
+        self._start(jobs)
+        return request.limit, len(jobs)
+
+    def _claim_request(self, ending: Collection[Any] = ()) -> TaskClaim | None:
+        """The claim of the free slots once the attempts of the job ids ``ending`` are
+        settled (and what ``--max-tasks`` still allows); ``None`` when there is none."""
+        running = sum(1 for pk in self._active if pk not in ending)
+        free = self.config.concurrency - running
         if self.config.max_tasks is not None:
             free = min(free, self.config.max_tasks - self.summary.started)
         if free <= 0:
-            return 0, 0
-        jobs = self.store.claim_tasks(
+            return None
+        return TaskClaim(
             target=self.backend.target,
             queues=self.queues,
             worker_id=self.config.worker_id,
             lease=self.options.lease,
             limit=free,
         )
+
+    def _start(self, jobs: list[Job]) -> None:
+        """Hand each claimed task to a thread."""
         assert self._pool is not None
         for job in jobs:
             attempt = Attempt(
@@ -256,7 +276,6 @@ class TaskWorker:
             self._active[job.id] = attempt
             self.summary.started += 1
             self._pool.submit(attempt)
-        return free, len(jobs)
 
     def _done(self) -> bool:
         """``--max-tasks`` reached and every task it started settled."""
@@ -275,9 +294,12 @@ class TaskWorker:
         self._ended.put(outcome)
         self._wake.set()
 
-    def _settle_ended(self) -> None:
+    def _settle_ended(self, *, claim: bool = False) -> tuple[int, int] | None:
         """Report every attempt that has ended. What a failed report leaves stays in
-        ``_pending`` for the next round: an attempt is never dropped unreported."""
+        ``_pending`` for the next round: an attempt is never dropped unreported. With
+        ``claim``, a round of successes claims the free slots in the same store call
+        and starts what it claimed: ``(room, claimed)`` as :meth:`_claim` answers, or
+        ``None`` when no claim was made."""
         while True:
             try:
                 self._pending.append(self._ended.get_nowait())
@@ -290,21 +312,19 @@ class TaskWorker:
             self.summary.unknown += 1
         self._pending = left
         if not self._pending:
-            return
-        settled = self.reporter.settle(self._pending)
+            return None
+        request = None
+        if claim:
+            request = self._claim_request({item.attempt.job.id for item in self._pending})
+        settled, jobs = self.reporter.settle_and_claim(self._pending, request)
         self._pending = []
         for item in settled:
             self._active.pop(item.outcome.attempt.job.id, None)
-            if not item.written and item.outcome.attempt.cancelled:
-                self.summary.cancelled += 1
-            elif not item.written:
-                self.summary.lost += 1
-            elif item.settlement.retrying:
-                self.summary.retrying += 1
-            elif item.outcome.record.failed:
-                self.summary.failed += 1
-            else:
-                self.summary.succeeded += 1
+            item.count_in(self.summary)
+        if request is None or jobs is None:
+            return None
+        self._start(jobs)
+        return request.limit, len(jobs)
 
     def _watch_cancels(self, lost: list[Attempt] | None = None) -> None:
         """Stop the attempts whose task was cancelled (every ``interval``, or at once

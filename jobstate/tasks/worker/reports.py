@@ -7,6 +7,10 @@ remain, else it is ``error``; either way its error is kept in the attempt log, a
 report. A claimed task the worker never started is handed back as it was, its claim not
 counted as an attempt.
 
+A batch of successes writes no audit entry, so it goes with the worker's next claim in
+one store call (:meth:`Reporter.settle_and_claim`; one statement on PostgreSQL): at one
+task at a time, a task costs one round trip.
+
 Every report is fenced by the attempt's claim token: if the worker lost the claim (its
 lease ran out and a sweep recovered the task), the report writes nothing and the
 attempt's result is dropped, with a warning.
@@ -15,7 +19,9 @@ A report whose connection died on its way (a database or pooler restart) raises
 :class:`~jobstate.exceptions.StoreUnavailable`, whatever the driver raised, and is sent
 again by the worker later; it may have committed before the connection died. When the
 second report then finds the claim gone, the row it read back tells which: if its log
-holds this attempt, the first report was written and the attempt is settled.
+holds this attempt, the first report was written and the attempt is settled. The tasks
+a lost reply had claimed are not known to the worker: nothing runs them, and they are
+recovered as lost attempts once their leases run out.
 """
 
 from __future__ import annotations
@@ -52,17 +58,49 @@ from jobstate.stores.errors import translated_database_errors
 from jobstate.tasks.compat import task_finished
 from jobstate.tasks.options import TaskOptions
 from jobstate.tasks.results import task_result
+from jobstate.tasks.worker.config import WorkerSummary
 from jobstate.tasks.worker.execution import Attempt, Outcome, class_path, ended_by_worker
 
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["Reporter", "SettledAttempt", "interrupted"]
+__all__ = ["Reporter", "SettledAttempt", "TaskClaim", "interrupted"]
 
 logger = logging.getLogger("jobstate.worker")
 
 #: What a store raises when it refuses a report's values (before writing anything).
 _REFUSALS = (InvalidPatch, InvalidPayload)
+
+
+@dataclass(frozen=True)
+class TaskClaim:
+    """What a worker's round claims along with its reports (see
+    :meth:`~jobstate.stores.contracts.tasks_part.TasksPart.complete_and_claim_tasks`)."""
+
+    target: str
+    queues: Sequence[str] | None
+    worker_id: str
+    lease: timedelta
+    limit: int
+
+    def claim(self, store: StateStore) -> list[Job]:
+        """The claim alone."""
+        return store.claim_tasks(**self._arguments())
+
+    def complete_and_claim(
+        self, store: StateStore, reports: list[ClaimReport]
+    ) -> tuple[list[CompletionResult], list[Job]]:
+        """The claim with ``reports``."""
+        return store.complete_and_claim_tasks(reports, **self._arguments())
+
+    def _arguments(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "queues": self.queues,
+            "worker_id": self.worker_id,
+            "lease": self.lease,
+            "limit": self.limit,
+        }
 
 
 @dataclass(frozen=True)
@@ -75,6 +113,19 @@ class SettledAttempt:
     """``False``: the claim was gone, nothing was written."""
     reply_lost: bool = False
     """An earlier report was written though its reply was lost with the connection."""
+
+    def count_in(self, summary: WorkerSummary) -> None:
+        """Add this attempt to the worker's ``summary``."""
+        if not self.written and self.outcome.attempt.cancelled:
+            summary.cancelled += 1
+        elif not self.written:
+            summary.lost += 1
+        elif self.settlement.retrying:
+            summary.retrying += 1
+        elif self.outcome.record.failed:
+            summary.failed += 1
+        else:
+            summary.succeeded += 1
 
 
 def interrupted(attempt: Attempt, why: str) -> Outcome:
@@ -117,17 +168,37 @@ class Reporter:
         store refuses (a value it cannot keep) settles its task as failed with
         :class:`~jobstate.exceptions.TaskReportRefused` instead, and the others are
         written as they are."""
+        return self.settle_and_claim(outcomes, None)[0]
+
+    def settle_and_claim(
+        self, outcomes: Sequence[Outcome], claim: TaskClaim | None
+    ) -> tuple[list[SettledAttempt], list[Job] | None]:
+        """:meth:`settle`, and when every outcome is a success, also ``claim`` the next
+        tasks in the same store call (one statement on PostgreSQL). Returns what each
+        report did and the tasks claimed, or ``None`` when no claim was made (no
+        ``claim`` asked, a failure among the outcomes, or a refused report): the caller
+        claims on its own then.
+
+        When the connection dies on the way, the reports are marked unconfirmed as
+        :meth:`settle` marks them, and the tasks the lost reply named are not known:
+        nothing runs them, and once their leases run out they are recovered as lost
+        attempts, like the tasks of a worker that died."""
         if not outcomes:
-            return []
+            return [], None
         outcomes = list(outcomes)
+        if claim is not None and not all(
+            outcome.record.outcome is AttemptOutcome.SUCCESSFUL for outcome in outcomes
+        ):
+            claim = None
         settlements = [self._settlement(outcome) for outcome in outcomes]
+        claimed: list[Job] | None = None
         try:
-            results = self._report(outcomes, settlements)
+            results, claimed = self._report(outcomes, settlements, claim)
         except _REFUSALS as exc:
             if len(outcomes) > 1:
-                # Every report of a batch is checked before any is written: find the
-                # refused one by settling each alone.
-                return [item for outcome in outcomes for item in self.settle([outcome])]
+                # Every report of a batch is checked before any is written (and before
+                # anything is claimed): find the refused one by settling each alone.
+                return [item for outcome in outcomes for item in self.settle([outcome])], None
             outcomes, settlements, results = self._settle_refused(outcomes[0], exc)
         settled = [
             self._settled(outcome, settlement, result)
@@ -140,7 +211,7 @@ class Reporter:
         for outcome in outcomes:
             # The exception holds the task's frames (and their locals): let them go.
             outcome.exception = None
-        return settled
+        return settled, claimed
 
     def _settled(
         self, outcome: Outcome, settlement: AttemptSettlement, result: CompletionResult
@@ -153,21 +224,28 @@ class Reporter:
         return SettledAttempt(outcome, settlement, True, reply_lost=True)
 
     def _report(
-        self, outcomes: Sequence[Outcome], settlements: Sequence[AttemptSettlement]
-    ) -> list[CompletionResult]:
-        """Write the reports; a lost connection raises ``StoreUnavailable`` (never the
-        driver's error, which a failed commit, or a reconnection as the transaction
-        block ends, raises outside the store's own calls) and marks them unconfirmed."""
+        self,
+        outcomes: Sequence[Outcome],
+        settlements: Sequence[AttemptSettlement],
+        claim: TaskClaim | None = None,
+    ) -> tuple[list[CompletionResult], list[Job] | None]:
+        """Write the reports (and claim, with ``claim``); a lost connection raises
+        ``StoreUnavailable`` (never the driver's error, which a failed commit, or a
+        reconnection as the transaction block ends, raises outside the store's own
+        calls) and marks them unconfirmed."""
         try:
             with translated_database_errors("The report of ended task attempts", self.using):
-                return self._write(outcomes, settlements)
+                return self._write(outcomes, settlements, claim)
         except StoreUnavailable:
             self._unconfirmed.update(_claim(outcome.attempt) for outcome in outcomes)
             raise
 
     def _write(
-        self, outcomes: Sequence[Outcome], settlements: Sequence[AttemptSettlement]
-    ) -> list[CompletionResult]:
+        self,
+        outcomes: Sequence[Outcome],
+        settlements: Sequence[AttemptSettlement],
+        claim: TaskClaim | None,
+    ) -> tuple[list[CompletionResult], list[Job] | None]:
         reports = [
             ClaimReport(
                 job_id=outcome.attempt.job.id,
@@ -177,16 +255,19 @@ class Reporter:
             )
             for outcome, settlement in zip(outcomes, settlements, strict=True)
         ]
+        if claim is not None:
+            # Successes only (see settle_and_claim), so no audit entry: the reports and
+            # the next claim are one call.
+            return claim.complete_and_claim(self.store, reports)
         if all(outcome.record.outcome is AttemptOutcome.SUCCESSFUL for outcome in outcomes):
             # Successes write no audit entry: the batch is one statement on its own.
+            return self.store.complete_claimed_jobs(reports), None
+        with transaction.atomic(using=self.using):
             results = self.store.complete_claimed_jobs(reports)
-        else:
-            with transaction.atomic(using=self.using):
-                results = self.store.complete_claimed_jobs(reports)
-                for outcome, settlement, result in zip(outcomes, settlements, results, strict=True):
-                    if result.completed and outcome.record.failed:
-                        self._audit(outcome, settlement, result)
-        return results
+            for outcome, settlement, result in zip(outcomes, settlements, results, strict=True):
+                if result.completed and outcome.record.failed:
+                    self._audit(outcome, settlement, result)
+        return results, None
 
     def _settle_refused(
         self, outcome: Outcome, refusal: Exception
@@ -220,7 +301,7 @@ class Reporter:
         replaced = Outcome(
             outcome.attempt, record, duration=outcome.duration, exception=outcome.exception
         )
-        return [replaced], [settlement], self._report([replaced], [settlement])
+        return [replaced], [settlement], self._report([replaced], [settlement])[0]
 
     def hand_back(self, attempts: Sequence[Attempt], *, run_after: datetime | None = None) -> int:
         """Give back claimed tasks no thread started, as they were before the claim

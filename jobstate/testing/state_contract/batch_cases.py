@@ -1,5 +1,7 @@
 """State-store contract cases of the ``batches`` area: batch claims and batch reports keep
-the one-at-a-time guarantees job by job, and one bad report refuses the whole batch."""
+the one-at-a-time guarantees job by job, one bad report refuses the whole batch, and a
+task worker's round (its reports and its next claim in one call) keeps both calls'
+guarantees."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from jobstate.core.states import NewTask
 from jobstate.exceptions import ImmutableField, InvalidJobState
 from jobstate.stores.base import ClaimReport, CompletionOutcome, JobStatus, StateStore
 from jobstate.testing.state_contract._kit import (
@@ -213,3 +216,167 @@ def _batch_complete_bad(kit: Kit, store: StateStore) -> None:
             area,
             "a refused batch must write nothing, not even its good reports.",
         )
+
+
+def _tasks(
+    kit: Kit, store: StateStore, count: int, queue: str = "default"
+) -> tuple[str, list[Any]]:
+    target = f"tasks:{kit.name('alias')}"
+    jobs = [
+        store.enqueue_task(
+            NewTask(
+                target=target,
+                task_path="contract.tasks.noop",
+                queue_name=queue,
+                priority=0,
+                args=[],
+                kwargs={},
+                max_attempts=3,
+            )
+        )
+        for _ in range(count)
+    ]
+    return target, jobs
+
+
+@CASES.case("a worker's round writes its fenced reports and claims the next tasks")
+def _complete_and_claim(kit: Kit, store: StateStore) -> None:
+    if not store.supports_tasks:
+        return
+    area, worker, lease = "batches", kit.name("worker"), timedelta(minutes=5)
+    target, tasks = _tasks(kit, store, 5)
+    first, second = store.claim_tasks(
+        target=target, queues=None, worker_id=worker, lease=lease, limit=2
+    )
+    results, claimed = store.complete_and_claim_tasks(
+        [
+            ClaimReport(first.id, token_of(first), JobStatus.DONE, {"result": {"n": 1}}),
+            ClaimReport(second.id, uuid.uuid4(), JobStatus.DONE, {"result": {"n": 2}}),
+        ],
+        target=target,
+        queues=None,
+        worker_id=worker,
+        lease=lease,
+        limit=2,
+    )
+    outcomes = [result.outcome for result in results]
+    check(
+        outcomes == [CompletionOutcome.COMPLETED, CompletionOutcome.STALE_CLAIM],
+        area,
+        f"a round's reports must answer completed, stale_claim; got {outcomes}.",
+    )
+    done = present(area, results[0].job, "the completed task")
+    check(
+        done.status == JobStatus.DONE and done.result == {"n": 1} and unclaimed(done),
+        area,
+        "a round's current report must write its status and patch and clear the claim.",
+    )
+    stale = reread(area, store, second.id)
+    check(
+        stale.status == JobStatus.RUNNING and stale.claim_token == second.claim_token,
+        area,
+        "a round's report with a wrong token must leave its task untouched.",
+    )
+    check(
+        [job.id for job in claimed] == [job.id for job in tasks[2:4]],
+        area,
+        "a round must claim the next tasks in claim order, up to limit.",
+    )
+    check(
+        all(
+            job.status == JobStatus.RUNNING
+            and job.executor_id == worker
+            and job.attempts == 1
+            and job.lease_until is not None
+            and job.claimed_at is not None
+            and abs(job.lease_until - job.claimed_at - lease) < timedelta(seconds=1)
+            for job in claimed
+        ),
+        area,
+        "a round's claimed tasks must be running, owned by the worker, with one attempt "
+        "started and the lease asked for.",
+    )
+    check(
+        len({token_of(job) for job in [*claimed, second]}) == 3,
+        area,
+        "every task a round claims must get its own claim_token.",
+    )
+    third, fourth = claimed
+    results, claimed = store.complete_and_claim_tasks(
+        [ClaimReport(third.id, token_of(third), JobStatus.DONE)],
+        target=target,
+        queues=["default"],
+        worker_id=worker,
+        lease=lease,
+        limit=5,
+    )
+    check(
+        [result.outcome for result in results] == [CompletionOutcome.COMPLETED]
+        and [job.id for job in claimed] == [tasks[4].id],
+        area,
+        "a round of one queue must write its report and claim what that queue has left.",
+    )
+    results, claimed = store.complete_and_claim_tasks(
+        [ClaimReport(fourth.id, token_of(fourth), JobStatus.DONE)],
+        target=target,
+        queues=["default", "other"],
+        worker_id=worker,
+        lease=lease,
+        limit=5,
+    )
+    check(
+        results[0].completed and claimed == [],
+        area,
+        "a round with nothing left to claim must still write its report.",
+    )
+    check(
+        store.complete_and_claim_tasks(
+            [], target=target, queues=[], worker_id=worker, lease=lease, limit=1
+        )
+        == ([], []),
+        area,
+        "a round without reports or queues must answer ([], []).",
+    )
+
+
+@CASES.case("a worker's round with one bad argument raises, writes nothing, claims nothing")
+def _complete_and_claim_bad(kit: Kit, store: StateStore) -> None:
+    if not store.supports_tasks:
+        return
+    area, worker, lease = "batches", kit.name("worker"), timedelta(minutes=5)
+    target, (_held, waiting) = _tasks(kit, store, 2)
+    (held,) = store.claim_tasks(target=target, queues=None, worker_id=worker, lease=lease, limit=1)
+    good = ClaimReport(held.id, token_of(held), JobStatus.DONE)
+    claim: dict[str, Any] = {
+        "target": target,
+        "queues": None,
+        "worker_id": worker,
+        "lease": lease,
+        "limit": 1,
+    }
+    bad: list[tuple[list[Any], dict[str, Any], str]] = [
+        ([good, ClaimReport(held.id, token_of(held), "error")], {}, "a task reported twice"),
+        ([ClaimReport(held.id, token_of(held), "running")], {}, "a report of running"),
+        ([good], {"limit": 0}, "limit=0"),
+        ([good], {"target": "not-tasks"}, "a target that is not a task backend's"),
+        ([good], {"worker_id": ""}, "an empty worker_id"),
+        ([good], {"queues": "default"}, "queues given as a string"),
+    ]
+    for reports, changed, what in bad:
+        raises(
+            area,
+            InvalidJobState,
+            partial(store.complete_and_claim_tasks, reports, **{**claim, **changed}),
+            f"complete_and_claim_tasks with {what}",
+        )
+    stored = reread(area, store, held.id)
+    check(
+        stored.status == JobStatus.RUNNING and stored.claim_token == held.claim_token,
+        area,
+        "a refused round must not write its reports.",
+    )
+    check(
+        reread(area, store, waiting.id).status == JobStatus.QUEUED,
+        area,
+        "a refused round must claim nothing.",
+    )

@@ -288,6 +288,21 @@ class BackendOperations:
         in claim order."""
         raise self._no_statement()
 
+    def complete_and_claim_tasks(
+        self,
+        columns: tuple[str, ...],
+        group: Sequence[ParsedReport],
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[dict[uuid.UUID, Job], list[Job]]:
+        """Reports that patch the same ``columns`` applied as :meth:`complete_group`
+        does, and up to ``limit`` tasks claimed as :meth:`claim_tasks` does, in one
+        statement: the jobs written by id, and the tasks claimed."""
+        raise self._no_statement()
+
     def reap_stale_runs(
         self,
         stale_after: timedelta,

@@ -39,6 +39,7 @@ from jobstate.stores.database.backends.postgresql_statements import (
     NOW_SQL,
     claim_statement,
     claim_unthreaded_statement,
+    complete_and_claim_statement,
     complete_statement,
     enqueue_task_statement,
     finish_statement,
@@ -208,6 +209,35 @@ class PostgreSQLOperations(BackendOperations):
             rows = cursor.fetchall()
         return load_jobs(connection, self.using, rows)
 
+    def complete_and_claim_tasks(
+        self,
+        columns: tuple[str, ...],
+        group: Sequence[ParsedReport],
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+    ) -> tuple[dict[uuid.UUID, Job], list[Job]]:
+        """One round trip for a task worker's round (see
+        :func:`~.postgresql_statements.complete_and_claim_statement`)."""
+        connection = connections[self.using]
+        shape, claim_params = _task_claim_shape(target, queues, owner, lease, limit)
+        sql, fields = complete_and_claim_statement(connection, columns, len(group), shape)
+        params: list[Any] = []
+        for pk, token, status, cleaned in group:
+            params.extend((pk, token, status.value))
+            params.extend(
+                field.get_db_prep_save(cleaned[field.name], connection) for field in fields
+            )
+        params.extend(claim_params)
+        with hot_cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        jobs = load_jobs(connection, self.using, [row[1:] for row in rows])
+        written = {job.id: job for job, row in zip(jobs, rows, strict=True) if row[0]}
+        return written, [job for job, row in zip(jobs, rows, strict=True) if not row[0]]
+
     def reap_stale_runs(
         self,
         stale_after: timedelta,
@@ -326,8 +356,20 @@ def task_claim(
     """The task claim statement and its parameters. Its text depends only on whether
     ``queues`` is ``None``, one queue or several, so the database can keep one plan per
     kind of worker."""
+    shape, params = _task_claim_shape(target, queues, owner, lease, limit)
+    return task_claim_statement(connection, shape), params
+
+
+def _task_claim_shape(
+    target: str,
+    queues: list[str] | None,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+) -> tuple[str, list[Any]]:
+    """The shape of a task claim (``"any"``, ``"one"`` or ``"several"`` queues) and its
+    parameters."""
     shape = "any" if queues is None else "one" if len(queues) == 1 else "several"
-    sql = task_claim_statement(connection, shape)
     params: list[Any]
     if shape == "one":
         params = [target, *(queues or []), target, *(queues or []), limit]
@@ -335,7 +377,7 @@ def task_claim(
         params = [queues, target, target, limit, limit]
     else:
         params = [target, target, target, target, limit, limit]
-    return sql, [*params, JobStatus.RUNNING.value, owner, lease]
+    return shape, [*params, JobStatus.RUNNING.value, owner, lease]
 
 
 def _thread_lock_key(thread_id: int) -> int:

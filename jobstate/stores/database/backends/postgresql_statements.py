@@ -3,11 +3,13 @@
 A claim and a report are the two calls every job makes, so on PostgreSQL each is one
 round trip: ``UPDATE ... RETURNING`` around a ``SELECT ... FOR UPDATE SKIP LOCKED``
 subquery (a claim), ``UPDATE ... FROM (VALUES ...) RETURNING`` fenced by claim tokens
-(reports), or the fenced ``UPDATE`` with its audit entry and outbox rows inserted by
-data-modifying ``WITH`` queries (the outbox completion). Raw SQL because the ORM cannot
-express any of them in one statement. The rules they share with the portable paths (the
-claim's ``WHERE`` and order, the per-thread gate, the paused-queue probe, the task
-claim's due order) are written beside their ORM twins in :mod:`jobstate.models.jobs`.
+(reports), the fenced ``UPDATE`` with its audit entry and outbox rows inserted by
+data-modifying ``WITH`` queries (the outbox completion), or a task worker's reports and
+its next claim as two data-modifying ``WITH`` queries of one statement. Raw SQL because
+the ORM cannot express any of them in one statement. The rules they share with the
+portable paths (the claim's ``WHERE`` and order, the per-thread gate, the paused-queue
+probe, the task claim's due order) are written beside their ORM twins in
+:mod:`jobstate.models.jobs`.
 
 The text of a statement depends only on its shape (how many targets, which columns a
 report patches), so each is built once and the database can keep one plan per shape.
@@ -37,6 +39,7 @@ from jobstate.stores.database.backends.portable import rule_sql
 __all__ = [
     "claim_statement",
     "claim_unthreaded_statement",
+    "complete_and_claim_statement",
     "complete_statement",
     "enqueue_task_statement",
     "finish_statement",
@@ -137,27 +140,65 @@ def complete_statement(
     key = ("complete", columns, reports)
     cached = _STATEMENTS.get(key)
     if cached is None:
-        quote = connection.ops.quote_name
-        table = quote(Job._meta.db_table)
-        fields = [job_field(name) for name in ("id", "claim_token", "status", *columns)]
-        patched_fields = fields[3:]
-        casts = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field in fields)
-        values = ", ".join([f"({casts})"] * reports)
-        aliases = ", ".join(f"v{index}" for index in range(len(fields)))
-        patched = "".join(
-            f"{quote(column(field))} = v.v{index + 3}, "
-            for index, field in enumerate(patched_fields)
-        )
-        statuses = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
-        sql = f"""
-            UPDATE {table} AS j
-            SET {patched}status = v.v2, {_cleared_claim(connection)}, updated_at = {NOW_SQL}
-            FROM (VALUES {values}) AS v({aliases})
-            WHERE j.id = v.v0 AND j.claim_token = v.v1 AND j.status IN ({statuses})
-            RETURNING {returning_columns(connection, "j")}
-        """
-        cached = _STATEMENTS[key] = (sql, patched_fields)
+        cached = _STATEMENTS[key] = _report_update(connection, columns, reports)
     return cast("tuple[str, list[Field[Any, Any]]]", cached)
+
+
+def complete_and_claim_statement(
+    connection: BaseDatabaseWrapper, columns: tuple[str, ...], reports: int, shape: str
+) -> tuple[str, list[Field[Any, Any]]]:
+    """A worker's round in one statement: the fenced completion of ``reports`` reports
+    that patch ``columns`` (as :func:`complete_statement`) and the task claim of
+    ``shape`` (as :func:`task_claim_statement`), each a data-modifying ``WITH`` query.
+    Each returned row starts with ``true`` for a job a report wrote, ``false`` for a
+    task claimed. Its parameters: the completion's, then the claim's.
+
+    Both queries read the same snapshot, taken before either writes: a task a report
+    releases is not claimed by the same statement, and a reported task is ``running``
+    in that snapshot, so the claim never picks it (no row is written twice). The
+    completion's rows are read first, so its row locks (it waits for one an operator's
+    transaction holds) are taken before the claim locks anything, and a worker never
+    waits holding a task it just claimed."""
+    key = ("complete_and_claim", columns, reports, shape)
+    cached = _STATEMENTS.get(key)
+    if cached is None:
+        report, fields = _report_update(connection, columns, reports)
+        waiting, picked, claim = _task_claim_parts(connection, shape)
+        recursive = "RECURSIVE " if waiting else ""
+        sql = f"""
+            WITH {recursive}reported AS ({report}),
+            {waiting} picked AS ({picked}),
+            claimed AS ({claim})
+            SELECT true, reported.* FROM reported
+            UNION ALL
+            SELECT false, claimed.* FROM claimed
+        """
+        cached = _STATEMENTS[key] = (sql, fields)
+    return cast("tuple[str, list[Field[Any, Any]]]", cached)
+
+
+def _report_update(
+    connection: BaseDatabaseWrapper, columns: tuple[str, ...], reports: int
+) -> tuple[str, list[Field[Any, Any]]]:
+    quote = connection.ops.quote_name
+    table = quote(Job._meta.db_table)
+    fields = [job_field(name) for name in ("id", "claim_token", "status", *columns)]
+    patched_fields = fields[3:]
+    casts = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field in fields)
+    values = ", ".join([f"({casts})"] * reports)
+    aliases = ", ".join(f"v{index}" for index in range(len(fields)))
+    patched = "".join(
+        f"{quote(column(field))} = v.v{index + 3}, " for index, field in enumerate(patched_fields)
+    )
+    statuses = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
+    sql = f"""
+        UPDATE {table} AS j
+        SET {patched}status = v.v2, {_cleared_claim(connection)}, updated_at = {NOW_SQL}
+        FROM (VALUES {values}) AS v({aliases})
+        WHERE j.id = v.v0 AND j.claim_token = v.v1 AND j.status IN ({statuses})
+        RETURNING {returning_columns(connection, "j")}
+    """
+    return sql, patched_fields
 
 
 def finish_statement(
@@ -265,6 +306,15 @@ def task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
 
 
 def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
+    waiting, picked, claim = _task_claim_parts(connection, shape)
+    recursive = "RECURSIVE " if waiting else ""
+    return f"WITH {recursive}{waiting} picked AS ({picked}) {claim}"
+
+
+def _task_claim_parts(connection: BaseDatabaseWrapper, shape: str) -> tuple[str, str, str]:
+    """The task claim of ``shape`` in parts: the recursive ``WITH`` query that finds the
+    waiting queues (a worker of any queue; followed by a comma) or ``""``, the pick
+    (the ``picked`` query) and the ``UPDATE`` of what was picked."""
     table = connection.ops.quote_name(Job._meta.db_table)
     pauses = connection.ops.quote_name(QueuePause._meta.db_table)
     ready = rule(connection, TASK_READY_SQL)
@@ -294,7 +344,7 @@ def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
             # however long each queue is).
             waiting = "c.status = 'queued' AND c.task_path IS NOT NULL AND c.target = %s"
             queues = f"""
-                RECURSIVE waiting(name) AS (
+                waiting(name) AS (
                     (SELECT c.queue_name FROM {table} AS c WHERE {waiting}
                      ORDER BY c.queue_name LIMIT 1)
                     UNION ALL
@@ -327,8 +377,7 @@ def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
             LIMIT %s
         """
     # The claim starts an attempt: ``attempts`` counts the attempts that started.
-    return f"""
-        WITH {queues} picked AS ({picked})
+    claim = f"""
         UPDATE {table} AS j
         SET status = %s, executor_id = %s, claimed_at = {NOW_SQL},
             dispatched_at = NULL, lease_until = {NOW_SQL} + %s,
@@ -338,6 +387,7 @@ def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
         WHERE j.id = picked.id AND j.status = 'queued'
         RETURNING {returning_columns(connection, "j")}
     """
+    return queues, picked, claim
 
 
 # --- columns --------------------------------------------------------------------------
