@@ -8,7 +8,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from jobstate.core.states import JobStatus
+from jobstate.core.states import JobStatus, task_claim_token
 from jobstate.models import Job
 from jobstate.stores.contracts.primitives import QueueKey
 from jobstate.stores.contracts.tasks_part import task_claim_order
@@ -83,6 +83,7 @@ class MemoryTasks(MemoryRows):
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> list[Job]:
         with self._mutex:
             now = self._clock()
@@ -104,12 +105,23 @@ class MemoryTasks(MemoryRows):
                     claimed_at=now,
                     dispatched_at=None,
                     lease_until=now + lease,
-                    claim_token=uuid.uuid4(),
+                    claim_token=task_claim_token(claim_round, row["id"]),
                     attempts=row["attempts"] + 1,
                     updated_at=now,
                 )
                 claimed.append(job_of(row))
             return claimed
+
+    def _list_claimed_tasks(self, owner: str) -> list[Job]:
+        with self._mutex:
+            rows = [
+                row
+                for row in self._jobs.values()
+                if row["status"] == JobStatus.RUNNING
+                and row["task_path"] is not None
+                and row["executor_id"] == owner
+            ]
+            return [job_of(row) for row in sorted(rows, key=lambda row: row["id"])]
 
     def _list_expired_tasks(self, limit: int) -> list[Job]:
         with self._mutex:

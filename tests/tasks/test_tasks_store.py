@@ -315,7 +315,7 @@ def test_the_claim_reads_its_index_in_claim_order(queues: list[str] | None) -> N
         store.enqueue_task(new_task(queue=("default", "emails")[n % 2], priority=n % 5))
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE jobstate_job")
-    sql, params = task_claim(connection, TARGET, queues, "w", LEASE, 8)
+    sql, params = task_claim(connection, TARGET, queues, "w", LEASE, 8, uuid.uuid4())
     (plan,) = plans_without_table_scans(connection, [connection.ops.compose_sql(sql, params)])
     assert "jobstate_job_task_claim_idx" in plan, plan
     # Each queue's part of the index is read in claim order: the tasks of a queue are

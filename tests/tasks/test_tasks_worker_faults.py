@@ -2,18 +2,16 @@
 fails with a retryable store error is tried again, and an ended attempt whose report
 failed is reported later, never dropped; a report written before its connection was lost
 is recognised as written when it is sent again, and the tasks a lost reply had claimed
-come back once their leases run out. A failure retrying cannot cure stops the
-worker, after handing back what it had not started."""
+are given back at once, their attempts uncounted. A failure retrying cannot cure stops
+the worker, after handing back what it had not started."""
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any, ClassVar
 
 import pytest
 from django.db import transaction
-from django.utils import timezone
 
 from jobstate.exceptions import StoreError, StoreUnavailable
 from jobstate.models import Job
@@ -41,7 +39,9 @@ class FlakyStore(DatabaseStateStore):
 
     def claim_tasks(self, **arguments: Any) -> Any:
         self._fail("claim_tasks")
-        return super().claim_tasks(**arguments)
+        claimed = super().claim_tasks(**arguments)
+        self._fail("claim_tasks reply")  # claimed (autocommit), and the reply is lost
+        return claimed
 
     def complete_claimed_jobs(self, reports: Any) -> Any:
         self._fail("complete_claimed_jobs")
@@ -112,27 +112,29 @@ def test_a_report_whose_reply_was_lost_is_settled_not_taken_for_a_lost_claim(
     assert "the task's row shows the report written" in caplog.text
 
 
-def test_the_tasks_a_lost_reply_had_claimed_come_back_when_their_leases_run_out(
-    flaky: type[FlakyStore], caplog: pytest.LogCaptureFixture, settings: Any
+@pytest.mark.parametrize(
+    "lost", ["complete_and_claim_tasks reply", "claim_tasks reply"], ids=["round", "claim"]
+)
+def test_the_tasks_a_lost_reply_had_claimed_are_given_back_uncounted_and_run_once(
+    flaky: type[FlakyStore], caplog: pytest.LogCaptureFixture, lost: str
 ) -> None:
     caplog.set_level(logging.INFO, logger="jobstate.worker")
-    use_options(settings, MAX_ATTEMPTS=2)
+    # The default of one attempt: a task whose uncounted claim was counted would fail.
     first, second = add.enqueue(1, 1), add.enqueue(2, 2)
-    # The first task's report and the claim of the second are written; the reply is lost.
-    flaky.failures = {"complete_and_claim_tasks reply": 1}
+    # "round": the first task's report and the claim of the second are written, and the
+    # reply is lost. "claim": the claim of both is written, and the reply is lost.
+    flaky.failures = {lost: 1}
     summary = run_worker(worker_id="lost-reply")
-    assert (summary.succeeded, summary.lost, summary.started) == (1, 0, 1)
-    assert "the task's row shows the report written" in caplog.text
-    assert add.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
-    # The worker never learnt of its claim of the second task: nothing ran it, and it
-    # stays claimed until its lease runs out; then it is recovered as a lost attempt.
-    held = Job.objects.get(id=second.id)
-    assert (held.status, held.executor_id, held.attempts) == ("running", "lost-reply", 1)
-    Job.objects.filter(id=second.id).update(lease_until=timezone.now() - timedelta(seconds=1))
-    assert DatabaseStateStore().recover_expired_tasks().requeued == 1
-    summary = run_worker()
-    read = add.get_result(second.id)
-    assert (read.status, read.return_value, read.attempts) == (TaskResultStatus.SUCCESSFUL, 4, 2)
+    assert (summary.succeeded, summary.lost, summary.failed) == (2, 0, 0)
+    assert "was lost with its connection" in caplog.text
+    for result, total in ((first, 2), (second, 4)):
+        read = add.get_result(result.id)
+        assert (read.status, read.return_value, read.attempts) == (
+            TaskResultStatus.SUCCESSFUL,
+            total,
+            1,
+        )
+    assert not Job.objects.filter(status="running").exists()
 
 
 def test_a_failure_retrying_cannot_cure_stops_the_worker(flaky: type[FlakyStore]) -> None:

@@ -149,7 +149,7 @@ def _plan_params(queues: list[str] | None) -> str:
         claim = f"'{TARGET}', 'default', '{TARGET}', 'default', 2"
     else:
         claim = f"ARRAY['default', 'emails'], '{TARGET}', '{TARGET}', 2, 2"
-    return f"{report}, {claim}, 'running', 'w', interval '1 minute'"
+    return f"{report}, {claim}, 'running', 'w', interval '1 minute', '{uuid.uuid4()}'"
 
 
 @pytest.mark.concurrent

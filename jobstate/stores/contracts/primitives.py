@@ -394,11 +394,17 @@ class StateStorePrimitives(ABC):
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> list[Job]:
         """Claim up to ``limit`` ready queued tasks of ``target`` in ``queues`` (``None``:
-        any queue), atomically, in claim order (see
+        any queue), atomically, in claim order, each with the claim token
+        ``task_claim_token(claim_round, id)`` (see
         :meth:`~jobstate.stores.contracts.tasks_part.TasksPart.claim_tasks`)."""
         raise self._missing_primitive("supports_tasks", "_claim_tasks")
+
+    def _list_claimed_tasks(self, owner: str) -> list[Job]:
+        """The running tasks whose ``executor_id`` is ``owner`` (a worker's tasks)."""
+        raise self._missing_primitive("supports_tasks", "_list_claimed_tasks")
 
     def _complete_and_claim_tasks(
         self,
@@ -408,12 +414,17 @@ class StateStorePrimitives(ABC):
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> tuple[list[Settled], list[Job]]:
         """A worker's round (``complete_and_claim_tasks``; ``queues`` ``[]``: claim
         nothing): :meth:`_complete_claimed_batch`, then :meth:`_claim_tasks`. A backend
         that can do both in one round trip overrides it."""
         settled = self._complete_claimed_batch(reports) if reports else []
-        claimed = [] if queues == [] else self._claim_tasks(target, queues, owner, lease, limit)
+        claimed = (
+            []
+            if queues == []
+            else self._claim_tasks(target, queues, owner, lease, limit, claim_round)
+        )
         return settled, claimed
 
     def _list_expired_tasks(self, limit: int) -> list[Job]:

@@ -10,6 +10,7 @@ order, their attempt count and the recovery that records a lost attempt.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -23,7 +24,14 @@ from jobstate.core.attempt_log import (
     settle_attempt,
 )
 from jobstate.core.conf import jobstate_settings
-from jobstate.core.states import TASK_TARGET_PREFIX, ClaimReport, NewTask, TaskRecovery
+from jobstate.core.states import (
+    TASK_TARGET_PREFIX,
+    ClaimReport,
+    JobStatus,
+    NewTask,
+    TaskRecovery,
+    task_claim_token,
+)
 from jobstate.exceptions import InvalidJobState, InvalidPatch, InvalidPayload, WorkerLost
 from jobstate.stores.contracts.audit import AuditSeverity
 from jobstate.stores.contracts.ledger_part import LedgerPart
@@ -83,6 +91,7 @@ class TasksPart(LedgerPart):
         worker_id: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` ready queued tasks of ``target`` (``tasks:<alias>``) in
         ``queues`` (``None``: any queue) for the in-process worker ``worker_id``, in
@@ -91,16 +100,23 @@ class TasksPart(LedgerPart):
         wait.
 
         Each claimed task becomes ``running`` with ``executor_id = worker_id``,
-        ``claimed_at`` = the store's clock, ``lease_until`` = clock + ``lease``, a fresh
+        ``claimed_at`` = the store's clock, ``lease_until`` = clock + ``lease``, a
         ``claim_token`` of its own, and ``attempts`` one higher (the claim starts an
         attempt); ``run_after`` is kept. No task is claimed by two callers. Returns them
-        in claim order; ``[]`` when none is ready or ``queues`` is empty."""
+        in claim order; ``[]`` when none is ready or ``queues`` is empty.
+
+        Each task's token is :func:`~jobstate.core.states.task_claim_token` of
+        ``claim_round`` (a UUID the caller picks afresh for each claim; by default one
+        of the store's) and the task's id: a caller whose reply was lost gives back
+        what the claim took with :meth:`release_task_claim`."""
         self._require(self.supports_tasks, "supports_tasks", "claim_tasks")
         scope, owner, duration, count = _claim_arguments(target, queues, worker_id, lease, limit)
+        round_id = _claim_round(claim_round)
         if scope == []:
             return []
         return sorted(
-            self._claim_tasks(target, scope, owner, duration, count), key=task_claim_order
+            self._claim_tasks(target, scope, owner, duration, count, round_id),
+            key=task_claim_order,
         )
 
     def complete_and_claim_tasks(
@@ -112,6 +128,7 @@ class TasksPart(LedgerPart):
         worker_id: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID | None = None,
     ) -> tuple[list[CompletionResult], list[Job]]:
         """A worker's round: apply ``reports`` exactly as :meth:`complete_claimed_jobs`
         (each fenced by its own claim token; a stale one writes nothing), then claim up
@@ -131,10 +148,33 @@ class TasksPart(LedgerPart):
         parsed = parse_claim_reports(reports)
         scope, owner, duration, count = _claim_arguments(target, queues, worker_id, lease, limit)
         settled, claimed = self._complete_and_claim_tasks(
-            parsed, target, scope, owner, duration, count
+            parsed, target, scope, owner, duration, count, _claim_round(claim_round)
         )
         results = [completion_result(*answer) for answer in settled]
         return results, sorted(claimed, key=task_claim_order)
+
+    def release_task_claim(self, *, worker_id: str, claim_round: uuid.UUID) -> int:
+        """Give back, uncounted, the tasks that the claim ``claim_round`` of
+        ``worker_id`` took and that it still holds: each goes back to ``queued`` as it
+        was before the claim (its attempt count one lower, its claim cleared, due as
+        it was). For a worker whose claim reply was lost with its connection: it never
+        learnt which tasks the claim took, if it took any, and they would otherwise
+        wait for their leases to run out and be recovered as lost attempts though
+        they never started. Fenced by each task's claim token, so a task reported,
+        recovered or claimed again meanwhile is left alone. Returns how many were
+        given back (0 when the claim never committed)."""
+        self._require(self.supports_tasks, "supports_tasks", "release_task_claim")
+        owner = require_text(worker_id, field="worker_id")
+        round_id = _claim_round(claim_round)
+        reports = [
+            ClaimReport(job.id, token, JobStatus.QUEUED, {"attempts": max(job.attempts - 1, 0)})
+            for job in self._list_claimed_tasks(owner)
+            if job.claim_token == (token := task_claim_token(round_id, job.id))
+        ]
+        if not reports:
+            return 0
+        settled = self._complete_claimed_batch(parse_claim_reports(reports))
+        return sum(1 for applied, _job in settled if applied)
 
     def recover_expired_tasks(self, *, limit: int | None = None) -> TaskRecovery:
         """Recover up to ``limit`` (default ``JOBSTATE['SWEEP_BATCH_SIZE']``) running
@@ -252,6 +292,15 @@ def _claim_arguments(
     owner = require_text(worker_id, field="worker_id")
     duration = resolve_lease(lease, jobstate_settings.WORKER_LEASE)
     return scope, owner, duration, parse_batch_limit(limit)
+
+
+def _claim_round(claim_round: uuid.UUID | None) -> uuid.UUID:
+    """A claim's round: the caller's, or a fresh one."""
+    if claim_round is None:
+        return uuid.uuid4()
+    if not isinstance(claim_round, uuid.UUID):
+        raise InvalidJobState(f"claim_round must be a uuid.UUID or None, got {claim_round!r}.")
+    return claim_round
 
 
 def _queue_scope(queues: Sequence[str]) -> list[str]:

@@ -36,7 +36,7 @@ from django.db import transaction
 from django.db.models import Case, Exists, F, Field, Q, Value, When
 from django.db.models.functions import Now
 
-from jobstate.core.states import JobStatus
+from jobstate.core.states import JobStatus, task_claim_token
 from jobstate.models import Job, JobQuerySet, thread_blockers
 from jobstate.stores.contracts.primitives import Settled
 from jobstate.stores.contracts.validation import CLEARED_CLAIM, ParsedReport
@@ -87,10 +87,16 @@ def claim(
 
 
 def claim_tasks(
-    using: str, candidates: JobQuerySet, owner: str, lease: timedelta, limit: int
+    using: str,
+    candidates: JobQuerySet,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+    claim_round: uuid.UUID,
 ) -> list[Job]:
     """Claim up to ``limit`` of ``candidates`` (due tasks, in task claim order): each
-    becomes running for ``owner`` with one more attempt; ``run_after`` is kept."""
+    becomes running for ``owner`` with one more attempt and its token of
+    ``claim_round``; ``run_after`` is kept."""
     ops = database_ops(using)
     jobs = job_rows(using)
     with transaction.atomic(using=using):
@@ -105,7 +111,9 @@ def claim_tasks(
         }
         # The claim starts an attempt: ``attempts`` counts the attempts that started.
         clock = max(getattr(job, _CLOCK) for job in picked)
-        return _move(jobs, picked, clock, fixed, lease, dispatched=False, attempt=True)
+        return _move(
+            jobs, picked, clock, fixed, lease, dispatched=False, attempt=True, round_id=claim_round
+        )
 
 
 def _failing_the_gate(using: str, picked: list[Job]) -> set[int]:
@@ -133,11 +141,16 @@ def _move(
     *,
     dispatched: bool,
     attempt: bool,
+    round_id: uuid.UUID | None = None,
 ) -> list[Job]:
     """One ``UPDATE`` of the locked ``taken`` rows to ``fixed``, each with a fresh claim
     token, the claim instants and the lease from ``clock`` (the latest clock read), and
-    with ``attempt`` one more attempt; the rows as written."""
-    tokens = {job.id: uuid.uuid4() for job in taken}
+    with ``attempt`` one more attempt; the rows as written. A task claim's tokens are
+    those of its round (``round_id``)."""
+    tokens = {
+        job.id: uuid.uuid4() if round_id is None else task_claim_token(round_id, job.id)
+        for job in taken
+    }
     stamps: dict[str, Any] = {
         "claimed_at": clock,
         "lease_until": clock + lease,

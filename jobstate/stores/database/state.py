@@ -185,8 +185,12 @@ class DatabaseStateStore(StateStore):
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> list[Job]:
-        return task_queue.claim_tasks(self.using, target, queues, owner, lease, limit)
+        return task_queue.claim_tasks(self.using, target, queues, owner, lease, limit, claim_round)
+
+    def _list_claimed_tasks(self, owner: str) -> list[Job]:
+        return task_queue.list_claimed_tasks(self.using, owner)
 
     def _complete_and_claim_tasks(
         self,
@@ -196,15 +200,18 @@ class DatabaseStateStore(StateStore):
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> tuple[list[Settled], list[Job]]:
         """Where the backend has the one-statement forms (PostgreSQL), reports that
         patch the same fields and the claim are one statement (:mod:`.task_queue`);
         elsewhere the reports and then the claim."""
         if database_ops(self.using).hot_statements and queues != []:
             return task_queue.complete_and_claim_tasks(
-                self.using, reports, target, queues, owner, lease, limit
+                self.using, reports, target, queues, owner, lease, limit, claim_round
             )
-        return super()._complete_and_claim_tasks(reports, target, queues, owner, lease, limit)
+        return super()._complete_and_claim_tasks(
+            reports, target, queues, owner, lease, limit, claim_round
+        )
 
     def _list_expired_tasks(self, limit: int) -> list[Job]:
         return task_queue.list_expired_tasks(self.using, limit)

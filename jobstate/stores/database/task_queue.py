@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from jobstate.core.states import JobStatus
+from jobstate.core.states import JobStatus, task_claim_token
 from jobstate.models import Job
 from jobstate.stores.contracts.primitives import Settled
 from jobstate.stores.contracts.validation import ParsedReport
@@ -34,6 +34,7 @@ __all__ = [
     "complete_and_claim_tasks",
     "enqueue_task",
     "extend_claim_leases",
+    "list_claimed_tasks",
     "list_expired_tasks",
 ]
 
@@ -56,12 +57,14 @@ def claim_tasks(
     owner: str,
     lease: timedelta,
     limit: int,
+    claim_round: uuid.UUID,
 ) -> list[Job]:
-    """Claim up to ``limit`` ready tasks of ``target`` in ``queues`` (``None``: any)."""
+    """Claim up to ``limit`` ready tasks of ``target`` in ``queues`` (``None``: any),
+    each with its token of ``claim_round``."""
     ops = database_ops(using)
     if ops.hot_statements:
-        return ops.claim_tasks(target, queues, owner, lease, limit)
-    return _claim_portable(using, target, queues, owner, lease, limit)
+        return ops.claim_tasks(target, queues, owner, lease, limit, claim_round)
+    return _claim_portable(using, target, queues, owner, lease, limit, claim_round)
 
 
 def complete_and_claim_tasks(
@@ -72,6 +75,7 @@ def complete_and_claim_tasks(
     owner: str,
     lease: timedelta,
     limit: int,
+    claim_round: uuid.UUID,
 ) -> tuple[list[Settled], list[Job]]:
     """A worker's round where the backend has the one-statement forms: reports that all
     patch the same fields (a round of successes) and the claim in one statement; other
@@ -80,10 +84,10 @@ def complete_and_claim_tasks(
     shapes = {tuple(sorted(report[3])) for report in reports}
     if len(shapes) != 1:
         settled = claims.complete_claimed_batch(using, reports) if reports else []
-        return settled, claim_tasks(using, target, queues, owner, lease, limit)
+        return settled, claim_tasks(using, target, queues, owner, lease, limit, claim_round)
     (columns,) = shapes
     written, claimed = database_ops(using).complete_and_claim_tasks(
-        columns, reports, target, queues, owner, lease, limit
+        columns, reports, target, queues, owner, lease, limit, claim_round
     )
     return claims.settled_reports(using, reports, written), claimed
 
@@ -111,6 +115,14 @@ def claims_now(using: str, pks: list[uuid.UUID]) -> dict[uuid.UUID, tuple[JobSta
     return {pk: (JobStatus(status), token) for pk, status, token in rows}
 
 
+def list_claimed_tasks(using: str, owner: str) -> list[Job]:
+    """The running tasks of the worker ``owner``."""
+    rows = job_rows(using).filter(
+        status=JobStatus.RUNNING, task_path__isnull=False, executor_id=owner
+    )
+    return list(rows.order_by("id"))
+
+
 def list_expired_tasks(using: str, limit: int) -> list[Job]:
     """Running tasks whose lease ended, oldest lease first. The lease index,
     ``(status, lease_until, id)``, serves the order."""
@@ -130,13 +142,14 @@ def _claim_portable(
     owner: str,
     lease: timedelta,
     limit: int,
+    claim_round: uuid.UUID,
 ) -> list[Job]:
     candidates = job_rows(using).due_tasks(target).unpaused()
     if queues is not None:
         candidates = candidates.filter(queue_name__in=queues)
     ordered = candidates.in_task_claim_order()
     if database_ops(using).claims_in_sets:
-        return set_claims.claim_tasks(using, ordered, owner, lease, limit)
+        return set_claims.claim_tasks(using, ordered, owner, lease, limit, claim_round)
     if database_ops(using).locks_rows:
         # Concurrent workers pass over each other's picks instead of waiting for them
         # and then finding them taken.
@@ -154,7 +167,7 @@ def _claim_portable(
                     claimed_at=Now(),
                     dispatched_at=None,
                     lease_until=Now() + lease,
-                    claim_token=uuid.uuid4(),
+                    claim_token=task_claim_token(claim_round, pk),
                     attempts=F("attempts") + 1,
                     updated_at=Now(),
                 )

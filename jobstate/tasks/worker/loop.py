@@ -34,8 +34,9 @@ restarting, a deadlock) is logged and retried with a growing wait, while the run
 tasks go on; so is a registration that fails as the worker starts. Database errors of
 the worker's own transactions (its reports; the schedule evaluations translate theirs)
 are translated as the store's are, so a lost connection there is retried too, never the
-end of the worker. Any other failure ends the worker, after handing back the tasks it
-had not started.
+end of the worker; what a claim lost with its reply took is given back at once
+(:mod:`.lost_claims`). Any other failure ends the worker, after handing back the tasks
+it had not started.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from jobstate.tasks.worker.config import (
     default_worker_id,
 )
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
+from jobstate.tasks.worker.lost_claims import UnsureClaims
 from jobstate.tasks.worker.presence import WorkerPresence
 from jobstate.tasks.worker.reports import Reporter, TaskClaim, interrupted
 from jobstate.tasks.worker.shutdown import stop_signals
@@ -124,6 +126,7 @@ class TaskWorker:
             self.queues = tuple(sorted(backend.queues))
         self._presence = WorkerPresence(self.store, config, backend, self.queues)
         self._cancels = CancelWatch(self.store, every=config.interval)
+        self._unsure = UnsureClaims(self.store, config.worker_id)
 
     # --- public ----------------------------------------------------------------------
 
@@ -170,6 +173,7 @@ class TaskWorker:
             try:
                 self._watch_cancels()
                 self._enforce_timeouts()
+                self._unsure.release()
                 # A round of successes claims the next tasks with its reports.
                 room = self._settle_ended(claim=self._stop_requested is None)
                 if self._stop_requested is not None:
@@ -241,7 +245,8 @@ class TaskWorker:
         request = self._claim_request()
         if request is None:
             return 0, 0
-        jobs = request.claim(self.store)
+        with self._unsure.watching(request):
+            jobs = request.claim(self.store)
         self._start(jobs)
         return request.limit, len(jobs)
 
@@ -316,7 +321,8 @@ class TaskWorker:
         request = None
         if claim:
             request = self._claim_request({item.attempt.job.id for item in self._pending})
-        settled, jobs = self.reporter.settle_and_claim(self._pending, request)
+        with self._unsure.watching(request):
+            settled, jobs = self.reporter.settle_and_claim(self._pending, request)
         self._pending = []
         for item in settled:
             self._active.pop(item.outcome.attempt.job.id, None)
@@ -422,6 +428,7 @@ class TaskWorker:
             self._listener.stop()
         unstarted = [attempt for attempt in self._active.values() if attempt.hand_back()]
         try:
+            self._unsure.release()
             if unstarted:
                 self.summary.handed_back += self.reporter.hand_back(unstarted)
                 for attempt in unstarted:

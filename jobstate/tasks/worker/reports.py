@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,9 @@ class TaskClaim:
     worker_id: str
     lease: timedelta
     limit: int
+    claim_round: uuid.UUID = field(default_factory=uuid.uuid4)
+    """Each claim's own: the worker gives back what a claim whose reply was lost took
+    (:mod:`.lost_claims`)."""
 
     def claim(self, store: StateStore) -> list[Job]:
         """The claim alone."""
@@ -100,6 +104,7 @@ class TaskClaim:
             "worker_id": self.worker_id,
             "lease": self.lease,
             "limit": self.limit,
+            "claim_round": self.claim_round,
         }
 
 

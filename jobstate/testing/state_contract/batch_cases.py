@@ -380,3 +380,81 @@ def _complete_and_claim_bad(kit: Kit, store: StateStore) -> None:
         area,
         "a refused round must claim nothing.",
     )
+    raises(
+        area,
+        InvalidJobState,
+        partial(store.complete_and_claim_tasks, [good], **claim, claim_round="round-1"),  # type: ignore[arg-type]
+        "complete_and_claim_tasks with a claim_round that is not a UUID",
+    )
+
+
+@CASES.case("a claim's round gives back, uncounted, what that claim took and nothing else")
+def _release_task_claim(kit: Kit, store: StateStore) -> None:
+    if not store.supports_tasks:
+        return
+    area, worker, lease = "batches", kit.name("worker"), timedelta(minutes=5)
+    target, tasks = _tasks(kit, store, 5)
+    claim: dict[str, Any] = {"target": target, "queues": None, "worker_id": worker, "lease": lease}
+    lost_round, kept_round = uuid.uuid4(), uuid.uuid4()
+    # A claim whose reply the worker never read, then one it did, and a task of the lost
+    # claim reported by someone holding its token (as a recovery would settle it).
+    lost = store.claim_tasks(**claim, limit=3, claim_round=lost_round)
+    kept = store.claim_tasks(**claim, limit=1, claim_round=kept_round)
+    check(
+        [job.id for job in lost] == [job.id for job in tasks[:3]]
+        and [job.id for job in kept] == [tasks[3].id],
+        area,
+        "claims with a claim_round must claim as claim_tasks does.",
+    )
+    done = lost[2]
+    store.complete_claimed_job(done.id, token_of(done), JobStatus.DONE)
+    check(
+        store.release_task_claim(worker_id=kit.name("other-worker"), claim_round=lost_round) == 0,
+        area,
+        "release_task_claim must give back only the tasks of the worker named.",
+    )
+    released = store.release_task_claim(worker_id=worker, claim_round=lost_round)
+    check(
+        released == 2,
+        area,
+        f"release_task_claim must give back the round's tasks still held (2); got {released}.",
+    )
+    for job in lost[:2]:
+        stored = reread(area, store, job.id)
+        check(
+            stored.status == JobStatus.QUEUED and stored.attempts == 0 and unclaimed(stored),
+            area,
+            "a task given back must be queued with its attempt uncounted and no claim.",
+        )
+    check(
+        reread(area, store, done.id).status == JobStatus.DONE
+        and reread(area, store, kept[0].id).claim_token == kept[0].claim_token,
+        area,
+        "release_task_claim must leave a reported task and another round's claim alone.",
+    )
+    again = store.claim_tasks(**claim, limit=5)
+    check(
+        {job.id for job in again} == {tasks[0].id, tasks[1].id, tasks[4].id},
+        area,
+        "the tasks given back must be claimable again at once.",
+    )
+    check(
+        store.release_task_claim(worker_id=worker, claim_round=lost_round) == 0
+        and store.release_task_claim(worker_id=worker, claim_round=uuid.uuid4()) == 0,
+        area,
+        "a round given back already, or that claimed nothing, must give back nothing.",
+    )
+    changes: list[tuple[dict[str, Any], str]] = [
+        ({"worker_id": ""}, "an empty worker_id"),
+        ({"claim_round": str(lost_round)}, "a claim_round that is not a UUID"),
+    ]
+    for changed, what in changes:
+        raises(
+            area,
+            InvalidJobState,
+            partial(
+                store.release_task_claim,
+                **{"worker_id": worker, "claim_round": lost_round, **changed},
+            ),
+            f"release_task_claim with {what}",
+        )

@@ -283,9 +283,10 @@ class BackendOperations:
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> list[Job]:
         """Up to ``limit`` due tasks of ``target`` in ``queues`` (``None``: any), claimed
-        in claim order."""
+        in claim order, each with its token of ``claim_round``."""
         raise self._no_statement()
 
     def complete_and_claim_tasks(
@@ -297,6 +298,7 @@ class BackendOperations:
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> tuple[dict[uuid.UUID, Job], list[Job]]:
         """Reports that patch the same ``columns`` applied as :meth:`complete_group`
         does, and up to ``limit`` tasks claimed as :meth:`claim_tasks` does, in one

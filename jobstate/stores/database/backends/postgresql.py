@@ -201,9 +201,10 @@ class PostgreSQLOperations(BackendOperations):
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> list[Job]:
         connection = connections[self.using]
-        sql, params = task_claim(connection, target, queues, owner, lease, limit)
+        sql, params = task_claim(connection, target, queues, owner, lease, limit, claim_round)
         with hot_cursor(connection) as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
@@ -218,11 +219,12 @@ class PostgreSQLOperations(BackendOperations):
         owner: str,
         lease: timedelta,
         limit: int,
+        claim_round: uuid.UUID,
     ) -> tuple[dict[uuid.UUID, Job], list[Job]]:
         """One round trip for a task worker's round (see
         :func:`~.postgresql_statements.complete_and_claim_statement`)."""
         connection = connections[self.using]
-        shape, claim_params = _task_claim_shape(target, queues, owner, lease, limit)
+        shape, claim_params = _task_claim_shape(target, queues, owner, lease, limit, claim_round)
         sql, fields = complete_and_claim_statement(connection, columns, len(group), shape)
         params: list[Any] = []
         for pk, token, status, cleaned in group:
@@ -352,11 +354,12 @@ def task_claim(
     owner: str,
     lease: timedelta,
     limit: int,
+    claim_round: uuid.UUID,
 ) -> tuple[str, list[Any]]:
     """The task claim statement and its parameters. Its text depends only on whether
     ``queues`` is ``None``, one queue or several, so the database can keep one plan per
     kind of worker."""
-    shape, params = _task_claim_shape(target, queues, owner, lease, limit)
+    shape, params = _task_claim_shape(target, queues, owner, lease, limit, claim_round)
     return task_claim_statement(connection, shape), params
 
 
@@ -366,6 +369,7 @@ def _task_claim_shape(
     owner: str,
     lease: timedelta,
     limit: int,
+    claim_round: uuid.UUID,
 ) -> tuple[str, list[Any]]:
     """The shape of a task claim (``"any"``, ``"one"`` or ``"several"`` queues) and its
     parameters."""
@@ -377,7 +381,7 @@ def _task_claim_shape(
         params = [queues, target, target, limit, limit]
     else:
         params = [target, target, target, target, limit, limit]
-    return shape, [*params, JobStatus.RUNNING.value, owner, lease]
+    return shape, [*params, JobStatus.RUNNING.value, owner, lease, str(claim_round)]
 
 
 def _thread_lock_key(thread_id: int) -> int:

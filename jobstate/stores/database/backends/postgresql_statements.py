@@ -376,12 +376,14 @@ def _task_claim_parts(connection: BaseDatabaseWrapper, shape: str) -> tuple[str,
             ORDER BY p.priority DESC, p.due, p.created_at, p.id
             LIMIT %s
         """
-    # The claim starts an attempt: ``attempts`` counts the attempts that started.
+    # The claim starts an attempt: ``attempts`` counts the attempts that started. Each
+    # task's token is ``jobstate.core.states.task_claim_token`` of the claim's round and
+    # its id, computed here as there.
     claim = f"""
         UPDATE {table} AS j
         SET status = %s, executor_id = %s, claimed_at = {NOW_SQL},
             dispatched_at = NULL, lease_until = {NOW_SQL} + %s,
-            claim_token = gen_random_uuid(), attempts = j.attempts + 1,
+            claim_token = md5(%s::text || j.id::text)::uuid, attempts = j.attempts + 1,
             updated_at = {NOW_SQL}
         FROM picked
         WHERE j.id = picked.id AND j.status = 'queued'
