@@ -45,8 +45,9 @@ class MySQLOperations(BackendOperations):
         super().__init__(using)
         #: The claim's locking read per (targets, ids passed over, threads passed over).
         self._claim_reads: dict[tuple[int, int, int], str] = {}
-        #: Per column loaded by the claim's read (and the clock last), its converters.
-        self._converters: list[tuple[Any, list[Any]]] | None = None
+        #: Per column loaded by the claim's read (and the clock last) that has
+        #: converters: its position, the column and the converters.
+        self._converters: list[tuple[int, Any, list[Any]]] | None = None
 
     # No UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and DELETE only), so a
     # claim of one job or many is one locking read of the rows and one UPDATE of them.
@@ -160,28 +161,36 @@ class MySQLOperations(BackendOperations):
     def _converted(self, rows: Sequence[Sequence[Any]], *, clock: bool) -> list[tuple[Job, Any]]:
         """Rows of every concrete ``Job`` column in model order (and, with ``clock``, the
         database clock after them) as jobs: through the backend's and the fields'
-        converters, as a queryset loads them. Each job comes with the clock, or ``None``."""
+        converters, as a queryset loads them. Each job comes with the clock, or ``None``.
+        Only the columns that have converters are visited, and a NULL is left as it is:
+        every converter of these fields (Django's JSON, UUID, boolean and time zone
+        ones) hands ``None`` back unchanged."""
         connection = self.connection
         fields = Job._meta.concrete_fields
         if self._converters is None:
             converters = []
-            for field in [*fields, Job._meta.get_field("created_at")]:
+            for position, field in enumerate([*fields, Job._meta.get_field("created_at")]):
                 column = field.get_col(Job._meta.db_table)
                 functions = [
                     *connection.ops.get_db_converters(column),
                     *column.get_db_converters(connection),
                 ]
-                converters.append((column, functions))
+                if functions:
+                    converters.append((position, column, functions))
             self._converters = converters
         names = [field.attname for field in fields]
         count = len(fields)
-        converters = self._converters if clock else self._converters[:count]
+        used = [entry for entry in self._converters if clock or entry[0] < count]
         loaded: list[tuple[Job, Any]] = []
         for row in rows:
             values = list(row)
-            for position, (column, functions) in enumerate(converters):
+            for position, column, functions in used:
+                value = values[position]
+                if value is None:
+                    continue
                 for function in functions:
-                    values[position] = function(values[position], column, connection)
+                    value = function(value, column, connection)
+                values[position] = value
             job = Job.from_db(self.using, names, values[:count])
             loaded.append((job, values[count] if clock else None))
         return loaded
