@@ -20,7 +20,18 @@ The rows stay locked from step 1 to the commit, so the ``UPDATE`` moves every ro
 names; should it move fewer, the rows are read back and only those that carry this
 claim's token are handed out. Task claims take the same path with their own candidates
 and order. A batch of reports is one fenced locking read, one ``UPDATE`` per shape of
-patch (the values of each row given by ``CASE id``), and one read of the rows back.
+patch (the values of each row given by ``CASE id``), and one read of the rows back; a
+single report is the fenced ``UPDATE`` and its row read back.
+
+What each statement is for, and why nothing more is sent: the transaction is
+``START TRANSACTION`` and ``COMMIT`` (:meth:`BackendOperations.short_transaction`), not
+Django's autocommit switches; the locking read is what hands each row to one claimer;
+the ``UPDATE`` is the write; no row is read back after a claim, because the tokens are
+made here and the instants come from the read's clock; a report's rows are read back
+inside its transaction, while its locks hold, so the job handed back is the one the
+report wrote (there is no ``RETURNING`` to do it in the ``UPDATE``). Where the backend
+can, the statements are SQL text rather than querysets (:mod:`.backends.mysql`): they
+run on every job, and building a queryset cost more than sending the statement.
 """
 
 from __future__ import annotations
