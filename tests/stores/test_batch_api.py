@@ -4,8 +4,9 @@ path costs on each.
 
 PostgreSQL claims and reports with one ``UPDATE ... RETURNING`` each. MariaDB and MySQL
 have no ``UPDATE ... RETURNING``, so a claim there is one locking read of its candidates,
-one ``UPDATE ... WHERE id IN``, and the transaction's own ``BEGIN`` and ``COMMIT``; a
-batch must cost the same statements whatever its size.
+one ``UPDATE ... WHERE id IN``, and the transaction's own ``START TRANSACTION`` and
+``COMMIT``; a batch must cost the same round trips whatever its size. There they are
+counted in the driver, where Django's ``atomic`` would add its autocommit switches.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
+from jobstate.exceptions import StoreError
 from jobstate.models import Job
 from jobstate.stores.base import ClaimReport, CompletionOutcome, JobStatus
 from jobstate.stores.database import DatabaseStateStore
@@ -234,10 +236,32 @@ def test_a_batch_with_mixed_patches_applies_each_report_and_keeps_the_order() ->
 # --- what each hot path costs -------------------------------------------------------------
 
 
-def _statements(action: Callable[[], Any]) -> tuple[int, Any]:
-    with CaptureQueriesContext(connection) as captured:
+def _round_trips(action: Callable[[], Any]) -> tuple[int, Any]:
+    """What ``action`` sends the MariaDB/MySQL server, counted in the driver: each
+    statement, commit and rollback, and each switch of autocommit (a round trip of its
+    own, which Django's ``atomic`` sends on entering and leaving)."""
+    from MySQLdb.connections import Connection
+
+    sent = 0
+    names = ("query", "commit", "rollback", "autocommit")
+    originals = {name: getattr(Connection, name) for name in names}
+
+    def counted(original: Callable[..., Any]) -> Callable[..., Any]:
+        def send(self: Any, *args: Any) -> Any:
+            nonlocal sent
+            sent += 1
+            return original(self, *args)
+
+        return send
+
+    for name in names:
+        setattr(Connection, name, counted(originals[name]))
+    try:
         outcome = action()
-    return len(captured.captured_queries), outcome
+    finally:
+        for name, original in originals.items():
+            setattr(Connection, name, original)
+    return sent, outcome
 
 
 @pytest.mark.postgres
@@ -282,25 +306,36 @@ def test_a_batch_costs_the_same_statements_whatever_its_size() -> None:
     # beat write nothing else.
     assert store.claim_next_inhub_job(["elsewhere"], "worker") is None
 
-    one, job = _statements(lambda: store.claim_next_inhub_job(["batch"], "worker"))
+    one, job = _round_trips(lambda: store.claim_next_inhub_job(["batch"], "worker"))
     assert job is not None and job.input == {"n": 0} and job.status == JobStatus.RUNNING
-    small, few = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=3))
-    large, many = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=40))
+    small, few = _round_trips(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=3))
+    large, many = _round_trips(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=40))
     assert [j.input for j in [*few, *many]] == [{"n": n} for n in range(1, 44)]
-    # BEGIN, the locking read of the candidates (the rows themselves and the database
-    # clock), one UPDATE ... WHERE id IN, COMMIT.
+    # START TRANSACTION, the locking read of the candidates (the rows themselves and the
+    # database clock), one UPDATE ... WHERE id IN, COMMIT. Django's atomic would have
+    # sent five: SET autocommit = 0 and = 1 in place of START TRANSACTION.
     assert (one, small, large) == (4, 4, 4)
+    assert connection.get_autocommit() and not connection.in_atomic_block
+
+    # START TRANSACTION, the UPDATE fenced by the claim token, the row read back, COMMIT.
+    single, result = _round_trips(
+        lambda: store.complete_claimed_job(job.id, job.claim_token or "", "done", result={"a": 1})
+    )
+    assert result.completed and result.job and result.job.result == {"a": 1}
+    assert result.job.status == JobStatus.DONE and result.job.claim_token is None
+    assert single == 4
 
     def report(jobs: list[Job]) -> list[Any]:
         return store.complete_claimed_jobs(
             [ClaimReport(j.id, j.claim_token or "", "done", {"result": {"n": 1}}) for j in jobs]
         )
 
-    small, few_results = _statements(lambda: report(few))
-    large, many_results = _statements(lambda: report(many))
+    small, few_results = _round_trips(lambda: report(few))
+    large, many_results = _round_trips(lambda: report(many))
     assert all(r.completed and r.job and r.job.result == {"n": 1} for r in few_results)
     assert all(r.completed and r.job and r.job.result == {"n": 1} for r in many_results)
-    # BEGIN, the fenced locking read of the claims, one UPDATE, the rows read back, COMMIT.
+    # START TRANSACTION, the fenced locking read of the claims, one UPDATE, the rows read
+    # back, COMMIT.
     assert (small, large) == (5, 5)
 
 
@@ -329,9 +364,10 @@ def test_a_task_claim_costs_the_same_statements_whatever_its_size() -> None:
             limit=limit,
         )
 
-    small, few = _statements(lambda: claim(3))
-    large, many = _statements(lambda: claim(40))
-    # BEGIN, the locking read of the candidates and the clock, one UPDATE, COMMIT.
+    small, few = _round_trips(lambda: claim(3))
+    large, many = _round_trips(lambda: claim(40))
+    # START TRANSACTION, the locking read of the candidates and the clock, one UPDATE,
+    # COMMIT.
     assert (small, large) == (4, 4)
     claimed = [*few, *many]
     assert [job.priority for job in claimed] == sorted(
@@ -366,9 +402,71 @@ def test_a_batch_of_threaded_jobs_costs_the_same_statements_whatever_its_size() 
         ]
     )
 
-    small, few = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=3))
-    large, many = _statements(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=20))
+    small, few = _round_trips(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=3))
+    large, many = _round_trips(lambda: store.claim_next_inhub_jobs(["batch"], "worker", limit=20))
     assert [job.request_id for job in [*few, *many]] == [f"t{n}-0" for n in range(1, 24)]
-    # BEGIN, the locking read, the threads' gates locked by one read, the gate read
-    # again under them, one UPDATE, COMMIT.
+    # START TRANSACTION, the locking read, the threads' gates locked by one read, the
+    # gate read again under them, one UPDATE, COMMIT.
     assert (small, large) == (6, 6)
+
+
+def _lockable_elsewhere(pk: uuid.UUID) -> bool:
+    """Whether another connection can lock job ``pk``'s row right now (no transaction
+    still holds it)."""
+    table = Job._meta.db_table
+    prepared = Job._meta.pk.get_db_prep_value(pk, connection)
+
+    def lock(_index: int) -> bool:
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            try:
+                cursor.execute(
+                    f"SELECT id FROM {table} WHERE id = %s FOR UPDATE NOWAIT", [prepared]
+                )
+            except DatabaseError:
+                return False
+            return cursor.fetchone() is not None
+
+    return in_parallel(1, lock)[0]
+
+
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_and_a_report_leave_no_transaction_open() -> None:
+    store = DatabaseStateStore()
+    job = store.create_job(request_id="open", target="batch")
+    claimed = store.claim_next_inhub_job(["batch"], "worker")
+    assert claimed is not None and claimed.id == job.id
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    assert _lockable_elsewhere(job.id), "the claim's transaction still holds the row"
+    store.complete_claimed_job(job.id, claimed.claim_token or "", "done")
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    assert _lockable_elsewhere(job.id), "the report's transaction still holds the row"
+
+
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_fails_midway_rolls_back_and_releases_its_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = DatabaseStateStore()
+    job = store.create_job(request_id="midway", target="batch")
+    ops = database_ops("default")
+
+    def broken(*args: Any, **kwargs: Any) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT no_such_column FROM jobstate_job")
+        return 0
+
+    # The candidate is locked by the claim's read; its UPDATE then fails.
+    monkeypatch.setattr(ops, "update_jobs", broken)
+    with pytest.raises(StoreError):
+        store.claim_next_inhub_job(["batch"], "worker")
+    monkeypatch.undo()
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    assert _lockable_elsewhere(job.id), "the failed claim still holds the row"
+    # The connection goes on working, and the job was never claimed.
+    assert Job.objects.get(id=job.id).status == JobStatus.QUEUED
+    claimed = store.claim_next_inhub_job(["batch"], "worker")
+    assert claimed is not None and claimed.id == job.id

@@ -155,6 +155,8 @@ def complete_claimed(
         if pk in written:
             return True, written[pk]
         return False, job_rows(using).filter(id=pk).first()
+    if ops.claims_in_sets:
+        return set_claims.complete_one(using, pk, token, status, cleaned)
     changes = {**cleaned, **CLEARED_CLAIM, "status": status, "updated_at": Now()}
     with transaction.atomic(using=using):
         moved = job_rows(using).filter(id=pk, claim_token=token).claimed().update(**changes)

@@ -20,30 +20,37 @@ The rows stay locked from step 1 to the commit, so the ``UPDATE`` moves every ro
 names; should it move fewer, the rows are read back and only those that carry this
 claim's token are handed out. Task claims take the same path with their own candidates
 and order. A batch of reports is one fenced locking read, one ``UPDATE`` per shape of
-patch (the values of each row given by ``CASE id``), and one read of the rows back.
+patch (the values of each row given by ``CASE id``), and one read of the rows back; a
+single report is the fenced ``UPDATE`` and its row read back.
+
+What each statement is for, and why nothing more is sent: the transaction is
+``START TRANSACTION`` and ``COMMIT`` (:meth:`BackendOperations.short_transaction`), not
+Django's autocommit switches; the locking read is what hands each row to one claimer;
+the ``UPDATE`` is the write; no row is read back after a claim, because the tokens are
+made here and the instants come from the read's clock; a report's rows are read back
+inside its transaction, while its locks hold, so the job handed back is the one the
+report wrote (there is no ``RETURNING`` to do it in the ``UPDATE``). Where the backend
+can, the statements are SQL text rather than querysets (:mod:`.backends.mysql`): they
+run on every job, and building a queryset cost more than sending the statement.
 """
 
 from __future__ import annotations
 
-import operator
 import uuid
-from collections.abc import Sequence
 from datetime import datetime, timedelta
-from functools import reduce
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Case, Exists, F, Field, Q, Value, When
+from django.db.models import Exists
 from django.db.models.functions import Now
 
-from jobstate.core.states import JobStatus, task_claim_token
+from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus, task_claim_token
 from jobstate.models import Job, JobQuerySet, thread_blockers
 from jobstate.stores.contracts.primitives import Settled
 from jobstate.stores.contracts.validation import CLEARED_CLAIM, ParsedReport
 from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.tables import job_rows
 
-__all__ = ["claim", "claim_tasks", "complete_batch"]
+__all__ = ["claim", "claim_tasks", "complete_batch", "complete_one"]
 
 #: The annotation that carries the database clock on a locked task.
 _CLOCK = "jobstate_clock"
@@ -55,11 +62,10 @@ def claim(
     """Claim up to ``limit`` ready jobs of ``scope`` that pass the per-thread gate, each
     moved to ``status``; at most one job of a thread. Oldest first."""
     ops = database_ops(using)
-    jobs = job_rows(using)
     taken: list[Job] = []
     clocks: list[datetime] = []
     passed_threads: set[int] = set()
-    with transaction.atomic(using=using):
+    with ops.short_transaction():
         # Each round either fills the batch, finds nothing more, or rules out at least
         # one more thread, so the loop ends. Rows this transaction holds are not skipped
         # by its own locking read, so a later round leaves out the ones taken.
@@ -83,7 +89,7 @@ def claim(
             "run_after": None,
         }
         dispatched = status == JobStatus.DISPATCHED
-        return _move(jobs, taken, max(clocks), fixed, lease, dispatched=dispatched, attempt=False)
+        return _move(using, taken, max(clocks), fixed, lease, dispatched=dispatched, attempt=False)
 
 
 def claim_tasks(
@@ -98,8 +104,7 @@ def claim_tasks(
     becomes running for ``owner`` with one more attempt and its token of
     ``claim_round``; ``run_after`` is kept."""
     ops = database_ops(using)
-    jobs = job_rows(using)
-    with transaction.atomic(using=using):
+    with ops.short_transaction():
         read = ops.lock_candidates(candidates).annotate(**{_CLOCK: Now()})[:limit]
         picked = list(read)
         if not picked:
@@ -112,7 +117,7 @@ def claim_tasks(
         # The claim starts an attempt: ``attempts`` counts the attempts that started.
         clock = max(getattr(job, _CLOCK) for job in picked)
         return _move(
-            jobs, picked, clock, fixed, lease, dispatched=False, attempt=True, round_id=claim_round
+            using, picked, clock, fixed, lease, dispatched=False, attempt=True, round_id=claim_round
         )
 
 
@@ -133,7 +138,7 @@ def _failing_the_gate(using: str, picked: list[Job]) -> set[int]:
 
 
 def _move(
-    jobs: JobQuerySet,
+    using: str,
     taken: list[Job],
     clock: datetime,
     fixed: dict[str, Any],
@@ -145,8 +150,10 @@ def _move(
 ) -> list[Job]:
     """One ``UPDATE`` of the locked ``taken`` rows to ``fixed``, each with a fresh claim
     token, the claim instants and the lease from ``clock`` (the latest clock read), and
-    with ``attempt`` one more attempt; the rows as written. A task claim's tokens are
-    those of its round (``round_id``)."""
+    with ``attempt`` one more attempt; the rows as written. The tokens are made here (a
+    task claim's are those of its round, ``round_id``) and the instants come from the
+    clock the locking read returned, so every value written is known without reading
+    the rows back."""
     tokens = {
         job.id: uuid.uuid4() if round_id is None else task_claim_token(round_id, job.id)
         for job in taken
@@ -158,18 +165,17 @@ def _move(
     }
     if dispatched:
         stamps["dispatched_at"] = clock
-    changes = {
-        **fixed,
-        **stamps,
-        "claim_token": _per_row(list(tokens.items()), "claim_token"),
-    }
-    if attempt:
-        changes["attempts"] = F("attempts") + 1
-    moved = jobs.filter(id__in=list(tokens), status=JobStatus.QUEUED).update(**changes)
+    moved = database_ops(using).update_jobs(
+        list(tokens),
+        {**fixed, **stamps},
+        {"claim_token": tokens},
+        statuses=[JobStatus.QUEUED],
+        attempt=attempt,
+    )
     if moved != len(taken):
         # Only a row another transaction could write despite the lock; what this claim
         # wrote is what carries its tokens.
-        written = jobs.filter(id__in=list(tokens))
+        written = job_rows(using).filter(id__in=list(tokens))
         return [job for job in written if job.claim_token == tokens[job.id]]
     for job in taken:
         job.__dict__.pop(_CLOCK, None)
@@ -184,47 +190,52 @@ def _move(
 # --- reports ---------------------------------------------------------------------------
 
 
+def complete_one(
+    using: str, pk: uuid.UUID, token: uuid.UUID, status: JobStatus, cleaned: dict[str, Any]
+) -> Settled:
+    """Apply one fenced report: the ``UPDATE`` fenced by the claim token (its matched
+    row count says whether the report applied), and the row read back in the same
+    transaction, while the ``UPDATE`` still holds its lock: the job as this report left
+    it."""
+    ops = database_ops(using)
+    with ops.short_transaction():
+        moved = ops.update_jobs(
+            [pk],
+            {**cleaned, **CLEARED_CLAIM, "status": status},
+            {},
+            statuses=CLAIMED_JOB_STATUSES,
+            token=token,
+            stamped=["updated_at"],
+        )
+        return moved > 0, ops.jobs_by_id([pk]).get(pk)
+
+
 def complete_batch(using: str, parsed: list[ParsedReport]) -> list[Settled]:
     """Apply many fenced reports: the claims still current are locked by one read
     (id and claim token per report, the job running or dispatched), each shape of patch
-    is one ``UPDATE`` of those rows, and every reported row is read back once. One
-    answer per report, in the order given."""
-    jobs = job_rows(using)
+    is one ``UPDATE`` of those rows, and every reported row is read back once, under
+    the locks (the jobs as these reports left them). One answer per report, in the
+    order given."""
+    ops = database_ops(using)
     ids = [pk for pk, *_ in parsed]
-    fence = reduce(operator.or_, (Q(id=pk, claim_token=token) for pk, token, *_ in parsed))
-    with transaction.atomic(using=using):
-        current = set(
-            jobs.filter(fence)
-            .claimed()
-            .select_for_update()
-            .order_by("id")
-            .values_list("id", flat=True)
-        )
+    with ops.short_transaction():
+        current = ops.lock_claims([(pk, token) for pk, token, *_ in parsed])
         shapes: dict[tuple[str, ...], list[ParsedReport]] = {}
         for report in parsed:
             if report[0] in current:
                 shapes.setdefault(tuple(sorted(report[3])), []).append(report)
         for columns, group in shapes.items():
-            changes: dict[str, Any] = {
-                **CLEARED_CLAIM,
-                "status": _per_row([(pk, status) for pk, _token, status, _c in group], "status"),
-                "updated_at": Now(),
+            per_row: dict[str, dict[uuid.UUID, Any]] = {
+                "status": {pk: status for pk, _token, status, _c in group}
             }
             for name in columns:
-                changes[name] = _per_row([(report[0], report[3][name]) for report in group], name)
-            jobs.filter(id__in=[report[0] for report in group]).update(**changes)
-        rows = {job.id: job for job in jobs.filter(id__in=ids)}
+                per_row[name] = {pk: cleaned[name] for pk, _token, _s, cleaned in group}
+            ops.update_jobs(
+                [report[0] for report in group],
+                dict(CLEARED_CLAIM),
+                per_row,
+                statuses=CLAIMED_JOB_STATUSES,
+                stamped=["updated_at"],
+            )
+        rows = ops.jobs_by_id(ids)
     return [(pk in current, rows.get(pk)) for pk in ids]
-
-
-def _per_row(values: Sequence[tuple[uuid.UUID, Any]], name: str) -> Value | Case:
-    """The value of field ``name`` for each row id: one value when every row takes the
-    same, else ``CASE id WHEN ... THEN ... END``."""
-    field = Job._meta.get_field(name)
-    if not isinstance(field, Field):
-        raise TypeError(f"Job.{name} is not a concrete field.")
-    first = values[0][1]
-    if all(given == first for _pk, given in values):
-        return Value(first, output_field=field)
-    whens = [When(id=pk, then=Value(given, output_field=field)) for pk, given in values]
-    return Case(*whens, output_field=field)

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, Error, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import BooleanField, CharField, F, Func, QuerySet, TextField, Value
+from django.db.models import BooleanField, CharField, F, Field, Func, QuerySet, TextField, Value
 
+from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus
 from jobstate.models import (
     ONCE_PER_SLOT,
     ONE_RUNNING_PER_OVERLAP_KEY,
@@ -42,8 +45,9 @@ class MySQLOperations(BackendOperations):
         super().__init__(using)
         #: The claim's locking read per (targets, ids passed over, threads passed over).
         self._claim_reads: dict[tuple[int, int, int], str] = {}
-        #: Per column loaded by the claim's read (and the clock last), its converters.
-        self._converters: list[tuple[Any, list[Any]]] | None = None
+        #: Per column loaded by the claim's read (and the clock last) that has
+        #: converters: its position, the column and the converters.
+        self._converters: list[tuple[int, Any, list[Any]]] | None = None
 
     # No UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and DELETE only), so a
     # claim of one job or many is one locking read of the rows and one UPDATE of them.
@@ -131,10 +135,7 @@ class MySQLOperations(BackendOperations):
         key = (targets, passed_ids, passed_threads)
         sql = self._claim_reads.get(key)
         if sql is None:
-            quote = self.connection.ops.quote_name
-            columns = ", ".join(
-                f"c.{quote(field.column or field.attname)}" for field in Job._meta.concrete_fields
-            )
+            columns = self._columns("c.")
             passed = ""
             if passed_ids:
                 passed += f" AND c.id NOT IN ({_marks(range(passed_ids))})"
@@ -153,28 +154,45 @@ class MySQLOperations(BackendOperations):
         return sql
 
     def _loaded(self, rows: Sequence[Sequence[Any]]) -> list[tuple[Job, datetime]]:
-        """Rows of every concrete ``Job`` column in model order and the clock, as jobs:
-        through the backend's and the fields' converters, as a queryset loads them."""
+        """Rows of every concrete ``Job`` column in model order and the clock, as jobs
+        and the clock."""
+        return [(job, clock) for job, clock in self._converted(rows, clock=True)]
+
+    def _converted(self, rows: Sequence[Sequence[Any]], *, clock: bool) -> list[tuple[Job, Any]]:
+        """Rows of every concrete ``Job`` column in model order (and, with ``clock``, the
+        database clock after them) as jobs: through the backend's and the fields'
+        converters, as a queryset loads them. Each job comes with the clock, or ``None``.
+        Only the columns that have converters are visited, and a NULL is left as it is:
+        every converter of these fields (Django's JSON, UUID, boolean and time zone
+        ones) hands ``None`` back unchanged."""
         connection = self.connection
         fields = Job._meta.concrete_fields
         if self._converters is None:
             converters = []
-            for field in [*fields, Job._meta.get_field("created_at")]:
+            for position, field in enumerate([*fields, Job._meta.get_field("created_at")]):
                 column = field.get_col(Job._meta.db_table)
                 functions = [
                     *connection.ops.get_db_converters(column),
                     *column.get_db_converters(connection),
                 ]
-                converters.append((column, functions))
+                if functions:
+                    converters.append((position, column, functions))
             self._converters = converters
         names = [field.attname for field in fields]
-        loaded: list[tuple[Job, datetime]] = []
+        count = len(fields)
+        used = [entry for entry in self._converters if clock or entry[0] < count]
+        loaded: list[tuple[Job, Any]] = []
         for row in rows:
             values = list(row)
-            for position, (column, functions) in enumerate(self._converters):
+            for position, column, functions in used:
+                value = values[position]
+                if value is None:
+                    continue
                 for function in functions:
-                    values[position] = function(values[position], column, connection)
-            loaded.append((Job.from_db(self.using, names, values[:-1]), values[-1]))
+                    value = function(value, column, connection)
+                values[position] = value
+            job = Job.from_db(self.using, names, values[:count])
+            loaded.append((job, values[count] if clock else None))
         return loaded
 
     def try_lock_threads(self, thread_ids: Collection[int]) -> set[int]:
@@ -216,6 +234,136 @@ class MySQLOperations(BackendOperations):
                 new,
             )
             return held | {int(row[0]) for row in cursor.fetchall()}
+
+    # --- the set-based statements --------------------------------------------------
+    #
+    # The claims and reports of :mod:`jobstate.stores.database.set_claims` send their
+    # statements as SQL text built here: a claim or a report runs them on every job, and
+    # building and compiling a queryset each time cost more than the statements did.
+
+    @contextmanager
+    def short_transaction(self) -> Iterator[None]:
+        """A claim's or report's transaction in two round trips, ``START TRANSACTION``
+        and ``COMMIT``, where Django's outermost ``atomic`` takes three (``SET autocommit
+        = 0``, ``COMMIT``, ``SET autocommit = 1``) and the connection stays in autocommit
+        between them. Inside the caller's transaction (an ``atomic`` block, or
+        autocommit turned off) this is ``atomic`` as before: a savepoint in it."""
+        connection = self.connection
+        if connection.in_atomic_block or not connection.get_autocommit():
+            with transaction.atomic(using=self.using):
+                yield
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("START TRANSACTION")
+        # Django is told what the server now has, a transaction open as with autocommit
+        # off (what ``set_autocommit(False)`` records, without its round trip): so the
+        # ORM's locking reads are allowed in it, and an ``atomic`` block opened inside
+        # is a savepoint that leaves the commit to this one.
+        connection.autocommit = False
+        try:
+            yield
+        except BaseException:
+            _rolled_back(connection)
+            raise
+        else:
+            try:
+                connection.commit()
+            except DatabaseError:
+                # As Django's atomic does: roll back what the failed commit left open,
+                # and drop a connection that cannot even do that.
+                _rolled_back(connection)
+                raise
+        finally:
+            connection.autocommit = True
+
+    def update_jobs(
+        self,
+        ids: Sequence[uuid.UUID],
+        same: dict[str, Any],
+        per_row: dict[str, dict[uuid.UUID, Any]],
+        *,
+        statuses: Collection[JobStatus],
+        token: uuid.UUID | None = None,
+        stamped: Sequence[str] = (),
+        attempt: bool = False,
+    ) -> int:
+        """Django's MySQL backend asks for found rows, so the count is of the rows the
+        ``WHERE`` matched (written or already holding the values), as an ORM update
+        counts them."""
+        connection = self.connection
+        quote = connection.ops.quote_name
+        prep = _prep(connection)
+        keys = [prep(Job._meta.pk, pk) for pk in ids]
+        sets: list[str] = []
+        params: list[Any] = []
+        for name, value in same.items():
+            field = _job_field(name)
+            sets.append(f"{quote(_column(field))} = %s")
+            params.append(prep(field, value))
+        for name, by_id in per_row.items():
+            field = _job_field(name)
+            values = [prep(field, by_id[pk]) for pk in ids]
+            if all(value == values[0] for value in values):
+                sets.append(f"{quote(_column(field))} = %s")
+                params.append(values[0])
+                continue
+            sets.append(f"{quote(_column(field))} = CASE id{' WHEN %s THEN %s' * len(ids)} END")
+            for key, value in zip(keys, values, strict=True):
+                params += [key, value]
+        sets += [f"{quote(_column(_job_field(name)))} = {self.now_sql}" for name in stamped]
+        if attempt:
+            sets.append("attempts = attempts + 1")
+        where = f"id IN ({_marks(keys)}) AND status IN ({_marks(statuses)})"
+        params += [*keys, *(status.value for status in statuses)]
+        if token is not None:
+            where += " AND claim_token = %s"
+            params.append(prep(_job_field("claim_token"), token))
+        with connection.cursor() as cursor:
+            sql = f"UPDATE {self.sql('{job}')} SET {', '.join(sets)} WHERE {where}"
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+
+    def lock_claims(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> set[uuid.UUID]:
+        """One locking read in id order (two batches never wait on each other
+        crosswise). It names every id and every token; a row whose token is not its own
+        report's (a later claim's) is dropped here and, not matching the read under READ
+        COMMITTED, its lock released by InnoDB at once."""
+        connection = self.connection
+        prep = _prep(connection)
+        token_field = _job_field("claim_token")
+        given = dict(pairs)
+        statuses = sorted(status.value for status in CLAIMED_JOB_STATUSES)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id, claim_token FROM {self.sql('{job}')} WHERE id IN ({_marks(given)}) "
+                f"AND claim_token IN ({_marks(given)}) AND status IN ({_marks(statuses)}) "
+                "ORDER BY id FOR UPDATE",
+                [
+                    *(prep(Job._meta.pk, pk) for pk in given),
+                    *(prep(token_field, token) for token in given.values()),
+                    *statuses,
+                ],
+            )
+            rows = cursor.fetchall()
+        # Stored as CHAR(32) hex on MySQL and as the native UUID type on MariaDB 10.7+.
+        read = {_uuid(pk): _uuid(token) for pk, token in rows}
+        return {pk for pk, token in read.items() if given.get(pk) == token}
+
+    def jobs_by_id(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Job]:
+        prep = _prep(self.connection)
+        keys = [prep(Job._meta.pk, pk) for pk in ids]
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {self._columns('')} FROM {self.sql('{job}')} WHERE id IN ({_marks(keys)})",
+                keys,
+            )
+            rows = cursor.fetchall()
+        return {job.id: job for job, _clock in self._converted(rows, clock=False)}
+
+    def _columns(self, prefix: str) -> str:
+        """Every concrete ``Job`` column in model order, each after ``prefix``."""
+        quote = self.connection.ops.quote_name
+        return ", ".join(f"{prefix}{quote(_column(field))}" for field in Job._meta.concrete_fields)
 
     # --- migration 0009's guards ------------------------------------------------------
 
@@ -284,6 +432,41 @@ class MySQLOperations(BackendOperations):
         )
 
 
-def _marks(values: Sequence[object] | range) -> str:
+def _marks(values: Collection[object] | range) -> str:
     """One placeholder per value, for ``IN (...)``."""
     return ", ".join(["%s"] * len(values))
+
+
+def _job_field(name: str) -> Field[Any, Any]:
+    field = Job._meta.get_field(name)
+    if not isinstance(field, Field):
+        raise TypeError(f"Job.{name} is not a concrete field.")
+    return field
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    """A UUID column's value as read by the driver (text, bytes or a UUID) as a UUID."""
+    if isinstance(value, uuid.UUID):
+        return value
+    return uuid.UUID(value.decode() if isinstance(value, bytes) else str(value))
+
+
+def _column(field: Field[Any, Any]) -> str:
+    return field.column or field.attname
+
+
+def _prep(connection: BaseDatabaseWrapper) -> Callable[[Field[Any, Any], Any], Any]:
+    """A field's value as a parameter of ``connection``, as an ORM update prepares it."""
+
+    def prep(field: Field[Any, Any], value: Any) -> Any:
+        return field.get_db_prep_save(value, connection)
+
+    return prep
+
+
+def _rolled_back(connection: BaseDatabaseWrapper) -> None:
+    """Roll back; a connection that cannot is closed (Django's atomic does the same)."""
+    try:
+        connection.rollback()
+    except Error:
+        connection.close()

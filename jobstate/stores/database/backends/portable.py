@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import NotSupportedError, connections
+from django.db import NotSupportedError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.features import BaseDatabaseFeatures
 from django.db.models import Model, Q, QuerySet, Value
@@ -141,6 +142,11 @@ class BackendOperations:
         tables and its clock filled in."""
         return rule_sql(connections[self.using], text, self.now_sql)
 
+    def short_transaction(self) -> AbstractContextManager[object]:
+        """The transaction of a claim or a batch of reports: Django's ``atomic`` (a
+        savepoint inside the caller's transaction)."""
+        return transaction.atomic(using=self.using)
+
     # --- the per-thread gate ---------------------------------------------------------
 
     def lock_thread(self, thread_id: int) -> None:
@@ -260,6 +266,34 @@ class BackendOperations:
     ) -> dict[uuid.UUID, Job]:
         """Reports that patch the same ``columns`` applied, each fenced by its claim
         token; the jobs written, by id."""
+        raise self._no_statement()
+
+    # --- the set-based statements (where :attr:`claims_in_sets`) ---------------------
+
+    def update_jobs(
+        self,
+        ids: Sequence[uuid.UUID],
+        same: dict[str, Any],
+        per_row: dict[str, dict[uuid.UUID, Any]],
+        *,
+        statuses: Collection[JobStatus],
+        token: uuid.UUID | None = None,
+        stamped: Sequence[str] = (),
+        attempt: bool = False,
+    ) -> int:
+        """One ``UPDATE`` of the jobs ``ids`` still in one of ``statuses`` (and, with
+        ``token``, still under that claim token): ``same`` on every row, ``per_row``
+        each row's own value, the ``stamped`` fields on the database clock, and with
+        ``attempt`` one more attempt. The rows matched."""
+        raise self._no_statement()
+
+    def lock_claims(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> set[uuid.UUID]:
+        """The ids of ``(id, claim token)`` pairs whose token is still the job's
+        current claim, those rows locked until the transaction ends."""
+        raise self._no_statement()
+
+    def jobs_by_id(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Job]:
+        """The jobs ``ids`` as stored, by id (the ones that exist)."""
         raise self._no_statement()
 
     def finish_with_notifications(
