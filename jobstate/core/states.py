@@ -114,13 +114,15 @@ class ClaimReport:
 
 def task_claim_token(claim_round: uuid.UUID, job_id: JobId) -> uuid.UUID:
     """The claim token a task claim made under ``claim_round`` gives the task ``job_id``:
-    the MD5 digest of the round's and the job's ids in their canonical text, read as a
-    UUID. Each task of a claim gets its own token, and a worker whose claim reply was
-    lost can still tell the tasks that claim took (``release_task_claim``), though it
-    never saw their ids. PostgreSQL computes the same value in its claim statement
-    (``md5(round || id)::uuid``); the other stores compute it here."""
+    the MD5 digest of the round's and the job's ids in their canonical text, with the
+    version (4) and variant bits of a random UUID set, as databases with a native UUID
+    type (MariaDB 10.7+) insist. Each task of a claim gets its own token, and a worker
+    whose claim reply was lost can still tell the tasks that claim took
+    (``release_task_claim``), though it never saw their ids. PostgreSQL computes the
+    same value in its claim statement; the other stores compute it here."""
     text = f"{claim_round}{uuid.UUID(str(job_id))}"
-    return uuid.UUID(hashlib.md5(text.encode(), usedforsecurity=False).hexdigest())
+    digest = hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+    return uuid.UUID(hex=digest, version=4)
 
 
 #: Statuses a claim holder may report through ``complete_claimed_job``.

@@ -378,14 +378,20 @@ def _task_claim_parts(connection: BaseDatabaseWrapper, shape: str) -> tuple[str,
         """
     # The claim starts an attempt: ``attempts`` counts the attempts that started. Each
     # task's token is ``jobstate.core.states.task_claim_token`` of the claim's round and
-    # its id, computed here as there.
+    # its id, computed here as there: the digest with the version nibble (13th) set to 4
+    # and the variant nibble (17th) to 8, 9, a or b by its two low bits.
+    token = (
+        "(substr(d.h, 1, 12) || '4' || substr(d.h, 14, 3)"
+        " || substr('89ab', (('x' || substr(d.h, 17, 1))::bit(4)::int & 3) + 1, 1)"
+        " || substr(d.h, 18))::uuid"
+    )
     claim = f"""
         UPDATE {table} AS j
         SET status = %s, executor_id = %s, claimed_at = {NOW_SQL},
             dispatched_at = NULL, lease_until = {NOW_SQL} + %s,
-            claim_token = md5(%s::text || j.id::text)::uuid, attempts = j.attempts + 1,
+            claim_token = {token}, attempts = j.attempts + 1,
             updated_at = {NOW_SQL}
-        FROM picked
+        FROM picked, LATERAL (SELECT md5(%s::text || picked.id::text) AS h) AS d
         WHERE j.id = picked.id AND j.status = 'queued'
         RETURNING {returning_columns(connection, "j")}
     """
