@@ -13,6 +13,17 @@
 - ``only_on(vendor)``: a test of one backend's own behaviour (``"sqlite"``,
   ``"postgresql"``, ``"mysql"``), or a harness driving a MariaDB server of its own
   (``"mysql"``); deselected, and counted, on the other backends' runs.
+- ``backend``: has no test database yet consults the backend it runs against (its vendor
+  or settings, a system check that reads them, a child process on ``DATABASE_URL``);
+  every backend's step runs it.
+
+A test with no test database (no ``django_db`` mark, no ``db``, ``transactional_db`` or
+``live_server`` fixture) and none of the marks ``postgres``, ``concurrent``, ``only_on``
+or ``backend`` runs the same on every backend: the SQLite step runs it, and the
+PostgreSQL and MariaDB steps deselect it (counted as deselected). Wherever it runs, it
+fails if it consults the backend after all (looks a configured database up, or starts a
+child on ``DATABASE_URL``), saying to mark it ``backend``.
+
 - ``slow``: starts a process, a server or a browser, or waits on the real clock for a
   second or more. ``-m "not slow"`` (added to a step's own selection, e.g.
   ``-m "not postgres and not concurrent and not slow"`` on SQLite) is the quick tier,
@@ -28,11 +39,17 @@ user, a local HTTP receiver); each folder's ``conftest.py`` holds its own, and
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
+from django.db.utils import ConnectionHandler
 
 from jobstate.stores.base import StateStore
 from jobstate.stores.contracts.claimer_presence import claimer_beats
@@ -46,23 +63,49 @@ def _only_on(item: pytest.Item) -> str | None:
     return None if marker is None else str(marker.args[0])
 
 
+#: The fixtures that give a test the test database (the ``django_db`` mark does too).
+DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback"}
+    | {"live_server", "django_db_setup"}
+)
+#: The marks of a test whose outcome depends on the backend it runs against.
+BACKEND_MARKS = ("django_db", "postgres", "concurrent", "only_on", "backend")
+
+
+def consults_backend(item: pytest.Item) -> bool:
+    """Whether the test says something about the backend it runs against: it has a test
+    database (the ``django_db`` mark or a database fixture) or a mark saying so. The
+    others run on SQLite alone; :func:`_backend_untouched` holds them to it."""
+    if DATABASE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    return any(item.get_closest_marker(name) for name in BACKEND_MARKS)
+
+
+def _deselect(config: pytest.Config, items: list[pytest.Item], gone: list[pytest.Item]) -> None:
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        dropped = set(gone)
+        items[:] = [item for item in items if item not in dropped]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A test of one backend's own behaviour (its settings, its guards), or a harness that
     # drives a MariaDB server of its own, runs on that backend's step only and is
     # counted as deselected on the others: never a skip that could hide a lost step.
-    elsewhere = [item for item in items if _only_on(item) not in (None, connection.vendor)]
-    if elsewhere:
-        config.hook.pytest_deselected(items=elsewhere)
-        items[:] = [item for item in items if item not in elsewhere]
-    if connection.vendor != "mysql":
+    _deselect(
+        config, items, [item for item in items if _only_on(item) not in (None, connection.vendor)]
+    )
+    if connection.vendor == "sqlite":
         return
-    kept, postgresql_only = [], []
-    for item in items:
-        both = item.get_closest_marker("mysql") and item.get_closest_marker("postgres")
-        (postgresql_only if both else kept).append(item)
-    if postgresql_only:
-        config.hook.pytest_deselected(items=postgresql_only)
-        items[:] = kept
+    # A test that neither has a test database nor consults the backend any other way runs
+    # the same on every backend: the SQLite step runs it; the server steps deselect it.
+    _deselect(config, items, [item for item in items if not consults_backend(item)])
+    if connection.vendor == "mysql":
+        # A test of a ``mysql`` module that is also marked ``postgres``.
+        postgresql_only = [item for item in items if item.get_closest_marker("postgres")]
+        _deselect(
+            config, items, [item for item in postgresql_only if item.get_closest_marker("mysql")]
+        )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -87,6 +130,59 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
+def _tidying_up(frame: FrameType | None) -> bool:
+    """Whether a connection is looked up by Django's own tidying around each request of
+    the test client (``reset_queries``, ``close_old_connections`` of ``django.db``,
+    through ``connections.all()`` and, before Python 3.12, its comprehension's frame)."""
+    for _ in range(3):
+        frame = frame and frame.f_back
+        if frame is not None and frame.f_globals.get("__name__") == "django.db":
+            return True
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _backend_untouched(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A test the server steps deselect (one :func:`consults_backend` says no to) fails
+    if it consults the backend after all: if it looks up a configured database (its
+    vendor, its settings, a system check reading them) or starts a child process on
+    ``DATABASE_URL``. Its outcome could then differ per backend, and it is marked
+    ``backend`` so that every step runs it."""
+    if consults_backend(request.node):
+        yield
+        return
+    touched: list[str] = []
+    configured = set(settings.DATABASES)  # not the aliases a test registers for itself
+    look_up = ConnectionHandler.__getitem__
+
+    def looked_up(handler: ConnectionHandler, alias: str) -> Any:
+        if alias in configured and not _tidying_up(sys._getframe(1)):
+            touched.append(f"looked up the database {alias!r}")
+        return look_up(handler, alias)
+
+    start = subprocess.Popen.__init__
+
+    def started(process: subprocess.Popen[Any], args: Any, *rest: Any, **options: Any) -> None:
+        env = options.get("env")
+        if (os.environ if env is None else env).get("DATABASE_URL") == os.environ.get(
+            "DATABASE_URL"
+        ):
+            touched.append(f"started {args!r} on DATABASE_URL")
+        start(process, args, *rest, **options)
+
+    monkeypatch.setattr(ConnectionHandler, "__getitem__", looked_up)
+    monkeypatch.setattr(subprocess.Popen, "__init__", started)
+    yield
+    if touched:
+        pytest.fail(
+            f"{request.node.nodeid} has no test database but {touched[0]}: its outcome may "
+            "differ per backend. Mark it backend so that every backend's step runs it.",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(autouse=True)
 def _fresh_claimer_beats() -> None:
     """Each test starts with no executor beat remembered: a claim's first beat in a test
@@ -100,12 +196,11 @@ def store(db: None) -> DatabaseStateStore:
     return DatabaseStateStore()
 
 
-@pytest.fixture(params=["database", "memory"])
+@pytest.fixture(params=[pytest.param("database", marks=pytest.mark.django_db), "memory"])
 def any_store(request: pytest.FixtureRequest) -> StateStore:
-    """The test runs twice: on the database store and on the in-memory reference store
-    (which needs no database)."""
+    """The test runs twice: on the database store (with the test database) and on the
+    in-memory reference store (which needs no database)."""
     if request.param == "database":
-        request.getfixturevalue("db")
         return DatabaseStateStore()
     return MemoryStateStore()
 

@@ -87,6 +87,7 @@ def test_the_public_names_resolve_to_their_homes() -> None:
     assert runner.__module__ == "jobstate.operations.job_runner"
 
 
+@pytest.mark.backend
 @pytest.mark.parametrize(
     "path",
     [

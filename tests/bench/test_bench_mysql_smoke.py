@@ -64,6 +64,7 @@ def test_the_mariadb_drain_empties_every_contender_and_drops_its_database(tmp_pa
     assert left == [], "the benchmark left its database behind"
 
 
+@pytest.mark.backend
 def test_the_harness_refuses_to_drop_a_database_without_bench_in_its_name() -> None:
     result = subprocess.run(
         [

@@ -189,6 +189,7 @@ def test_deploy_check_is_silent_on_a_migrated_database() -> None:
     assert not [p for p in problems if p.id.startswith("jobstate.E")]
 
 
+@pytest.mark.backend
 def test_plain_check_never_touches_the_database() -> None:
     # Without databases the check has nothing to look at (and no connection is opened).
     problems = run_checks(include_deployment_checks=True)

@@ -30,6 +30,7 @@ def restart_run(*options: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.backend
 @pytest.mark.slow
 def test_without_postgresql_server_binaries_the_run_fails_loudly() -> None:
     done = restart_run("--duration", "5", "--pg-bindir", str(ROOT / "no-such-directory"))

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.mysql
 CLASSES = {"postgresql": PostgreSQLOperations, "mysql": MySQLOperations, "sqlite": SQLiteOperations}
 
 
+@pytest.mark.backend
 def test_one_object_per_alias_of_its_backends_class() -> None:
     ops = database_ops("default")
     assert type(ops) is CLASSES[connection.vendor]
@@ -28,6 +29,7 @@ def test_one_object_per_alias_of_its_backends_class() -> None:
     assert ops.using == "default"
 
 
+@pytest.mark.backend
 def test_features_come_from_django() -> None:
     ops = database_ops("default")
     features = connection.features

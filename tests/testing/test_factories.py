@@ -161,6 +161,7 @@ def test_bulk_create_batch_writes_distinct_rows_in_one_statement() -> None:
     assert Notification.objects.filter(state=NotificationState.DEAD).count() == 50
 
 
+@pytest.mark.backend
 @pytest.mark.slow
 def test_the_factories_need_no_database_store_and_load_only_on_request() -> None:
     source = Path(factories.__file__).read_text()
