@@ -127,6 +127,7 @@ def test_the_store_and_mariadb_rows_come_out_with_their_goals(tmp_path: Path) ->
         conn.close()
 
 
+@pytest.mark.backend  # the harness's server is read from the test run's databases
 def test_a_mistyped_part_is_refused_before_any_database_is_made(tmp_path: Path) -> None:
     result = run_bench(
         "jobstate_bench_tasks_refused", tmp_path / "out.json", "tasks", "--skip", "seeds"
