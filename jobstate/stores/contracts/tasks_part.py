@@ -165,6 +165,8 @@ class TasksPart(LedgerPart):
         given back (0 when the claim never committed)."""
         self._require(self.supports_tasks, "supports_tasks", "release_task_claim")
         owner = require_text(worker_id, field="worker_id")
+        if claim_round is None:
+            raise InvalidJobState("claim_round must be the uuid.UUID the claim was made with.")
         round_id = _claim_round(claim_round)
         reports = [
             ClaimReport(job.id, token, JobStatus.QUEUED, {"attempts": max(job.attempts - 1, 0)})

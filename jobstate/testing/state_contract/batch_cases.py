@@ -447,6 +447,7 @@ def _release_task_claim(kit: Kit, store: StateStore) -> None:
     changes: list[tuple[dict[str, Any], str]] = [
         ({"worker_id": ""}, "an empty worker_id"),
         ({"claim_round": str(lost_round)}, "a claim_round that is not a UUID"),
+        ({"claim_round": None}, "no claim_round"),
     ]
     for changed, what in changes:
         raises(
