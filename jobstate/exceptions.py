@@ -145,6 +145,12 @@ class IdempotencyConflict(JobStateError):
         self.fields = fields
 
 
+class UniqueTaskHeld(JobStateError):
+    """A requeue would put a unique task back into a state its key covers while another
+    job of its backend holds that key (a duplicate enqueued since it finished). Nothing
+    was written: finish or cancel the holder first."""
+
+
 class ThreadQuotaExceeded(JobStateError):
     """``enqueue`` refused a new job because its thread already has
     ``JOBSTATE['THREAD_INFLIGHT_QUOTA']`` queued, running or dispatched jobs. Nothing

@@ -162,8 +162,8 @@ class JobAdmin(TaskFieldsAdmin):
         "An exact job id, request id or thread number, and/or field:value terms "
         "(all must match): task:app.tasks.send (or a prefix: task:app.tasks.*), "
         "queue:emails, error:TimeoutError, input:customer=42 (one JSON value: a number, "
-        '"text", true, false or null; a.b=1 for a nested key), worker:w-1. Quote values '
-        'with spaces: error:"timed out".'
+        '"text", true, false or null; a.b=1 for a nested key), worker:w-1, key:customer:7 '
+        '(a unique task\'s key). Quote values with spaces: error:"timed out".'
     )
     # Served by the jobstate_job_recent_idx index (ties broken by the time-ordered id).
     ordering = ["-created_at"]

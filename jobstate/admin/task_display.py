@@ -8,6 +8,7 @@ The arguments are the job's ``input`` and are shown through the page's redactor
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
@@ -16,9 +17,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy
 
 from jobstate.admin.common import ReadOnlyAdmin, json_block
+from jobstate.core.states import UNIQUE_STATE_BITS
 from jobstate.models import Job
 
-__all__ = ["TASK_FIELDS", "Fieldset", "TaskFieldsAdmin"]
+__all__ = ["TASK_FIELDS", "Fieldset", "TaskFieldsAdmin", "policy_text", "unique_text"]
 
 #: One section of an admin page: its title and its options (``{"fields": ...}``).
 Fieldset = tuple[Any, Any]
@@ -26,6 +28,49 @@ Fieldset = tuple[Any, Any]
 #: The "Arguments" section of a task's page (its path, queue, priority and attempts are
 #: in the page's summary).
 TASK_FIELDS = ("task_args", "task_kwargs")
+
+
+def policy_text(job: Job) -> str | None:
+    """What the task's stored policy changes from its backend's ``OPTIONS``, in a line
+    (``None`` when nothing): its timeout, backoff and the errors it retries or discards."""
+    stored = job.policy if isinstance(job.policy, dict) else {}
+    parts = []
+    if "timeout" in stored:
+        timeout = stored["timeout"]
+        parts.append(
+            str(gettext_lazy("no timeout"))
+            if timeout is None
+            else f"{gettext_lazy('timeout')} {_seconds(timeout)}"
+        )
+    if stored.get("retry_backoff") is not None:
+        parts.append(f"{gettext_lazy('backoff')} {_seconds(stored['retry_backoff'])}")
+    if stored.get("retry_on") is not None:
+        names = ", ".join(_short(path) for path in stored["retry_on"]) or "—"
+        parts.append(f"{gettext_lazy('retries only')} {names}")
+    if stored.get("discard_on"):
+        names = ", ".join(_short(path) for path in stored["discard_on"])
+        parts.append(f"{gettext_lazy('never retries')} {names}")
+    return " · ".join(parts) or None
+
+
+def unique_text(job: Job) -> str | None:
+    """A unique task's key and the states it holds it in, or ``None``."""
+    stored = job.policy if isinstance(job.policy, dict) else {}
+    key = stored.get("unique_key")
+    if job.unique_digest is None or not isinstance(key, str):
+        return None
+    states = [name for name, bit in UNIQUE_STATE_BITS.items() if (job.unique_states or 0) & bit]
+    return f"{key} ({gettext_lazy('held while')} {', '.join(states)})"
+
+
+def _seconds(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return str(value)
+    return str(timedelta(seconds=value))
+
+
+def _short(path: Any) -> str:
+    return str(path).rsplit(".", 1)[-1]
 
 
 class TaskFieldsAdmin(ReadOnlyAdmin):

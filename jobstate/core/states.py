@@ -356,6 +356,35 @@ TASK_RESULT_STATUS_NAMES: dict[str, str] = {
 }
 
 
+#: The ``TaskResultStatus`` names a unique task's key may cover (``policy(unique_states=...)``),
+#: each with its bit in the job's ``unique_states`` mask. A job holds its key while its
+#: status is one its mask covers (the job statuses of each name are
+#: :data:`TASK_RESULT_STATUS_NAMES`), and a unique index enforces one holder per key.
+UNIQUE_STATE_BITS: dict[str, int] = {"READY": 1, "RUNNING": 2, "SUCCESSFUL": 4, "FAILED": 8}
+
+#: The states a unique task covers when it names none: waiting or running.
+DEFAULT_UNIQUE_STATES = ("READY", "RUNNING")
+
+
+def unique_state_mask(names: tuple[str, ...] | list[str] | frozenset[str]) -> int:
+    """The ``unique_states`` mask of the ``TaskResultStatus`` names ``names``."""
+    mask = 0
+    for name in names:
+        mask |= UNIQUE_STATE_BITS[name]
+    return mask
+
+
+def unique_hold_statuses() -> dict[str, int]:
+    """Each job status a task can be in, with the bit of ``unique_states`` that makes a
+    job in that status hold its uniqueness key (a remote executor's ``dispatched`` is
+    never a task's)."""
+    return {
+        status: UNIQUE_STATE_BITS[name]
+        for status, name in TASK_RESULT_STATUS_NAMES.items()
+        if status != JobStatus.DISPATCHED
+    }
+
+
 def task_target(alias: str) -> str:
     """The ``target`` of the tasks of backend ``alias``."""
     return f"{TASK_TARGET_PREFIX}{alias}"
@@ -374,7 +403,8 @@ class NewTask:
     """A django.tasks task to enqueue as a job (``StateStore.enqueue_task``).
 
     ``args`` and ``kwargs`` are stored as the job's ``input``; ``max_attempts`` is the
-    backend's ``MAX_ATTEMPTS`` when the task was enqueued, and stays with the task."""
+    task's (its policy's, or the backend's ``MAX_ATTEMPTS``) when it was enqueued, and
+    stays with the task, as its ``policy`` does."""
 
     target: str
     task_path: str
@@ -384,6 +414,16 @@ class NewTask:
     kwargs: dict[str, Any]
     max_attempts: int
     run_after: datetime | None = None
+    #: The declared policy the worker applies (``jobstate.tasks.policy``), as JSON.
+    policy: dict[str, Any] | None = None
+    #: A unique task: the digest of its key and the mask of the states it covers
+    #: (:data:`UNIQUE_STATE_BITS`); a job of the same target holding the digest is
+    #: returned instead of a new one.
+    unique_digest: str | None = None
+    unique_states: int | None = None
+    #: The new job's request id; the job returned has another one when it is the
+    #: existing holder of the unique key.
+    request_id: str = field(default_factory=lambda: f"task-{uuid.uuid4()}")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,12 @@ from jobstate.models.fleet import (
     WorkerKind,
     WorkerQuerySet,
 )
+from jobstate.models.job_identity import (
+    JOB_UNIQUE_TASK,
+    UNIQUE_HOLD_SQL,
+    time_ordered_uuid,
+    unique_hold,
+)
 from jobstate.models.jobs import (
     JOB_UNIQUE_REQUEST_ID,
     RUNTIME_LOCK_PKEY,
@@ -29,7 +35,6 @@ from jobstate.models.jobs import (
     Job,
     JobQuerySet,
     thread_blockers,
-    time_ordered_uuid,
 )
 from jobstate.models.ledger import AuditEntry, AuditEntryQuerySet, RuntimeLock, RuntimeLockQuerySet
 from jobstate.models.outbox import (
@@ -53,6 +58,7 @@ from jobstate.models.schedules import (
 
 __all__ = [
     "JOB_UNIQUE_REQUEST_ID",
+    "JOB_UNIQUE_TASK",
     "NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY",
     "NO_QUEUE",
     "ONCE_PER_SLOT",
@@ -61,6 +67,7 @@ __all__ = [
     "RUNTIME_LOCK_PKEY",
     "SCHEDULE_UNIQUE_KEY",
     "TASK_DUE",
+    "UNIQUE_HOLD_SQL",
     "WORKER_UNIQUE_ID",
     "ApprovalDecision",
     "AuditEntry",
@@ -92,4 +99,5 @@ __all__ = [
     "WorkerQuerySet",
     "thread_blockers",
     "time_ordered_uuid",
+    "unique_hold",
 ]

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import threading
-import time
-import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -21,42 +17,16 @@ from jobstate.core.states import (
     JobStatus,
 )
 from jobstate.models.fleet import NO_QUEUE, QueuePause
+from jobstate.models.job_identity import (
+    JOB_UNIQUE_TASK,
+    time_ordered_uuid,
+    unique_hold,
+)
 
 #: Unique constraint behind request-id idempotency; stores match ``IntegrityError`` on it.
 JOB_UNIQUE_REQUEST_ID = "jobstate_job_unique_request_id"
 #: PostgreSQL's name for the runtime lock table's primary key.
 RUNTIME_LOCK_PKEY = "jobstate_runtimelock_pkey"
-
-_uuid_lock = threading.Lock()
-_uuid_last_ms = 0
-_uuid_counter = 0
-
-
-def time_ordered_uuid() -> uuid.UUID:
-    """A version 7 UUID (RFC 9562): 48 bits of Unix milliseconds, a 12-bit counter,
-    62 random bits.
-
-    Jobs are claimed oldest first by ``(created_at, id)``. ``created_at`` comes from the
-    database clock, whose precision (milliseconds on SQLite) can tie for jobs queued in
-    quick succession; time-ordered ids break such ties in the order this process created
-    the jobs, which keeps a thread's queue first in, first out. The counter keeps ids
-    from one process strictly increasing even within one millisecond.
-    """
-    global _uuid_last_ms, _uuid_counter
-    with _uuid_lock:
-        now_ms = time.time_ns() // 1_000_000
-        if now_ms > _uuid_last_ms:
-            _uuid_last_ms, _uuid_counter = now_ms, 0
-        else:
-            # Same millisecond, or the clock stepped back: stay on the last instant.
-            _uuid_counter += 1
-            if _uuid_counter > 0xFFF:
-                _uuid_last_ms, _uuid_counter = _uuid_last_ms + 1, 0
-        millis, counter = _uuid_last_ms, _uuid_counter
-    random_bits = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
-    value = (millis & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | random_bits
-    return uuid.UUID(int=value)
-
 
 # --- the claim's rules, as ORM conditions and as SQL text -----------------------------
 #
@@ -367,6 +337,23 @@ class Job(models.Model):
         help_text=_("Each finished attempt of a task: worker, start, end, outcome, error."),
     )
 
+    # Task policy (jobstate.tasks.policy), stored with the job so the worker that runs it
+    # honours what was declared when it was enqueued, whatever code that worker runs.
+    policy = models.JSONField(
+        _("policy"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "The task's declared policy (timeout, retry backoff, the errors that retry, "
+            "its keys) when it was enqueued; what it leaves out comes from the backend."
+        ),
+    )
+    # A unique task: the digest of its uniqueness key (any length, compared byte for
+    # byte on every backend) and the TaskResultStatus names it covers, as a mask
+    # (jobstate.core.states.UNIQUE_STATE_BITS).
+    unique_digest = models.CharField(_("uniqueness digest"), max_length=64, null=True, blank=True)
+    unique_states = models.PositiveSmallIntegerField(_("unique states"), null=True, blank=True)
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -385,6 +372,13 @@ class Job(models.Model):
         ]
         constraints = [
             models.UniqueConstraint(fields=["request_id"], name=JOB_UNIQUE_REQUEST_ID),
+            # Unique tasks: one holder per backend and key. Partial, so a job that is no
+            # unique task, or has left the states it covers, costs the index nothing.
+            models.UniqueConstraint(
+                fields=["target", "unique_digest"],
+                condition=unique_hold(),
+                name=JOB_UNIQUE_TASK,
+            ),
             models.CheckConstraint(
                 condition=models.Q(status__in=JobStatus.values),
                 name="jobstate_job_status_valid",

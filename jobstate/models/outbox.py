@@ -12,7 +12,8 @@ from django.utils.translation import gettext_lazy as _
 from jobstate.core.states import (
     NotificationState,
 )
-from jobstate.models.jobs import Job, time_ordered_uuid
+from jobstate.models.job_identity import time_ordered_uuid
+from jobstate.models.jobs import Job
 
 #: Unique constraint behind the outbox's idempotency keys.
 NOTIFICATION_UNIQUE_IDEMPOTENCY_KEY = "jobstate_notification_unique_idempotency_key"

@@ -6,8 +6,9 @@ Name the backend in ``TASKS``::
     TASKS = {"default": {"BACKEND": "jobstate.tasks.JobStateBackend"}}
 
 The backend lives in :mod:`.backend`, its ``OPTIONS`` in :mod:`.options`, a job seen as a
-``TaskResult`` in :mod:`.results`, the version shim in :mod:`.compat` and the worker behind
-``manage.py jobstate_worker`` in :mod:`.worker`.
+``TaskResult`` in :mod:`.results`, a task's own policy (the :func:`policy` decorator and
+:func:`unique_key`) in :mod:`.policies`, the version shim in :mod:`.compat` and the worker
+behind ``manage.py jobstate_worker`` in :mod:`.worker`.
 
 Importing this package imports no models: :class:`JobStateBackend` loads on first use.
 """
@@ -18,10 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from jobstate.tasks.backend import JobStateBackend
+    from jobstate.tasks.policies import policy, unique_key
 
-__all__ = ["JobStateBackend"]
+__all__ = ["JobStateBackend", "policy", "unique_key"]
 
-_LAZY = {"JobStateBackend": "jobstate.tasks.backend"}
+_LAZY = {
+    "JobStateBackend": "jobstate.tasks.backend",
+    "policy": "jobstate.tasks.policies",
+    "unique_key": "jobstate.tasks.policies",
+}
 
 # Until the package was organised by feature, jobstate.tasks held the Celery tasks; their
 # names keep importing from here for one release (named by string, so the import contract

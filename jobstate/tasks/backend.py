@@ -20,12 +20,14 @@ any process. The options are described in :mod:`jobstate.tasks.options`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cached_property
 from typing import Any, cast
 
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
 
 from jobstate.core.states import NewTask, task_target
 from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, InvalidPayload
@@ -46,6 +48,7 @@ from jobstate.tasks.options import (
     parse_task_options,
     queue_problems,
 )
+from jobstate.tasks.policies import TaskPolicy, policy_of
 from jobstate.tasks.results import task_result
 
 __all__ = ["JobStateBackend"]
@@ -87,7 +90,11 @@ class JobStateBackend(BaseTaskBackend):
         return its ``READY`` result. Part of the caller's transaction, when there is
         one. Arguments that are not JSON raise ``TypeError`` or ``ValueError``
         (:class:`~jobstate.exceptions.InvalidPayload` among them, for a cycle or nesting
-        too deep to store too) and queue nothing."""
+        too deep to store too) and queue nothing.
+
+        The task's :func:`~jobstate.tasks.policy` is stored with the job. A unique task
+        whose key a job of this backend holds returns that job's result (same ``id``),
+        writes nothing and sends no ``task_enqueued``."""
         self.validate_task(task)
         try:
             # normalize_json returns JSON of the shape it is given: a list, a dict.
@@ -98,20 +105,24 @@ class JobStateBackend(BaseTaskBackend):
                 "the task's arguments are not strict JSON: they hold a cycle or are nested "
                 "too deeply."
             ) from exc
-        job = self.store.enqueue_task(
-            NewTask(
-                target=self.target,
-                task_path=task.module_path,
-                queue_name=task.queue_name,
-                priority=task.priority,
-                args=job_args,
-                kwargs=job_kwargs,
-                max_attempts=self.task_options.max_attempts,
-                run_after=task.run_after,
-            )
+        declared = policy_of(task)
+        new_task = NewTask(
+            target=self.target,
+            task_path=task.module_path,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            args=job_args,
+            kwargs=job_kwargs,
+            max_attempts=self.task_options.max_attempts,
+            run_after=task.run_after,
         )
+        if declared is not None:
+            new_task = _with_policy(new_task, declared)
+        job = self.store.enqueue_task(new_task)
         result = task_result(job, self.alias, task)
-        task_enqueued.send(type(self), task_result=result)
+        if job.request_id == new_task.request_id:
+            # A unique task's duplicate returns the holder's result and enqueued nothing.
+            task_enqueued.send(type(self), task_result=result)
         return result
 
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
@@ -179,3 +190,23 @@ class JobStateBackend(BaseTaskBackend):
                 id="jobstate.E024",
             )
         ]
+
+
+def _with_policy(new_task: NewTask, declared: TaskPolicy) -> NewTask:
+    """``new_task`` with what its task declared: its attempt limit, the policy its worker
+    applies and, when it is unique this time, its key."""
+    stored = declared.stored()
+    claim = declared.unique_claim(
+        new_task.task_path, new_task.args, new_task.kwargs, timezone.now()
+    )
+    if claim is None:
+        unique: dict[str, Any] = {}
+    else:
+        stored = {**(stored or {}), "unique_key": claim.key}
+        unique = {"unique_digest": claim.digest, "unique_states": claim.states}
+    return replace(
+        new_task,
+        max_attempts=declared.max_attempts or new_task.max_attempts,
+        policy=stored,
+        **unique,
+    )

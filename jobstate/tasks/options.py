@@ -91,13 +91,15 @@ class TaskOptions:
         """How often a worker renews the leases of the tasks it runs."""
         return min(self.lease / _BEATS_PER_LEASE, _BEAT_CAP)
 
-    def retry_delay(self, failed_attempt: int) -> timedelta:
+    def retry_delay(self, failed_attempt: int, backoff: timedelta | None = None) -> timedelta:
         """The wait before the attempt after ``failed_attempt`` (1 for the first):
-        ``RETRY_BACKOFF * 2**(failed_attempt-1)``, ±10 %, capped."""
-        cap = max(RETRY_BACKOFF_CAP, self.retry_backoff)
+        ``backoff * 2**(failed_attempt-1)``, ±10 %, capped; ``backoff`` is the task's
+        policy's, or ``RETRY_BACKOFF``."""
+        backoff = self.retry_backoff if backoff is None else backoff
+        cap = max(RETRY_BACKOFF_CAP, backoff)
         # 2**40 times any backoff is past the cap, and bounds the float below.
         doublings = min(max(failed_attempt, 1) - 1, 40)
-        base = self.retry_backoff.total_seconds() * 2**doublings
+        base = backoff.total_seconds() * 2**doublings
         jittered = base * self._random.uniform(1 - _JITTER, 1 + _JITTER)
         return min(timedelta(seconds=jittered), cap)
 

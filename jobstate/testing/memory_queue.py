@@ -14,8 +14,11 @@ from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
     EXPIRED_QUEUED_ERROR,
     INFLIGHT_JOB_STATUSES,
+    TASK_RESULT_STATUS_NAMES,
+    UNIQUE_STATE_BITS,
     JobStatus,
 )
+from jobstate.exceptions import UniqueTaskHeld
 from jobstate.models import Job
 from jobstate.stores.contracts.audit import AuditSeverity, complete_audit_fields
 from jobstate.stores.contracts.primitives import Settled
@@ -33,7 +36,16 @@ from jobstate.testing.memory_rows import (
     oldest_first,
 )
 
-__all__ = ["MemoryJobQueue"]
+__all__ = ["MemoryJobQueue", "holds_unique_key"]
+
+
+def holds_unique_key(row: Row, digest: str) -> bool:
+    """Whether ``row`` holds the uniqueness key of ``digest``: the database's unique
+    index condition (``jobstate.models.unique_hold``) on one row."""
+    if row.get("unique_digest") != digest or row["status"] == JobStatus.DISPATCHED:
+        return False
+    bit = UNIQUE_STATE_BITS[TASK_RESULT_STATUS_NAMES[row["status"]]]
+    return bool((row.get("unique_states") or 0) & bit)
 
 
 class MemoryJobQueue(MemoryRows):
@@ -57,6 +69,30 @@ class MemoryJobQueue(MemoryRows):
                 raise duplicate_request(cleaned["request_id"])
             return job_of(self._insert(cleaned))
 
+    def _enqueue_task(self, cleaned: dict[str, Any]) -> Job:
+        with self._mutex:
+            digest = cleaned.get("unique_digest")
+            if digest is not None:
+                for row in self._jobs.values():
+                    if row["target"] == cleaned["target"] and holds_unique_key(row, digest):
+                        return job_of(row)
+            if cleaned["request_id"] in self._request_ids:
+                raise duplicate_request(cleaned["request_id"])
+            return job_of(self._insert(cleaned))
+
+    def _key_held_elsewhere(self, row: Row, written: Row) -> bool:
+        """Whether ``written`` (``row`` updated) would hold a uniqueness key that another
+        job of its backend holds: the database's unique index refuses that write."""
+        digest = row.get("unique_digest")
+        if digest is None or not holds_unique_key(written, digest):
+            return False
+        return any(
+            other is not row
+            and other["target"] == row["target"]
+            and holds_unique_key(other, digest)
+            for other in self._jobs.values()
+        )
+
     def _enqueue_job(self, cleaned: dict[str, Any], quota: int | None) -> tuple[Job, bool]:
         with self._mutex:
             existing_id = self._request_ids.get(cleaned["request_id"])
@@ -74,6 +110,11 @@ class MemoryJobQueue(MemoryRows):
             row = self._jobs.get(pk)
             if row is None or (expected is not None and row["status"] not in expected):
                 return None
+            if self._key_held_elsewhere(row, {**row, **cleaned}):
+                raise UniqueTaskHeld(
+                    "a unique task cannot be requeued while another job of its "
+                    "backend holds its key: finish or cancel that job first."
+                )
             row.update(copy.deepcopy(cleaned))
             row["updated_at"] = self._clock()
             return job_of(row)

@@ -20,6 +20,7 @@ from jobstate.core.states import (
     JobId,
     JobStatus,
 )
+from jobstate.exceptions import UniqueTaskHeld
 from jobstate.stores.contracts.audit import AuditStage
 from jobstate.stores.contracts.ledger_part import LedgerPart
 from jobstate.stores.contracts.validation import (
@@ -220,7 +221,11 @@ class TransitionsPart(LedgerPart):
             held = self._lock_job(pk, lease_ended=True)
             if held is None or held.status != status:
                 return False
-        return self._refire(pk, [status], by=by, via=via, event=event) is not None
+        try:
+            return self._refire(pk, [status], by=by, via=via, event=event) is not None
+        except UniqueTaskHeld:
+            # A unique task whose key a newer job holds stays as it is, as in a batch.
+            return False
 
     def _reject(self, pk: uuid.UUID, *, by: str, error: str) -> Job | None:
         """:meth:`reject_queued_job` on checked arguments, inside a unit of work."""

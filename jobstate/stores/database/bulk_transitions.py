@@ -16,10 +16,11 @@ import uuid
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
 from jobstate.core.states import TERMINAL_JOB_STATUSES, JobStatus
-from jobstate.models import AuditEntry
+from jobstate.models import AuditEntry, unique_hold
 from jobstate.stores.contracts.audit import complete_audit_fields
 from jobstate.stores.contracts.transitions_part import (
     NO_DELIVERY_KEY,
@@ -28,6 +29,7 @@ from jobstate.stores.contracts.transitions_part import (
     requeue_detail,
 )
 from jobstate.stores.database.audit_locks import audit_row
+from jobstate.stores.database.intake import unique_key_guard
 from jobstate.stores.database.tables import job_rows
 
 __all__ = ["delete_batch", "reject_batch", "requeue_batch"]
@@ -47,7 +49,7 @@ def requeue_batch(
     using: str, jobs: list[tuple[uuid.UUID, JobStatus]], *, by: str, via: str, event: str
 ) -> list[uuid.UUID]:
     seen = dict(jobs)
-    with transaction.atomic(using=using):
+    with unique_key_guard(), transaction.atomic(using=using):
         locked = list(
             job_rows(using)
             .select_for_update()
@@ -56,7 +58,8 @@ def requeue_batch(
             .order_by("id")
             .values_list("id", "request_id", "status", "attempt_log", "metadata")
         )
-        rows = [row for row in locked if row[2] == seen[row[0]]]
+        held = _keys_held_elsewhere(using, [row[0] for row in locked])
+        rows = [row for row in locked if row[2] == seen[row[0]] and row[0] not in held]
         if not rows:
             return []
         ids = [row[0] for row in rows]
@@ -75,6 +78,23 @@ def requeue_batch(
         ]
         _entries(using, audit, event)
         return ids
+
+
+def _keys_held_elsewhere(using: str, pks: list[uuid.UUID]) -> set[uuid.UUID]:
+    """The unique tasks among ``pks`` whose key another job of their backend holds: a
+    requeue leaves them as they are (the index would refuse the whole batch)."""
+    holders = (
+        job_rows(using)
+        .filter(target=OuterRef("target"), unique_digest=OuterRef("unique_digest"))
+        .exclude(id=OuterRef("id"))
+        .filter(unique_hold())
+    )
+    return set(
+        job_rows(using)
+        .filter(pk__in=pks, unique_digest__isnull=False)
+        .filter(Exists(holders))
+        .values_list("id", flat=True)
+    )
 
 
 def reject_batch(using: str, pks: list[uuid.UUID], *, by: str, error: str) -> list[uuid.UUID]:

@@ -9,13 +9,16 @@ takes values the state store has already validated.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
 from jobstate.core.states import JobStatus
-from jobstate.models import JOB_UNIQUE_REQUEST_ID, Job
+from jobstate.exceptions import UniqueTaskHeld
+from jobstate.models import JOB_UNIQUE_REQUEST_ID, JOB_UNIQUE_TASK, Job
 from jobstate.stores.contracts.validation import check_thread_quota, duplicate_request
 from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.tables import job_rows
@@ -91,7 +94,7 @@ def update_job(
 ) -> Job | None:
     """Write ``cleaned`` and ``updated_at`` in one conditional ``UPDATE`` (narrowed to
     ``expected`` statuses when given) and return the job as written."""
-    with transaction.atomic(using=using):
+    with unique_key_guard(), transaction.atomic(using=using):
         rows = job_rows(using).filter(id=pk)
         if expected is not None:
             rows = rows.with_status(expected)
@@ -100,6 +103,26 @@ def update_job(
         # Re-read inside the transaction: the row lock taken by the UPDATE means this
         # is exactly what was written.
         return job_rows(using).get(id=pk)
+
+
+@contextmanager
+def unique_key_guard() -> Iterator[None]:
+    """Turn a requeue's violation of the unique task index into
+    :class:`~jobstate.exceptions.UniqueTaskHeld`; every other error goes on as it is."""
+    try:
+        yield
+    except IntegrityError as exc:
+        if violates(
+            exc,
+            constraint=JOB_UNIQUE_TASK,
+            table=Job._meta.db_table,
+            columns=("target", "unique_digest"),
+        ):
+            raise UniqueTaskHeld(
+                "a unique task cannot be requeued while another job of its backend holds "
+                "its key (enqueued since it finished): finish or cancel that job first."
+            ) from exc
+        raise
 
 
 def delete_job(using: str, pk: uuid.UUID, expected: list[JobStatus]) -> bool:

@@ -21,10 +21,11 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from jobstate.core.states import JobStatus, task_claim_token
+from jobstate.exceptions import StoreConflict
 from jobstate.models import Job
 from jobstate.stores.contracts.primitives import Settled
 from jobstate.stores.contracts.validation import ParsedReport
-from jobstate.stores.database import claims, set_claims
+from jobstate.stores.database import claims, set_claims, unique_tasks
 from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.intake import create_job
 from jobstate.stores.database.tables import job_rows
@@ -43,10 +44,16 @@ def enqueue_task(using: str, cleaned: dict[str, Any]) -> Job:
     """Insert a task's job; where the backend can (PostgreSQL with
     ``JOBSTATE['LISTEN_NOTIFY']``), wake the workers of its queue when the caller's
     transaction commits. A task's request id is fresh (``task-<uuid4>``), so no
-    duplicate needs answering here."""
+    duplicate needs answering here; a unique task's key is
+    (:func:`~jobstate.stores.database.unique_tasks.enqueue_unique_task`)."""
+    if cleaned.get("unique_digest") is not None:
+        return unique_tasks.enqueue_unique_task(using, cleaned)
     ops = database_ops(using)
     if ops.hot_statements:
-        return ops.enqueue_task(cleaned)
+        job = ops.enqueue_task(cleaned)
+        if job is None:  # only a unique task's insert can do nothing
+            raise StoreConflict("the task's insert wrote nothing.")
+        return job
     return create_job(using, cleaned)
 
 

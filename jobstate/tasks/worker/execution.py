@@ -52,6 +52,7 @@ from jobstate.exceptions import (
     TaskTimeLimitExceeded,
 )
 from jobstate.tasks.compat import TaskContext, normalize_json, task_started
+from jobstate.tasks.policies import StoredPolicy
 from jobstate.tasks.results import task_of, task_result
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ class Attempt:
     alias: str
     worker_id: str
     sender: type
-    timeout: float | None
+    #: What the job's stored policy and the backend's ``OPTIONS`` say together.
+    policy: StoredPolicy
     #: When a thread started the attempt (monotonic), for its timeout.
     started_at: float | None = None
     #: The task, once the attempt has loaded it (``None``: not yet, or it did not import).
@@ -130,11 +132,16 @@ class Attempt:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
+    def timeout(self) -> timedelta | None:
+        """How long the attempt may run (``None``: for ever)."""
+        return self.policy.timeout
+
+    @property
     def deadline(self) -> float | None:
         """The monotonic instant past which the attempt times out (once started)."""
-        if self.timeout is None or self.started_at is None:
+        if self.policy.timeout is None or self.started_at is None:
             return None
-        return self.started_at + self.timeout
+        return self.started_at + self.policy.timeout.total_seconds()
 
     @property
     def running(self) -> bool:
@@ -197,10 +204,10 @@ class Attempt:
         worker settles it; ``False`` when it has already ended."""
         return self._move((_State.RUNNING, _State.INTERRUPTED), _State.ABANDONED)
 
-    def execute(self, timeout: timedelta | None = None) -> Outcome | None:
+    def execute(self) -> Outcome | None:
         """Run the task in the calling thread; ``None`` when the attempt was handed
         back before it started or abandoned while it ran. An attempt interrupted past
-        ``timeout`` ends as timed out."""
+        its :attr:`timeout` ends as timed out."""
         if not self._move((_State.CLAIMED,), _State.RUNNING):
             return None
         started = time.monotonic()
@@ -224,7 +231,7 @@ class Attempt:
         if state is _State.INTERRUPTED and self.cancelled:
             return Outcome(self, cancelled(self), duration=duration)
         if state is _State.INTERRUPTED:
-            record = timed_out(self, timeout, None if ended is None else ended[:2])
+            record = timed_out(self, None if ended is None else ended[:2])
             return Outcome(self, record, duration=duration)
         assert ended is not None
         record, value, error = ended
@@ -309,15 +316,14 @@ class Attempt:
 
 def timed_out(
     attempt: Attempt,
-    timeout: timedelta | None,
     ended: tuple[TaskAttempt, Any] | None = None,
     *,
     note: str = "",
 ) -> TaskAttempt:
-    """The log entry of an attempt that ran past ``timeout``: a
+    """The log entry of an attempt that ran past its timeout: a
     :class:`~jobstate.exceptions.TaskTimedOut`, with the traceback of the interrupt
     (where the task was) when the task raised it (``ended``), and ``note``."""
-    message = f"the task ran longer than its timeout of {timeout}"
+    message = f"the task ran longer than its timeout of {attempt.timeout}"
     if note:
         message = f"{message}; {note}"
     trace = ""
@@ -406,12 +412,10 @@ class ExecutionPool:
         on_done: Callable[[Outcome], None],
         *,
         name: str,
-        timeout: timedelta | None = None,
     ) -> None:
         self.size = size
         self._on_done = on_done
         self._name = name
-        self._timeout = timeout
         self._work: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
@@ -446,7 +450,7 @@ class ExecutionPool:
                 if attempt is None:
                     return
                 try:
-                    outcome = attempt.execute(self._timeout)
+                    outcome = attempt.execute()
                 # execute() settles whatever the task raises; this is the last guard, so
                 # the slot is never lost and the attempt's lease not renewed forever.
                 except BaseException as exc:

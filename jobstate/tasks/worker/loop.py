@@ -54,6 +54,7 @@ from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.policies import StoredPolicy
 from jobstate.tasks.worker.cancellation import CancelWatch
 from jobstate.tasks.worker.config import (
     ScheduleEvaluation,
@@ -105,8 +106,6 @@ class TaskWorker:
             self.store, using=config.using, options=self.options, sender=type(backend)
         )
         self.summary = WorkerSummary(worker_id=config.worker_id)
-        timeout = self.options.timeout
-        self._timeout_seconds = None if timeout is None else timeout.total_seconds()
         self._wake = threading.Event()
         self._stop_requested: str | None = None
         self._ended: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
@@ -146,7 +145,6 @@ class TaskWorker:
                 self.config.concurrency,
                 self._attempt_ended,
                 name="jobstate-task",
-                timeout=self.options.timeout,
             )
             self._start_listener()
             try:
@@ -276,7 +274,9 @@ class TaskWorker:
                 alias=self.backend.alias,
                 worker_id=self.config.worker_id,
                 sender=type(self.backend),
-                timeout=self._timeout_seconds,
+                policy=StoredPolicy.of(
+                    job.policy, timeout=self.options.timeout, backoff=self.options.retry_backoff
+                ),
             )
             self._active[job.id] = attempt
             self.summary.started += 1
@@ -343,7 +343,6 @@ class TaskWorker:
     def _enforce_timeouts(self) -> None:
         for attempt in overdue_attempts(
             self._active.values(),
-            timeout=self.options.timeout,
             grace=self.config.grace,
             worker_id=self.config.worker_id,
             stuck=self._stuck,
@@ -486,7 +485,7 @@ class TaskWorker:
                 self._ended.put(replace(interrupted(attempt, why), retry_hold=hold))
                 continue
             note = "its thread did not stop after the interrupt; the worker exited"
-            record = timed_out(attempt, self.options.timeout, note=note)
+            record = timed_out(attempt, note=note)
             ran = time.monotonic() - (attempt.started_at or time.monotonic())
             self._ended.put(Outcome(attempt, record, duration=ran, retry_hold=hold))
         self._settle_ended()

@@ -369,13 +369,13 @@ class Reporter:
         job = outcome.attempt.job
         retry_at = None
         if outcome.record.failed:
-            retry_at = timezone.now() + max(
-                self.options.retry_delay(job.attempts), outcome.retry_hold or timedelta(0)
-            )
+            delay = self.options.retry_delay(job.attempts, outcome.attempt.policy.retry_backoff)
+            retry_at = timezone.now() + max(delay, outcome.retry_hold or timedelta(0))
+        final = outcome.final or not _retryable(outcome)
         return settle_attempt(
             attempt_log=job.attempt_log,
             attempts=job.attempts,
-            max_attempts=job.attempts if outcome.final else job.max_attempts,
+            max_attempts=job.attempts if final else job.max_attempts,
             attempt=outcome.record,
             return_value=outcome.return_value,
             retry_at=retry_at,
@@ -448,6 +448,19 @@ class Reporter:
             job.max_attempts or 1,
             what,
         )
+
+
+def _retryable(outcome: Outcome) -> bool:
+    """Whether the task's policy lets this failure be retried (``retry_on``,
+    ``discard_on``): judged on what the task raised, or on
+    :class:`~jobstate.exceptions.TaskTimedOut` for an attempt past its timeout. An attempt
+    the worker ended for its own reasons (it stopped) is always retried."""
+    error: type[BaseException] | None = None
+    if outcome.exception is not None:
+        error = type(outcome.exception)
+    elif outcome.record.outcome is AttemptOutcome.TIMED_OUT:
+        error = TaskTimedOut
+    return error is None or outcome.attempt.policy.retries(error)
 
 
 def _claim(attempt: Attempt) -> tuple[Any, Any]:

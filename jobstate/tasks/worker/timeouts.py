@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from datetime import timedelta
 
 from jobstate.tasks.worker.execution import Attempt
 
@@ -26,7 +25,6 @@ logger = logging.getLogger("jobstate.worker")
 def overdue_attempts(
     attempts: Iterable[Attempt],
     *,
-    timeout: timedelta | None,
     grace: float,
     worker_id: str,
     stuck: list[Attempt],
@@ -47,7 +45,7 @@ def overdue_attempts(
                 "Task %s %s ran past its timeout of %s: %s; it ends once its thread has stopped",
                 attempt.job.task_path,
                 attempt.job.id,
-                timeout,
+                attempt.timeout,
                 how,
             )
         elif (
@@ -65,7 +63,9 @@ def overdue_attempts(
                 "has ended",
                 attempt.job.task_path,
                 attempt.job.id,
-                "was cancelled" if attempt.cancelled else f"ran past its timeout of {timeout}",
+                "was cancelled"
+                if attempt.cancelled
+                else f"ran past its timeout of {attempt.timeout}",
                 grace,
                 worker_id,
             )

@@ -5,11 +5,17 @@ release clears, and the errors of intake a backend raises from inside its atomic
 from __future__ import annotations
 
 import json
-import uuid
+import re
 from typing import Any
 
 from jobstate.core.jsonvalues import ensure_json
-from jobstate.core.states import RELEASE_JOB_STATUSES, TASK_TARGET_PREFIX, JobStatus, NewTask
+from jobstate.core.states import (
+    RELEASE_JOB_STATUSES,
+    TASK_TARGET_PREFIX,
+    UNIQUE_STATE_BITS,
+    JobStatus,
+    NewTask,
+)
 from jobstate.exceptions import (
     DuplicateRequestId,
     IdempotencyConflict,
@@ -108,8 +114,12 @@ ENQUEUE_FIELDS = frozenset(
     }
 )
 
+#: Fields only a task's enqueue sets, and nothing changes afterwards: its declared
+#: policy and, for a unique task, its key's digest and the states the key covers.
+TASK_POLICY_FIELDS = frozenset({"policy", "unique_digest", "unique_states"})
+
 #: Fields ``create_job`` accepts.
-JOB_CREATE_FIELDS = JOB_PATCH_FIELDS | {"request_id"}
+JOB_CREATE_FIELDS = JOB_PATCH_FIELDS | {"request_id"} | TASK_POLICY_FIELDS
 
 #: Fields ``enqueue`` accepts.
 JOB_ENQUEUE_FIELDS = ENQUEUE_FIELDS | {"request_id"}
@@ -150,10 +160,13 @@ _JOB_TEXT_FIELDS = frozenset(
         "error",
         "task_path",
         "queue_name",
+        "unique_digest",
     }
 )
 
-_JOB_JSON_FIELDS = frozenset({"input", "result", "report", "usage", "metadata", "attempt_log"})
+_JOB_JSON_FIELDS = frozenset(
+    {"input", "result", "report", "usage", "metadata", "attempt_log", "policy"}
+)
 
 _JOB_INSTANT_FIELDS = frozenset({"run_after", "claimed_at", "lease_until", "dispatched_at"})
 
@@ -221,7 +234,7 @@ def clean_job_value(name: str, value: Any) -> Any:
         return validate_instant(value, field=name)
     if name == "thread_id":
         return parse_thread_id(value)
-    if name in ("attempts", "max_attempts", "priority"):
+    if name in ("attempts", "max_attempts", "priority", "unique_states"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidPatch(f"{name} must be an int, got {value!r}.", field=name)
         low, high = _PRIORITY_RANGE if name == "priority" else (0, _POSITIVE_INT_MAX)
@@ -313,7 +326,7 @@ def task_job_fields(task: NewTask) -> dict[str, Any]:
     if task.max_attempts is None:
         raise InvalidJobState("a task needs max_attempts (1 = no retry).")
     fields: dict[str, Any] = {
-        "request_id": f"task-{uuid.uuid4()}",
+        "request_id": task.request_id,
         "target": task.target,
         "task_path": task.task_path,
         "queue_name": task.queue_name,
@@ -322,10 +335,30 @@ def task_job_fields(task: NewTask) -> dict[str, Any]:
         "input": {"args": task.args, "kwargs": task.kwargs},
         "attempt_log": [],
         "run_after": task.run_after,
+        "policy": task.policy,
     }
+    if task.unique_digest is not None or task.unique_states is not None:
+        fields.update(_unique_fields(task))
     cleaned = clean_job_fields(fields, allowed=JOB_CREATE_FIELDS, action="enqueue_task")
     for name in ("task_path", "queue_name"):
         require_text(cleaned[name], field=name, max_length=None)
     if cleaned["max_attempts"] < 1:
         raise InvalidPatch("max_attempts must be at least 1.", field="max_attempts")
     return cleaned
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _unique_fields(task: NewTask) -> dict[str, Any]:
+    """A unique task's digest (64 lowercase hex digits) and state mask (a non-empty
+    subset of :data:`~jobstate.core.states.UNIQUE_STATE_BITS`)."""
+    digest, states = task.unique_digest, task.unique_states
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise InvalidJobState(f"a unique task's digest is 64 hex digits, got {digest!r}.")
+    every = sum(UNIQUE_STATE_BITS.values())
+    if isinstance(states, bool) or not isinstance(states, int) or not 0 < states <= every:
+        raise InvalidJobState(
+            f"a unique task's states are a mask from 1 to {every}, got {states!r}."
+        )
+    return {"unique_digest": digest, "unique_states": states}

@@ -306,8 +306,9 @@ class BackendOperations:
         """The fenced terminal transition with its audit entry and outbox rows."""
         raise self._no_statement()
 
-    def enqueue_task(self, cleaned: dict[str, Any]) -> Job:
-        """A task's job inserted, waking the workers of its queue."""
+    def enqueue_task(self, cleaned: dict[str, Any]) -> Job | None:
+        """A task's job inserted, waking the workers of its queue; ``None``, with nothing
+        written, when the task is unique and a job holds its key."""
         raise self._no_statement()
 
     def claim_tasks(

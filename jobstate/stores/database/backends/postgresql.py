@@ -173,16 +173,17 @@ class PostgreSQLOperations(BackendOperations):
             row = cursor.fetchone()
         return None if row is None else load_jobs(connection, self.using, [row])[0]
 
-    def enqueue_task(self, cleaned: dict[str, Any]) -> Job:
+    def enqueue_task(self, cleaned: dict[str, Any]) -> Job | None:
         """The insert and, with ``JOBSTATE['LISTEN_NOTIFY']``, ``NOTIFY`` on
         :data:`~jobstate.core.states.TASK_NOTIFY_CHANNEL` in one statement (``enqueue``
         runs in web requests, where every round trip shows). PostgreSQL delivers the
         notification when the caller's transaction commits (never if it rolls back), and
         folds identical notifications of one transaction into one, so enqueueing many
-        tasks of one queue in a transaction wakes the workers once."""
+        tasks of one queue in a transaction wakes the workers once. ``None``, with
+        nothing written, when the task is unique and a job holds its key."""
         connection = connections[self.using]
         job = Job(**cleaned)  # the model's defaults: a time-ordered id, queued, no attempts
-        sql = enqueue_task_statement(connection)
+        sql = enqueue_task_statement(connection, unique=job.unique_digest is not None)
         params: list[Any] = [
             field.get_db_prep_save(getattr(job, field.attname), connection)
             for field in inserted_fields()
@@ -192,7 +193,7 @@ class PostgreSQLOperations(BackendOperations):
         with hot_cursor(connection) as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
-        return load_jobs(connection, self.using, [row[:-1]])[0]
+        return None if row is None else load_jobs(connection, self.using, [row[:-1]])[0]
 
     def claim_tasks(
         self,

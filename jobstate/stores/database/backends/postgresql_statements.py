@@ -262,20 +262,23 @@ def finish_statement(
 DATABASE_STAMPED = frozenset({"created_at", "updated_at"})
 
 
-def enqueue_task_statement(connection: BaseDatabaseWrapper) -> str:
+def enqueue_task_statement(connection: BaseDatabaseWrapper, *, unique: bool = False) -> str:
     """The task enqueue: the insert of every column but :data:`DATABASE_STAMPED`, and
     ``pg_notify`` in the same statement when its first parameter after the values is
-    true. Returns the row and the notification's (empty) result."""
-    sql = _STATEMENTS.get(("enqueue",))
+    true. Returns the row and the notification's (empty) result. A ``unique`` task's
+    insert does nothing when a job holds its key (``ON CONFLICT DO NOTHING``, which waits
+    for an uncommitted holder's transaction to end): then no row, and no notification."""
+    sql = _STATEMENTS.get(("enqueue", unique))
     if sql is None:
         quote = connection.ops.quote_name
         table = quote(Job._meta.db_table)
         fields = inserted_fields()
         columns = ", ".join(quote(column(field)) for field in fields)
         values = ", ".join(["%s"] * len(fields))
-        sql = _STATEMENTS["enqueue",] = f"""
+        conflict = "ON CONFLICT DO NOTHING" if unique else ""
+        sql = _STATEMENTS["enqueue", unique] = f"""
             WITH inserted AS (
-                INSERT INTO {table} ({columns}) VALUES ({values}) RETURNING *
+                INSERT INTO {table} ({columns}) VALUES ({values}) {conflict} RETURNING *
             )
             SELECT {returning_columns(connection, "inserted")},
                    CASE WHEN %s THEN pg_notify(%s, %s) END
