@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy, ngettext_lazy
 from jobstate.admin.common import ActionRow, ActionSpec, RejectForm, counted, relative_time
 from jobstate.admin.job_page import job_name
 from jobstate.admin.page_bases import database_now
-from jobstate.models import ApprovalDecision, Job
+from jobstate.models import ApprovalDecision, Job, unique_hold
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
     CLAIMED_JOB_STATUSES,
@@ -105,6 +105,8 @@ def requeue_spec(by: str) -> ActionSpec:
             why = _("%(status)s and its lease has not expired") % {
                 "status": JobStatus(job.status).label
             }
+        elif _key_held_elsewhere(job):
+            why = _("a newer job holds its unique key")
         return ActionRow(job, _job_label(job), _describe(job, now), why)
 
     def perform(request: HttpRequest, job: Job, inputs: dict[str, Any]) -> str | None:
@@ -125,6 +127,14 @@ def requeue_spec(by: str) -> ActionSpec:
         row=row,
         perform=perform,
     )
+
+
+def _key_held_elsewhere(job: Job) -> bool:
+    """A unique task whose key another job of its backend holds: a requeue leaves it."""
+    if job.unique_digest is None:
+        return False
+    holders = Job.objects.filter(target=job.target, unique_digest=job.unique_digest)
+    return holders.exclude(id=job.id).filter(unique_hold()).exists()
 
 
 def reject_spec(by: str) -> ActionSpec:

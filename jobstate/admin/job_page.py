@@ -31,7 +31,7 @@ from jobstate.admin.display import (
     worker_link,
 )
 from jobstate.admin.redaction import Redactor
-from jobstate.admin.task_display import policy_text, unique_text
+from jobstate.admin.task_display import concurrency_text, policy_text, unique_text
 from jobstate.core.attempt_log import LeftOut, attempt_history
 from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
@@ -221,6 +221,7 @@ def summary_items(job: Job, lease: str) -> list[SummaryItem]:
             (gettext_lazy("Attempt"), attempts),
             (gettext_lazy("Policy"), policy_text(job)),
             (gettext_lazy("Unique key"), unique_text(job)),
+            (gettext_lazy("Concurrency key"), concurrency_text(job)),
             (gettext_lazy("Enqueued"), moment(job.created_at)),
             (gettext_lazy("Due"), moment(due) if due else None),
             (gettext_lazy("Started"), moment(_started(job)) if _started(job) else None),

@@ -163,7 +163,7 @@ class JobAdmin(TaskFieldsAdmin):
         "(all must match): task:app.tasks.send (or a prefix: task:app.tasks.*), "
         "queue:emails, error:TimeoutError, input:customer=42 (one JSON value: a number, "
         '"text", true, false or null; a.b=1 for a nested key), worker:w-1, key:customer:7 '
-        '(a unique task\'s key). Quote values with spaces: error:"timed out".'
+        '(a task\'s uniqueness or concurrency key). Quote values with spaces: error:"timed out".'
     )
     # Served by the jobstate_job_recent_idx index (ties broken by the time-ordered id).
     ordering = ["-created_at"]

@@ -33,7 +33,7 @@ from django.utils.translation import gettext as _
 
 from jobstate.admin.action_log import log_console_action
 from jobstate.admin.common import ReadOnlyAdmin, permission_check, short_duration
-from jobstate.console.queue_stats import QueueRow, queue_rows
+from jobstate.console.queue_stats import QueueRow, keys_at_limit, queue_rows
 from jobstate.core.states import NO_QUEUE
 from jobstate.exceptions import InvalidJobState
 from jobstate.models import QueuePause
@@ -79,6 +79,7 @@ class QueuePauseAdmin(ReadOnlyAdmin):
             "subtitle": None,
             "opts": self.opts,
             "rows": [_shown(row) for row in rows],
+            "full_keys": keys_at_limit(),
             "can_pause": self.has_pause_permission(request),
             "job_changelist_url": reverse(f"{self.admin_site.name}:jobstate_job_changelist"),
             **(extra_context or {}),

@@ -20,7 +20,14 @@ from jobstate.admin.common import ReadOnlyAdmin, json_block
 from jobstate.core.states import UNIQUE_STATE_BITS
 from jobstate.models import Job
 
-__all__ = ["TASK_FIELDS", "Fieldset", "TaskFieldsAdmin", "policy_text", "unique_text"]
+__all__ = [
+    "TASK_FIELDS",
+    "Fieldset",
+    "TaskFieldsAdmin",
+    "concurrency_text",
+    "policy_text",
+    "unique_text",
+]
 
 #: One section of an admin page: its title and its options (``{"fields": ...}``).
 Fieldset = tuple[Any, Any]
@@ -61,6 +68,17 @@ def unique_text(job: Job) -> str | None:
         return None
     states = [name for name, bit in UNIQUE_STATE_BITS.items() if (job.unique_states or 0) & bit]
     return f"{key} ({gettext_lazy('held while')} {', '.join(states)})"
+
+
+def concurrency_text(job: Job) -> str | None:
+    """The key a task runs under and its limit, or ``None``."""
+    stored = job.policy if isinstance(job.policy, dict) else {}
+    key = stored.get("concurrency_key")
+    if job.concurrency_digest is None or not isinstance(key, str):
+        return None
+    return (
+        f"{key} ({gettext_lazy('at most')} {job.concurrency_limit or 1} {gettext_lazy('at once')})"
+    )
 
 
 def _seconds(value: Any) -> str:

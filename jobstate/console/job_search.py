@@ -16,8 +16,8 @@ refused"``). A term without a field is an exact job id, request id or thread num
 ``input:customer=42``   ``input`` holds that key with that value (``42``, ``"42"``,
                         ``true``, ``null``); ``a.b=1`` is a nested key
 ``worker:w-1``          the executor or worker holding it, or a worker of an attempt
-``key:import:7``        a unique task's key (``jobstate.tasks.policy(unique=...)``),
-                        exactly
+``key:import:7``        a task's uniqueness or concurrency key
+                        (``jobstate.tasks.policy``), exactly
 =====================  ================================================================
 
 ``input:`` means the same on every backend: containment of ``{key: value}`` (nested
@@ -91,7 +91,7 @@ SEARCH_FIELDS = {
     "error": "text in the job's error or in an attempt's error",
     "input": "a key=value inside the input (one JSON value; a.b for a nested key)",
     "worker": "the executor or worker id, now or in an attempt",
-    "key": "a unique task's key, exactly",
+    "key": "a task's uniqueness or concurrency key, exactly",
 }
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -366,9 +366,12 @@ def attempted_by(rows: QuerySet[Job], worker_id: str) -> QuerySet[Job]:
 
 
 def _key(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[Job]:
-    # The key as declared is kept in the stored policy (its digest, in unique_digest,
-    # also holds the task's path); a unique task always has one.
-    return rows.filter(unique_digest__isnull=False, policy__unique_key=value)
+    # The keys as declared are kept in the stored policy (the digests beside them are
+    # what the index and the claims compare).
+    return rows.filter(
+        Q(unique_digest__isnull=False, policy__unique_key=value)
+        | Q(concurrency_digest__isnull=False, policy__concurrency_key=value)
+    )
 
 
 def _worker(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[Job]:

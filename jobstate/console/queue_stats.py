@@ -6,6 +6,10 @@ Four grouped queries whatever the table sizes, each on an index that holds only 
 rows it counts or a narrow range of them: the queued jobs (the partial index of queued
 jobs), the claimed ones (the lease index, which only claimed rows are in), the jobs
 finished in the last hour (the ``(status, updated_at)`` index), and the pause table.
+
+The concurrency keys at their limit (``policy(concurrency_key=...)``) take two more: the
+running tasks under a key, grouped (the lease index again), and the waiting tasks of
+the keys at their limit (the concurrency index, by key).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from django.db.models.functions import Now
 from jobstate.core.states import CLAIMED_JOB_STATUSES, NO_QUEUE, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.models import TASK_DUE, Job, QueuePause
 
-__all__ = ["FINISHED_WINDOW", "QueueRow", "queue_rows"]
+__all__ = ["FINISHED_WINDOW", "KeyAtLimit", "QueueRow", "keys_at_limit", "queue_rows"]
 
 #: How far back "finished" counts.
 FINISHED_WINDOW = timedelta(hours=1)
@@ -127,3 +131,61 @@ def queue_rows(*, target: str | None = None, queue: str | None = None) -> list[Q
     for entry in rows.values():
         entry.now = now
     return [rows[key] for key in sorted(rows)]
+
+
+@dataclass(frozen=True)
+class KeyAtLimit:
+    """A concurrency key with as many tasks running as its limit: its other tasks wait."""
+
+    target: str
+    key: str
+    running: int
+    limit: int
+    waiting: int
+
+    @property
+    def jobs_filter(self) -> str:
+        """The jobs changelist's query string for the key's tasks."""
+        return urlencode({"q": f'key:"{self.key}"'})
+
+
+def keys_at_limit() -> list[KeyAtLimit]:
+    """The concurrency keys whose running tasks reach their limit, by target and key."""
+    running: Any = (
+        Job.objects.filter(
+            status=JobStatus.RUNNING, lease_until__isnull=False, concurrency_digest__isnull=False
+        )
+        .order_by()
+        .values_list("target", "concurrency_digest")
+        .annotate(n=Count("id"), most=Max("concurrency_limit"))
+    )
+    full = [entry for entry in running if entry[2] >= (entry[3] or 1)]
+    if not full:
+        return []
+    digests = [digest for _target, digest, _n, _most in full]
+    waiting = dict(
+        Job.objects.filter(concurrency_digest__in=digests, status=JobStatus.QUEUED)
+        .order_by()
+        .values_list("concurrency_digest")
+        .annotate(n=Count("id"))
+        .values_list("concurrency_digest", "n")
+    )
+    # The key as declared, from the policy of one of its running tasks (at most the
+    # limits' worth of rows).
+    names: dict[str, str] = {}
+    for digest, policy in Job.objects.filter(
+        concurrency_digest__in=digests, status=JobStatus.RUNNING
+    ).values_list("concurrency_digest", "policy"):
+        if digest and isinstance(policy, dict) and isinstance(policy.get("concurrency_key"), str):
+            names.setdefault(digest, policy["concurrency_key"])
+    keys = [
+        KeyAtLimit(
+            target=target,
+            key=names.get(digest, digest),
+            running=n,
+            limit=most or 1,
+            waiting=waiting.get(digest, 0),
+        )
+        for target, digest, n, most in full
+    ]
+    return sorted(keys, key=lambda entry: (entry.target, entry.key))

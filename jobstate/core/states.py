@@ -421,6 +421,10 @@ class NewTask:
     #: returned instead of a new one.
     unique_digest: str | None = None
     unique_states: int | None = None
+    #: A task under a concurrency key: the key's digest, and how many of the key's tasks
+    #: may run at once (the claims count them).
+    concurrency_digest: str | None = None
+    concurrency_limit: int | None = None
     #: The new job's request id; the job returned has another one when it is the
     #: existing holder of the unique key.
     request_id: str = field(default_factory=lambda: f"task-{uuid.uuid4()}")

@@ -28,15 +28,12 @@ JOB_UNIQUE_REQUEST_ID = "jobstate_job_unique_request_id"
 #: PostgreSQL's name for the runtime lock table's primary key.
 RUNTIME_LOCK_PKEY = "jobstate_runtimelock_pkey"
 
-# --- the claim's rules, as ORM conditions and as SQL text -----------------------------
+# --- the claim's rules, as ORM conditions ----------------------------------------------
 #
 # The one-statement claims (jobstate.stores.database.backends) cannot be written on the
-# ORM, so each rule they share with the portable claims is written twice, here, the SQL
-# text beside its ORM twin; tests/stores/test_sql_twins.py runs both on the same rows on
-# every backend and asserts they select the same ones. In the text the candidate job is
-# ``c``; ``{job}`` and ``{pauses}`` stand for the quoted job and queue pause tables,
-# ``{now}`` for the database clock and ``{no_queue}`` for :data:`NO_QUEUE`, filled in per
-# backend by its operations object (``BackendOperations.sql``).
+# ORM, so each rule they share with the portable claims is written twice: here, and as
+# SQL text in jobstate.models.claim_sql; tests/stores/test_sql_twins.py runs both on the
+# same rows on every backend and asserts they select the same ones.
 
 
 def _ready() -> Q:
@@ -44,12 +41,8 @@ def _ready() -> Q:
     return Q(run_after__isnull=True) | Q(run_after__lte=Now())
 
 
-#: The claim's ``WHERE`` (``JobQuerySet.ready``): queued and due.
-READY_SQL = "c.status = 'queued' AND (c.run_after IS NULL OR c.run_after <= {now})"
-
 #: The order a claim takes jobs in (``JobQuerySet.claimable``), and in SQL.
 CLAIM_ORDER = ("created_at", "id")
-CLAIM_ORDER_SQL = "c.created_at, c.id"
 
 
 def thread_blockers() -> JobQuerySet:
@@ -73,19 +66,6 @@ def thread_blockers() -> JobQuerySet:
     )
 
 
-#: :func:`thread_blockers` of a candidate ``c``, in SQL: a running or dispatched sibling,
-#: or a ready queued sibling ahead of it. Use as ``NOT EXISTS (...)``.
-THREAD_BLOCKERS_SQL = """
-    SELECT 1 FROM {job} AS b
-    WHERE b.thread_id = c.thread_id AND b.id <> c.id
-      AND (b.status IN ('running', 'dispatched')
-           OR (b.status = 'queued'
-               AND (b.run_after IS NULL OR b.run_after <= {now})
-               AND (b.created_at < c.created_at
-                    OR (b.created_at = c.created_at AND b.id < c.id))))
-"""
-
-
 def queue_paused() -> Exists:
     """Whether the outer job's queue (its target and ``queue_name``, or
     :data:`~jobstate.models.NO_QUEUE` without one) is paused. Use as
@@ -96,29 +76,6 @@ def queue_paused() -> Exists:
             queue_name=Coalesce(OuterRef("queue_name"), Value(NO_QUEUE)),
         )
     )
-
-
-#: :func:`queue_paused` of a candidate ``c``, in SQL. The pause table holds a row per
-#: paused queue, usually none: the probe is one lookup in its unique index per candidate
-#: a claim looks at, and a claim that starts after a pause committed sees it (READ
-#: COMMITTED takes each statement's snapshot when the statement starts).
-PAUSED_SQL = """
-    SELECT 1 FROM {pauses} AS p
-    WHERE p.target = c.target AND p.queue_name = COALESCE(c.queue_name, '{no_queue}')
-"""
-
-#: ``~queue_paused()`` of a candidate ``c`` as the one-statement claims write it: first
-#: whether any queue is paused at all, then, only when one is, :data:`PAUSED_SQL` per
-#: candidate. The first subquery is uncorrelated, so PostgreSQL runs it once per
-#: statement (an *InitPlan*: one page of an empty table) and, finding no pause, never
-#: runs the second; the planner plans no anti join either. Both read the claim
-#: statement's own snapshot, taken when it starts (READ COMMITTED), so a pause committed
-#: before a claim starts is seen by the first and then the second: no claim that starts
-#: after the pause commits takes a job of its queue, with no cache to go stale.
-UNPAUSED_SQL = f"""(
-    NOT EXISTS (SELECT 1 FROM {{pauses}} AS anywhere)
-    OR NOT EXISTS ({PAUSED_SQL})
-)"""
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -166,11 +123,17 @@ class JobQuerySet(models.QuerySet["Job"]):
             self.ready().for_targets(targets).unpaused().thread_unblocked().order_by(*CLAIM_ORDER)
         )
 
-    def due_tasks(self, target: str) -> JobQuerySet:
+    def due_tasks(self, target: str, *, keyed: bool = False) -> JobQuerySet:
         """The queued tasks of ``target`` that are due on the database clock, with their
-        due instant as the alias ``due`` (:data:`TASK_DUE`)."""
+        due instant as the alias ``due`` (:data:`TASK_DUE`): those without a concurrency
+        key, or with ``keyed`` those with one (claimed under their key's gate)."""
         return (
-            self.filter(status=JobStatus.QUEUED, task_path__isnull=False, target=target)
+            self.filter(
+                status=JobStatus.QUEUED,
+                task_path__isnull=False,
+                target=target,
+                concurrency_digest__isnull=not keyed,
+            )
             .alias(due=TASK_DUE)
             .filter(due__lte=Now())
         )
@@ -252,19 +215,6 @@ class JobQuerySet(models.QuerySet["Job"]):
 #: Task claims order by it after priority, so a retry or deferred task that came due
 #: first runs first, and neither kind can starve the other.
 TASK_DUE = Coalesce("run_after", "created_at")
-TASK_DUE_SQL = "COALESCE(c.run_after, c.created_at)"
-
-#: A queued task of target ``%s`` that is due (``JobQuerySet.due_tasks``), written as the
-#: task claim index states its condition and its due column, so PostgreSQL's planner reads
-#: the index in claim order.
-TASK_READY_SQL = (
-    "c.status = 'queued' AND c.task_path IS NOT NULL AND c.target = %s"
-    f" AND {TASK_DUE_SQL} <= {{now}}"
-)
-
-#: The order a task claim takes tasks in (``JobQuerySet.in_task_claim_order``): priority,
-#: then when due, then enqueue order; the task claim index's own order.
-TASK_CLAIM_ORDER_SQL = f"c.priority DESC, {TASK_DUE_SQL}, c.created_at, c.id"
 
 
 class Job(models.Model):
@@ -353,6 +303,12 @@ class Job(models.Model):
     # (jobstate.core.states.UNIQUE_STATE_BITS).
     unique_digest = models.CharField(_("uniqueness digest"), max_length=64, null=True, blank=True)
     unique_states = models.PositiveSmallIntegerField(_("unique states"), null=True, blank=True)
+    # A task under a concurrency key: the key's digest and how many of its jobs may run at
+    # once. Claims take such a task only under the key's gate, counting its running jobs.
+    concurrency_digest = models.CharField(
+        _("concurrency digest"), max_length=64, null=True, blank=True
+    )
+    concurrency_limit = models.PositiveIntegerField(_("concurrency limit"), null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -445,6 +401,13 @@ class Job(models.Model):
                 F("id"),
                 condition=models.Q(status="queued", task_path__isnull=False),
                 name="jobstate_job_task_claim_idx",
+            ),
+            # Concurrency keys: a key's running jobs (what a claim counts under the key's
+            # gate) and its waiting ones. Only tasks under a key are in it.
+            models.Index(
+                fields=["concurrency_digest", "status", "target"],
+                condition=models.Q(concurrency_digest__isnull=False),
+                name="jobstate_job_concurrency_idx",
             ),
         ]
 

@@ -194,19 +194,21 @@ class JobStateBackend(BaseTaskBackend):
 
 def _with_policy(new_task: NewTask, declared: TaskPolicy) -> NewTask:
     """``new_task`` with what its task declared: its attempt limit, the policy its worker
-    applies and, when it is unique this time, its key."""
-    stored = declared.stored()
-    claim = declared.unique_claim(
-        new_task.task_path, new_task.args, new_task.kwargs, timezone.now()
-    )
-    if claim is None:
-        unique: dict[str, Any] = {}
-    else:
-        stored = {**(stored or {}), "unique_key": claim.key}
-        unique = {"unique_digest": claim.digest, "unique_states": claim.states}
+    applies and, when it has them this time, its uniqueness and concurrency keys."""
+    stored = declared.stored() or {}
+    keys: dict[str, Any] = {}
+    path, args, kwargs = new_task.task_path, new_task.args, new_task.kwargs
+    claim = declared.unique_claim(path, args, kwargs, timezone.now())
+    if claim is not None:
+        stored["unique_key"] = claim.key
+        keys.update(unique_digest=claim.digest, unique_states=claim.states)
+    concurrency = declared.concurrency(path, args, kwargs)
+    if concurrency is not None:
+        stored.update(concurrency_key=concurrency.key, concurrency_limit=concurrency.limit)
+        keys.update(concurrency_digest=concurrency.digest, concurrency_limit=concurrency.limit)
     return replace(
         new_task,
         max_attempts=declared.max_attempts or new_task.max_attempts,
-        policy=stored,
-        **unique,
+        policy=stored or None,
+        **keys,
     )

@@ -42,11 +42,13 @@ from jobstate.core.states import DEFAULT_UNIQUE_STATES, UNIQUE_STATE_BITS, uniqu
 from jobstate.exceptions import InvalidPayload
 from jobstate.stores.contracts.validation import DURATION_LIMIT, text_problem
 from jobstate.tasks.compat import Task
-from jobstate.tasks.options import MAX_ATTEMPTS_LIMIT
+from jobstate.tasks.options import MAX_ATTEMPTS_LIMIT, TaskOptions
 
 __all__ = [
+    "CONCURRENCY_LIMIT_MAX",
     "POLICY_ATTRIBUTE",
     "UNIQUE_KEY_LIMIT",
+    "ConcurrencyKey",
     "StoredPolicy",
     "TaskPolicy",
     "UniqueClaim",
@@ -55,6 +57,9 @@ __all__ = [
     "policy_of",
     "unique_key",
 ]
+
+#: The highest ``concurrency_limit``: a claim counts a key's running jobs, at most this many.
+CONCURRENCY_LIMIT_MAX = 10_000
 
 #: The attribute of a task's function that holds its :class:`TaskPolicy`.
 POLICY_ATTRIBUTE = "__jobstate_policy__"
@@ -88,6 +93,16 @@ class UniqueClaim:
 
 
 @dataclass(frozen=True)
+class ConcurrencyKey:
+    """The key a task's job runs under (for the console), its digest (what claims
+    compare) and the most jobs of the key that may run at once."""
+
+    key: str
+    digest: str
+    limit: int
+
+
+@dataclass(frozen=True)
 class TaskPolicy:
     """A task's declared policy (see :func:`policy`); unset fields are ``None`` and come
     from the backend's ``OPTIONS``, except ``timeout``, where :attr:`timeout_set` tells
@@ -102,6 +117,8 @@ class TaskPolicy:
     unique: bool | Callable[..., Any] = False
     unique_states: tuple[str, ...] = DEFAULT_UNIQUE_STATES
     unique_for: timedelta | None = None
+    concurrency_key: str | Callable[..., Any] | None = None
+    concurrency_limit: int | None = None
 
     def stored(self) -> dict[str, Any] | None:
         """The JSON kept with each job (``Job.policy``) for the worker; ``None`` when
@@ -116,6 +133,28 @@ class TaskPolicy:
         if self.discard_on:
             stored["discard_on"] = list(self.discard_on)
         return stored or None
+
+    def concurrency(
+        self, task_path: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> ConcurrencyKey | None:
+        """The concurrency key this enqueue runs under, or ``None`` (no key declared, or
+        the key function returned ``None``)."""
+        if self.concurrency_key is None:
+            return None
+        if callable(self.concurrency_key):
+            key: Any = self.concurrency_key(*args, **kwargs)
+            if key is None:
+                return None
+        else:
+            key = self.concurrency_key
+        if not isinstance(key, str | int) or isinstance(key, bool):
+            raise TypeError(
+                f"the concurrency key of {task_path} must be a str or an int (or None: no "
+                f"limit), got {type(key).__name__}."
+            )
+        key = _check_key(str(key), task_path, what="concurrency key")
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+        return ConcurrencyKey(key=key, digest=digest, limit=self.concurrency_limit or 1)
 
     def unique_claim(
         self, task_path: str, args: list[Any], kwargs: dict[str, Any], now: datetime
@@ -153,17 +192,16 @@ class TaskPolicy:
         return UniqueClaim(key=key, digest=digest, states=unique_state_mask(states))
 
 
-def _check_key(key: str, task_path: str) -> str:
+def _check_key(key: str, task_path: str, *, what: str = "unique key") -> str:
     if not key:
-        raise InvalidPayload(f"the unique key of {task_path} is empty.")
+        raise InvalidPayload(f"the {what} of {task_path} is empty.")
     if len(key) > UNIQUE_KEY_LIMIT:
         raise InvalidPayload(
-            f"the unique key of {task_path} has {len(key)} characters; "
-            f"the limit is {UNIQUE_KEY_LIMIT}."
+            f"the {what} of {task_path} has {len(key)} characters; the limit is {UNIQUE_KEY_LIMIT}."
         )
     problem = text_problem(key)
     if problem:
-        raise InvalidPayload(f"the unique key of {task_path} {problem}.")
+        raise InvalidPayload(f"the {what} of {task_path} {problem}.")
     return key
 
 
@@ -177,6 +215,8 @@ def policy(
     unique: bool | Callable[..., Any] = False,
     unique_states: tuple[str, ...] | None = None,
     unique_for: timedelta | None = None,
+    concurrency_key: str | Callable[..., Any] | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[_Declared], _Declared]:
     """Declare a task's policy; place it under ``@task`` (over it works too).
 
@@ -194,6 +234,9 @@ def policy(
       ``RUNNING`` (the default), with ``SUCCESSFUL`` or ``FAILED`` added if wanted.
     - ``unique_for``: a ``timedelta``; the key also covers the tasks of the same period
       that finished (successful or failed).
+    - ``concurrency_key``: a key (or a function of the task's arguments returning one;
+      ``None``: no limit this time) shared by the tasks that may not run more than
+      ``concurrency_limit`` (default 1) at once, across every worker of the backend.
 
     A worker stops a task that overruns its timeout, and a task it retries waits
     ``retry_backoff * 2**(attempt-1)`` (±10 %). The policy is stored with each job when
@@ -209,6 +252,8 @@ def policy(
         unique=_unique(unique),
         unique_states=_states(unique_states, unique),
         unique_for=_period(unique_for, unique),
+        concurrency_key=_concurrency_key(concurrency_key),
+        concurrency_limit=_concurrency_limit(concurrency_limit, concurrency_key),
     )
 
     def declare(target: _Declared) -> _Declared:
@@ -261,10 +306,9 @@ class StoredPolicy:
     discard_on: frozenset[str] = frozenset()
 
     @classmethod
-    def of(
-        cls, stored: Mapping[str, Any] | None, *, timeout: timedelta | None, backoff: timedelta
-    ) -> StoredPolicy:
-        """``stored`` over the backend's ``timeout`` and ``backoff``."""
+    def of(cls, stored: Mapping[str, Any] | None, options: TaskOptions) -> StoredPolicy:
+        """``stored`` over the backend's ``options``."""
+        timeout, backoff = options.timeout, options.retry_backoff
         if not stored:
             return cls(timeout=timeout, retry_backoff=backoff)
         if "timeout" in stored:
@@ -367,6 +411,33 @@ def _states(value: Any, unique: Any) -> tuple[str, ...]:
             f"READY and RUNNING among them (add SUCCESSFUL or FAILED), got {list(value)!r}."
         )
     return tuple(dict.fromkeys(names))
+
+
+def _concurrency_key(value: Any) -> str | Callable[..., Any] | None:
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) and value:
+        return _check_key(value, "this task", what="concurrency key")
+    raise TypeError(
+        "policy(concurrency_key=...) takes a non-empty str or a function of the task's "
+        f"arguments returning its key, got {type(value).__name__}."
+    )
+
+
+def _concurrency_limit(value: Any, key: Any) -> int | None:
+    if value is None:
+        return None
+    if key is None:
+        raise ValueError(
+            "policy(concurrency_limit=...) needs concurrency_key=...: a limit per key."
+        )
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"policy(concurrency_limit=...) takes an int, got {type(value).__name__}.")
+    if not 1 <= value <= CONCURRENCY_LIMIT_MAX:
+        raise ValueError(
+            f"policy(concurrency_limit=...) must be from 1 to {CONCURRENCY_LIMIT_MAX}, got {value}."
+        )
+    return value
 
 
 def _period(value: Any, unique: Any) -> timedelta | None:

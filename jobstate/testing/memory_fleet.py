@@ -85,6 +85,32 @@ class MemoryTasks(MemoryRows):
         limit: int,
         claim_round: uuid.UUID,
     ) -> list[Job]:
+        return self._claim_due(target, queues, owner, lease, limit, claim_round, keyed=False)
+
+    def _claim_keyed_tasks(
+        self,
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+        claim_round: uuid.UUID,
+    ) -> list[Job]:
+        return self._claim_due(target, queues, owner, lease, limit, claim_round, keyed=True)
+
+    def _claim_due(
+        self,
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+        claim_round: uuid.UUID,
+        *,
+        keyed: bool,
+    ) -> list[Job]:
+        """The due tasks without a concurrency key, or (``keyed``) those with one, each
+        while fewer than its limit of its key's tasks run."""
         with self._mutex:
             now = self._clock()
             ready = [
@@ -92,13 +118,18 @@ class MemoryTasks(MemoryRows):
                 for row in self._jobs.values()
                 if row["task_path"] is not None
                 and row["target"] == target
+                and (row.get("concurrency_digest") is not None) == keyed
                 and (queues is None or row["queue_name"] in queues)
                 and is_ready(row, now)
                 and not self._paused(row)
             ]
             ready.sort(key=lambda row: task_claim_order(job_of(row)))
-            claimed = []
-            for row in ready[:limit]:
+            claimed: list[Job] = []
+            for row in ready:
+                if len(claimed) == limit:
+                    break
+                if keyed and self._key_running(target, row) >= (row["concurrency_limit"] or 1):
+                    continue
                 row.update(
                     status=JobStatus.RUNNING,
                     executor_id=owner,
@@ -111,6 +142,16 @@ class MemoryTasks(MemoryRows):
                 )
                 claimed.append(job_of(row))
             return claimed
+
+    def _key_running(self, target: str, row: dict[str, Any]) -> int:
+        digest = row["concurrency_digest"]
+        return sum(
+            1
+            for other in self._jobs.values()
+            if other["target"] == target
+            and other.get("concurrency_digest") == digest
+            and other["status"] == JobStatus.RUNNING
+        )
 
     def _list_claimed_tasks(self, owner: str) -> list[Job]:
         with self._mutex:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import time
+from datetime import timedelta
 from typing import Any
 
+from jobstate.tasks import policy
 from jobstate.tasks.compat import TaskContext, task
 
 
@@ -32,17 +34,23 @@ class UpstreamBusy(Exception):
 
 
 @task(takes_context=True, priority=10)
+@policy(max_attempts=3, retry_on=(UpstreamBusy,), unique=lambda system: system)
 def flaky_sync(context: TaskContext[Any, Any], system: str) -> str:
-    """Fails its first attempt and succeeds on the next one (the backend retries it
-    after ``RETRY_BACKOFF``): the attempts and their errors show on the job's page."""
+    """Fails its first attempt and succeeds on the next one (its policy retries
+    ``UpstreamBusy`` after ``RETRY_BACKOFF``; any other error would fail it at once): the
+    attempts and their errors show on the job's page. One sync per system waits or runs
+    at a time: enqueueing another returns the one already there."""
     if context.attempt == 1:
         raise UpstreamBusy(f"{system} answered 503; retry later")
     return f"{system} synced on attempt {context.attempt}"
 
 
 @task(queue_name="reports", priority=-10)
+@policy(concurrency_key="report-builder", concurrency_limit=1, timeout=timedelta(minutes=1))
 def build_report(rows: int, seconds: float = 3.0) -> dict[str, Any]:
-    """A slow task: works for ``seconds`` and returns a digest of ``rows`` rows."""
+    """A slow task: works for ``seconds`` and returns a digest of ``rows`` rows. One
+    report builds at a time, whatever the number of workers (the Queues page lists its
+    key while it is at its limit)."""
     time.sleep(seconds)
     digest = hashlib.sha256()
     for row in range(rows):

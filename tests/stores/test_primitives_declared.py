@@ -1,5 +1,6 @@
 """The state store's contract in one place: every primitive a backend implements is
-declared, with its docstring, in ``jobstate.stores.contracts.primitives``, and the
+declared, with its docstring, in ``jobstate.stores.contracts.primitives`` (the task
+primitives in its base, ``jobstate.stores.contracts.task_primitives``), and the
 capability parts hold public methods only."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from jobstate.stores.contracts import (
     transitions_part,
 )
 from jobstate.stores.contracts.primitives import StateStorePrimitives
+from jobstate.stores.contracts.task_primitives import TaskPrimitives
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 
@@ -40,7 +42,8 @@ NOT_PRIMITIVES = {"_require", "_missing_primitive"}
 def declared_primitives() -> set[str]:
     return {
         name
-        for name, value in vars(StateStorePrimitives).items()
+        for declaring in (StateStorePrimitives, TaskPrimitives)
+        for name, value in vars(declaring).items()
         if name.startswith("_")
         and not name.startswith("__")
         and callable(value)

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from jobstate.core.states import NO_QUEUE, JobStatus
 from jobstate.models import Job, QueuePause, thread_blockers
-from jobstate.models.jobs import (
+from jobstate.models.claim_sql import (
     CLAIM_ORDER_SQL,
     PAUSED_SQL,
     READY_SQL,

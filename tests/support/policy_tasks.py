@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -84,3 +85,32 @@ def keyed_by(key: Any) -> None:
 @policy(unique=lambda: 1 / 0)
 def key_raises() -> None:
     """Its key function raises."""
+
+
+@task
+@policy(concurrency_key=lambda key, path, seconds: key, concurrency_limit=2, max_attempts=5)
+def two_at_a_time(key: str, path: str, seconds: float) -> None:
+    """At most two per ``key`` run at once: each run appends its start and end (with
+    its process) to ``path``, for the test to check afterwards."""
+    _note(path, f"start {key} {os.getpid()} {time.time():.6f}")
+    time.sleep(seconds)
+    _note(path, f"end {key} {os.getpid()} {time.time():.6f}")
+
+
+@task
+@policy(concurrency_key="the-one-printer")
+def one_at_a_time() -> None:
+    """A constant key: one at a time, whatever the arguments."""
+
+
+def _note(path: str, line: str) -> None:
+    # One write of a whole line in append mode: lines of several processes never mix.
+    with open(path, "a", encoding="utf-8") as notes:
+        notes.write(line + "\n")
+
+
+@task
+@policy(max_attempts=3, timeout=timedelta(minutes=1), retry_on=(ConnectionError,))
+def add_with_a_policy(a: int, b: int) -> int:
+    """``add`` with a policy stored with each job, for the statement counts."""
+    return a + b

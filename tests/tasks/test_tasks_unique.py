@@ -26,6 +26,7 @@ from jobstate.stores import get_state_store
 from jobstate.tasks import unique_key
 from jobstate.tasks.compat import task_enqueued
 from jobstate.testing.memory_queue import holds_unique_key
+from tests.support.admin_kit import JOBS, act, logged_in, operator, shown_messages
 from tests.support.policy_tasks import (
     import_customer,
     key_raises,
@@ -268,3 +269,17 @@ def test_on_postgresql_a_unique_enqueue_is_one_statement_and_a_duplicate_two(
         assert import_customer.enqueue(3).id == first.id
     assert (len(new), len(duplicate)) == (1, 2)
     assert "ON CONFLICT DO NOTHING" in new.captured_queries[0]["sql"]
+
+
+@pytest.mark.django_db
+def test_the_console_requeue_says_why_it_skips_a_task_whose_key_is_held(
+    settings: Any, django_user_model: Any
+) -> None:
+    use_options(settings)
+    first = unique_by_arguments.enqueue("console")
+    finish(first.id)
+    unique_by_arguments.enqueue("console")  # a newer job holds the key
+    client = logged_in(operator(django_user_model, "rita", "view_job", "requeue_job"))
+    response = act(client, JOBS, "requeue_jobs", [first.id], confirm=True)
+    assert any("a newer job holds its unique key" in m for m in shown_messages(response))
+    assert Job.objects.get(id=first.id).status == JobStatus.DONE

@@ -28,6 +28,7 @@ from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import task_backends
 from jobstate.tasks.worker import TaskWorker, WorkerConfig
 from tests.support.plans import plans_without_table_scans
+from tests.support.policy_tasks import add_with_a_policy
 from tests.support.task_functions import add
 from tests.support.tasks_kit import use_options
 
@@ -215,11 +216,11 @@ def test_concurrent_rounds_hand_each_task_out_once_and_every_report_is_fenced() 
 # --- the worker --------------------------------------------------------------------------
 
 
-def _statements_of_a_drain(tasks: int) -> int:
+def _statements_of_a_drain(tasks: int, task: Any = add) -> int:
     """The statements a worker's own connection sends to drain ``tasks`` tasks one at a
     time (``--concurrency 1 --batch``)."""
     for n in range(tasks):
-        add.enqueue(n, 1)
+        task.enqueue(n, 1)
     backend = task_backends["default"]
     assert isinstance(backend, JobStateBackend)
     config = WorkerConfig(
@@ -234,11 +235,13 @@ def _statements_of_a_drain(tasks: int) -> int:
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_at_concurrency_one_sends_one_statement_per_task(settings: Any) -> None:
+@pytest.mark.parametrize("task", [add, add_with_a_policy], ids=["plain", "with-a-policy"])
+def test_a_worker_at_concurrency_one_sends_one_statement_per_task(settings: Any, task: Any) -> None:
+    # A task's policy travels in its claimed row: applying it costs no statement.
     use_options(settings, LEASE=300.0)
     settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), "LISTEN_NOTIFY": False}
-    few = _statements_of_a_drain(10)
-    many = _statements_of_a_drain(50)
+    few = _statements_of_a_drain(10, task)
+    many = _statements_of_a_drain(50, task)
     # What a start and a stop cost is the same for both drains: the difference is what
     # 40 more tasks cost.
     assert many - few == 40, (few, many)

@@ -43,6 +43,7 @@ from jobstate.core.states import (
 )
 from jobstate.exceptions import UnsupportedStoreOperation
 from jobstate.stores.contracts.operational_figures import operational_metrics
+from jobstate.stores.contracts.task_primitives import TaskPrimitives
 from jobstate.stores.contracts.validation import ParsedReport
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ METRICS_TERMINAL_WINDOW = timedelta(minutes=15)
 MONITOR_SOURCE = "monitor"
 
 
-class StateStorePrimitives(ABC):
+class StateStorePrimitives(TaskPrimitives, ABC):
     """The primitives of a state store (see the module docstring for what they receive)."""
 
     # --- capabilities ----------------------------------------------------------------
@@ -378,59 +379,6 @@ class StateStorePrimitives(ABC):
         """See
         :meth:`~jobstate.stores.contracts.state_store.StateStore.requeue_delivery_job_once`."""
         raise self._missing_primitive("supports_delivery_replay", "_requeue_delivery")
-
-    # --- optional: django.tasks (supports_tasks) ----------------------------------------
-
-    def _enqueue_task(self, cleaned: dict[str, Any]) -> Job:
-        """Insert a task's job (``cleaned`` holds its ``request_id``, target, task
-        fields and input) and return it as stored. A store that can wake waiting workers
-        (PostgreSQL's ``NOTIFY``) does so here, in the same unit of work as the insert."""
-        return self._create_job(cleaned)
-
-    def _claim_tasks(
-        self,
-        target: str,
-        queues: list[str] | None,
-        owner: str,
-        lease: timedelta,
-        limit: int,
-        claim_round: uuid.UUID,
-    ) -> list[Job]:
-        """Claim up to ``limit`` ready queued tasks of ``target`` in ``queues`` (``None``:
-        any queue), atomically, in claim order, each with the claim token
-        ``task_claim_token(claim_round, id)`` (see
-        :meth:`~jobstate.stores.contracts.tasks_part.TasksPart.claim_tasks`)."""
-        raise self._missing_primitive("supports_tasks", "_claim_tasks")
-
-    def _list_claimed_tasks(self, owner: str) -> list[Job]:
-        """The running tasks whose ``executor_id`` is ``owner`` (a worker's tasks)."""
-        raise self._missing_primitive("supports_tasks", "_list_claimed_tasks")
-
-    def _complete_and_claim_tasks(
-        self,
-        reports: list[ParsedReport],
-        target: str,
-        queues: list[str] | None,
-        owner: str,
-        lease: timedelta,
-        limit: int,
-        claim_round: uuid.UUID,
-    ) -> tuple[list[Settled], list[Job]]:
-        """A worker's round (``complete_and_claim_tasks``; ``queues`` ``[]``: claim
-        nothing): :meth:`_complete_claimed_batch`, then :meth:`_claim_tasks`. A backend
-        that can do both in one round trip overrides it."""
-        settled = self._complete_claimed_batch(reports) if reports else []
-        claimed = (
-            []
-            if queues == []
-            else self._claim_tasks(target, queues, owner, lease, limit, claim_round)
-        )
-        return settled, claimed
-
-    def _list_expired_tasks(self, limit: int) -> list[Job]:
-        """Up to ``limit`` running tasks whose lease ended before the store's clock,
-        oldest lease first (the candidates of ``recover_expired_tasks``)."""
-        raise self._missing_primitive("supports_tasks", "_list_expired_tasks")
 
     # --- optional: queue pauses (supports_queue_pauses) -------------------------------
 

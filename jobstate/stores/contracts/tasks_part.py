@@ -119,6 +119,33 @@ class TasksPart(LedgerPart):
             key=task_claim_order,
         )
 
+    def claim_keyed_tasks(
+        self,
+        *,
+        target: str,
+        queues: Sequence[str] | None,
+        worker_id: str,
+        lease: timedelta,
+        limit: int,
+        claim_round: uuid.UUID | None = None,
+    ) -> list[Job]:
+        """Claim, as :meth:`claim_tasks` does, up to ``limit`` due tasks that run under a
+        concurrency key (``jobstate.tasks.policy(concurrency_key=...)``), which
+        :meth:`claim_tasks` and :meth:`complete_and_claim_tasks` leave out: each is
+        claimed only while fewer than its ``concurrency_limit`` of the tasks of its key
+        (on ``target``) are running, whoever claims them at once. A task stops counting
+        when it stops running, however it stops (reported, cancelled, or recovered after
+        its lease ran out), so a crashed worker's tasks free their key when recovered."""
+        self._require(self.supports_tasks, "supports_tasks", "claim_keyed_tasks")
+        scope, owner, duration, count = _claim_arguments(target, queues, worker_id, lease, limit)
+        round_id = _claim_round(claim_round)
+        if scope == []:
+            return []
+        return sorted(
+            self._claim_keyed_tasks(target, scope, owner, duration, count, round_id),
+            key=task_claim_order,
+        )
+
     def complete_and_claim_tasks(
         self,
         reports: Sequence[ClaimReport],

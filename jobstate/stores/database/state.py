@@ -37,6 +37,7 @@ from jobstate.stores.database import (
     figures,
     fleet_rows,
     intake,
+    keyed_claims,
     notification_outbox,
     set_claims,
     sweep_statements,
@@ -188,6 +189,19 @@ class DatabaseStateStore(StateStore):
         claim_round: uuid.UUID,
     ) -> list[Job]:
         return task_queue.claim_tasks(self.using, target, queues, owner, lease, limit, claim_round)
+
+    def _claim_keyed_tasks(
+        self,
+        target: str,
+        queues: list[str] | None,
+        owner: str,
+        lease: timedelta,
+        limit: int,
+        claim_round: uuid.UUID,
+    ) -> list[Job]:
+        return keyed_claims.claim_keyed_tasks(
+            self.using, target, queues, owner, lease, limit, claim_round
+        )
 
     def _list_claimed_tasks(self, owner: str) -> list[Job]:
         return task_queue.list_claimed_tasks(self.using, owner)

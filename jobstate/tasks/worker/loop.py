@@ -65,8 +65,9 @@ from jobstate.tasks.worker.config import (
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
 from jobstate.tasks.worker.lost_claims import UnsureClaims
 from jobstate.tasks.worker.presence import WorkerPresence
-from jobstate.tasks.worker.reports import Reporter, TaskClaim, interrupted
+from jobstate.tasks.worker.reports import Reporter, interrupted
 from jobstate.tasks.worker.shutdown import stop_signals
+from jobstate.tasks.worker.task_claims import KeyedPace, TaskClaim
 from jobstate.tasks.worker.timeouts import overdue_attempts
 from jobstate.tasks.worker.unknown_tasks import UnknownTasks
 from jobstate.tasks.worker.waiter import NotificationListener, start_listener
@@ -126,6 +127,7 @@ class TaskWorker:
         self._presence = WorkerPresence(self.store, config, backend, self.queues)
         self._cancels = CancelWatch(self.store, every=config.interval)
         self._unsure = UnsureClaims(self.store, config.worker_id)
+        self._keyed = KeyedPace(config.interval)
 
     # --- public ----------------------------------------------------------------------
 
@@ -263,6 +265,7 @@ class TaskWorker:
             worker_id=self.config.worker_id,
             lease=self.options.lease,
             limit=free,
+            keyed_first=self._keyed.due(),
         )
 
     def _start(self, jobs: list[Job]) -> None:
@@ -274,9 +277,7 @@ class TaskWorker:
                 alias=self.backend.alias,
                 worker_id=self.config.worker_id,
                 sender=type(self.backend),
-                policy=StoredPolicy.of(
-                    job.policy, timeout=self.options.timeout, backoff=self.options.retry_backoff
-                ),
+                policy=StoredPolicy.of(job.policy, self.options),
             )
             self._active[job.id] = attempt
             self.summary.started += 1

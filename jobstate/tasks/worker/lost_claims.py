@@ -6,7 +6,7 @@ which never learnt their ids, so nothing runs them. Left alone, they would wait 
 leases to run out and be recovered as lost attempts, spending an attempt of a task that
 never started (with the default ``MAX_ATTEMPTS`` of 1, failing it).
 
-Each claim has its own round (:attr:`~.reports.TaskClaim.claim_round`), from which the
+Each claim has its own round (:attr:`~.task_claims.TaskClaim.claim_round`), from which the
 store derives every claimed task's token. When a claim fails, its round is kept here, and
 before the worker's next claim :meth:`UnsureClaims.release` asks the store to give back,
 uncounted, whatever that round took (``release_task_claim``, fenced by those tokens):
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from jobstate.stores.base import StateStore
-from jobstate.tasks.worker.reports import TaskClaim
+from jobstate.tasks.worker.task_claims import TaskClaim
 
 __all__ = ["UnsureClaims"]
 

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +60,7 @@ from jobstate.tasks.options import TaskOptions
 from jobstate.tasks.results import task_result
 from jobstate.tasks.worker.config import WorkerSummary
 from jobstate.tasks.worker.execution import Attempt, Outcome, class_path, ended_by_worker
+from jobstate.tasks.worker.task_claims import TaskClaim
 
 if TYPE_CHECKING:
     from jobstate.models import Job
@@ -71,41 +71,6 @@ logger = logging.getLogger("jobstate.worker")
 
 #: What a store raises when it refuses a report's values (before writing anything).
 _REFUSALS = (InvalidPatch, InvalidPayload)
-
-
-@dataclass(frozen=True)
-class TaskClaim:
-    """What a worker's round claims along with its reports (see
-    :meth:`~jobstate.stores.contracts.tasks_part.TasksPart.complete_and_claim_tasks`)."""
-
-    target: str
-    queues: Sequence[str] | None
-    worker_id: str
-    lease: timedelta
-    limit: int
-    claim_round: uuid.UUID = field(default_factory=uuid.uuid4)
-    """Each claim's own: the worker gives back what a claim whose reply was lost took
-    (:mod:`.lost_claims`)."""
-
-    def claim(self, store: StateStore) -> list[Job]:
-        """The claim alone."""
-        return store.claim_tasks(**self._arguments())
-
-    def complete_and_claim(
-        self, store: StateStore, reports: list[ClaimReport]
-    ) -> tuple[list[CompletionResult], list[Job]]:
-        """The claim with ``reports``."""
-        return store.complete_and_claim_tasks(reports, **self._arguments())
-
-    def _arguments(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "queues": self.queues,
-            "worker_id": self.worker_id,
-            "lease": self.lease,
-            "limit": self.limit,
-            "claim_round": self.claim_round,
-        }
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,9 @@ ENQUEUE_FIELDS = frozenset(
 
 #: Fields only a task's enqueue sets, and nothing changes afterwards: its declared
 #: policy and, for a unique task, its key's digest and the states the key covers.
-TASK_POLICY_FIELDS = frozenset({"policy", "unique_digest", "unique_states"})
+TASK_POLICY_FIELDS = frozenset(
+    {"policy", "unique_digest", "unique_states", "concurrency_digest", "concurrency_limit"}
+)
 
 #: Fields ``create_job`` accepts.
 JOB_CREATE_FIELDS = JOB_PATCH_FIELDS | {"request_id"} | TASK_POLICY_FIELDS
@@ -161,6 +163,7 @@ _JOB_TEXT_FIELDS = frozenset(
         "task_path",
         "queue_name",
         "unique_digest",
+        "concurrency_digest",
     }
 )
 
@@ -234,7 +237,7 @@ def clean_job_value(name: str, value: Any) -> Any:
         return validate_instant(value, field=name)
     if name == "thread_id":
         return parse_thread_id(value)
-    if name in ("attempts", "max_attempts", "priority", "unique_states"):
+    if name in ("attempts", "max_attempts", "priority", "unique_states", "concurrency_limit"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidPatch(f"{name} must be an int, got {value!r}.", field=name)
         low, high = _PRIORITY_RANGE if name == "priority" else (0, _POSITIVE_INT_MAX)
@@ -339,6 +342,8 @@ def task_job_fields(task: NewTask) -> dict[str, Any]:
     }
     if task.unique_digest is not None or task.unique_states is not None:
         fields.update(_unique_fields(task))
+    if task.concurrency_digest is not None or task.concurrency_limit is not None:
+        fields.update(_concurrency_fields(task))
     cleaned = clean_job_fields(fields, allowed=JOB_CREATE_FIELDS, action="enqueue_task")
     for name in ("task_path", "queue_name"):
         require_text(cleaned[name], field=name, max_length=None)
@@ -362,3 +367,13 @@ def _unique_fields(task: NewTask) -> dict[str, Any]:
             f"a unique task's states are a mask from 1 to {every}, got {states!r}."
         )
     return {"unique_digest": digest, "unique_states": states}
+
+
+def _concurrency_fields(task: NewTask) -> dict[str, Any]:
+    """A concurrency key's digest (64 lowercase hex digits) and its limit (at least 1)."""
+    digest, limit = task.concurrency_digest, task.concurrency_limit
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise InvalidJobState(f"a concurrency key's digest is 64 hex digits, got {digest!r}.")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidJobState(f"a concurrency limit is an int of at least 1, got {limit!r}.")
+    return {"concurrency_digest": digest, "concurrency_limit": limit}

@@ -25,7 +25,7 @@ from jobstate.models import (
     JobRun,
     ScheduleOccurrence,
 )
-from jobstate.models.jobs import CLAIM_ORDER_SQL, PAUSED_SQL, READY_SQL, THREAD_BLOCKERS_SQL
+from jobstate.models.claim_sql import CLAIM_ORDER_SQL, PAUSED_SQL, READY_SQL, THREAD_BLOCKERS_SQL
 from jobstate.stores.database.backends.portable import BackendOperations, input_path
 
 __all__ = ["THREAD_GATE_TABLE", "MySQLOperations"]

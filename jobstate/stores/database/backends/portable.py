@@ -163,6 +163,15 @@ class BackendOperations:
         self.lock_thread(thread_id)
         return True
 
+    def try_lock_key(self, digest: str) -> bool:
+        """Hold a concurrency key's gate (by its digest) until the transaction ends, or
+        ``False`` at once when another transaction holds it: what serialises the claims
+        of one key's tasks, each counting the key's running jobs under it. Where the
+        backend has no gate of its own, the key shares the per-thread gates in a range
+        no thread uses (negative numbers); where writers never run concurrently
+        (SQLite) nothing is needed."""
+        return self.try_lock_thread(key_gate(digest))
+
     def claim_candidates(
         self,
         scope: list[str],
@@ -358,6 +367,13 @@ class BackendOperations:
         """Delete the rows of ``picked`` (a locked pick of ``(order, pk)`` keys); the
         keys deleted."""
         raise self._no_statement()
+
+
+def key_gate(digest: str) -> int:
+    """The per-thread gate number standing in for a concurrency key: negative (threads
+    are numbered from 0 up), from the digest's first 60 bits. Two keys sharing a gate
+    only wait for each other."""
+    return -1 - int(digest[:15], 16)
 
 
 def rule_sql(connection: BaseDatabaseWrapper, text: str, now: str) -> str:

@@ -89,6 +89,18 @@ class PostgreSQLOperations(BackendOperations):
             row = cursor.fetchone()
         return bool(row and row[0])
 
+    def try_lock_key(self, digest: str) -> bool:
+        """A transaction-scoped advisory lock on a concurrency key, from a namespaced
+        hash as for threads."""
+        key = hashlib.blake2b(f"jobstate.job.concurrency:{digest}".encode(), digest_size=8)
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_try_advisory_xact_lock(%s)",
+                [int.from_bytes(key.digest(), "big", signed=True)],
+            )
+            row = cursor.fetchone()
+        return bool(row and row[0])
+
     # --- the hot path ----------------------------------------------------------------
 
     def claim_one(

@@ -24,7 +24,7 @@ from django.db.models import Field
 
 from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus, NotificationState
 from jobstate.models import AuditEntry, Job, Notification, QueuePause
-from jobstate.models.jobs import (
+from jobstate.models.claim_sql import (
     CLAIM_ORDER_SQL,
     READY_SQL,
     TASK_CLAIM_ORDER_SQL,

@@ -1,0 +1,229 @@
+"""Per-key concurrency limits (``policy(concurrency_key=..., concurrency_limit=N)``): no
+claim starts a task whose key already has N running, across every worker; a task stops
+counting when it stops running, however it stops.
+
+The store's claims on one connection, then many claims at once on real connections,
+then real ``jobstate_worker`` processes, some SIGKILLed mid-task, each task recording
+its start and end: afterwards no key ever had more than its limit running. On SQLite,
+PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db.models.functions import Now
+
+from jobstate.console.job_search import parse_search
+from jobstate.console.queue_stats import KeyAtLimit, keys_at_limit
+from jobstate.core.states import JobStatus
+from jobstate.exceptions import InvalidPayload
+from jobstate.models import Job, Worker
+from jobstate.stores import get_state_store
+from tests.support.policy_tasks import one_at_a_time, two_at_a_time
+from tests.support.tasks_kit import start_worker, stop, use_options, wait_for
+from tests.support.threads import in_parallel
+
+pytestmark = pytest.mark.mysql
+
+TARGET = "tasks:default"
+LEASE = timedelta(minutes=1)
+
+
+def claim(keyed: bool, worker: str = "w-1", limit: int = 10) -> list[Job]:
+    store = get_state_store()
+    method = store.claim_keyed_tasks if keyed else store.claim_tasks
+    return method(target=TARGET, queues=None, worker_id=worker, lease=LEASE, limit=limit)
+
+
+@pytest.mark.django_db
+def test_a_keyed_task_is_claimed_only_under_its_limit(settings: Any, tmp_path: Path) -> None:
+    use_options(settings)
+    notes = str(tmp_path / "notes")
+    a = [two_at_a_time.enqueue("a", notes, 0).id for _ in range(3)]
+    b = two_at_a_time.enqueue("b", notes, 0).id
+    job = Job.objects.get(id=a[0])
+    assert (job.concurrency_limit, job.policy["concurrency_key"]) == (2, "a")
+
+    # The ordinary claim leaves keyed tasks to the keyed one.
+    assert claim(keyed=False) == []
+    first = claim(keyed=True)
+    assert sorted(str(j.id) for j in first) == sorted([a[0], a[1], b])
+    assert claim(keyed=True) == []  # "a" has its two running
+
+    # A task stops counting once it stops running: reported, or put back by recovery.
+    done = Job.objects.get(id=a[0])
+    assert done.claim_token is not None
+    get_state_store().complete_claimed_job(done.id, done.claim_token, JobStatus.DONE)
+    assert [str(j.id) for j in claim(keyed=True)] == [a[2]]
+
+
+@pytest.mark.django_db
+def test_a_lost_workers_tasks_free_their_key_when_recovered(settings: Any, tmp_path: Path) -> None:
+    use_options(settings)
+    queued = [one_at_a_time.enqueue().id for _ in range(2)]
+    (held,) = claim(keyed=True, worker="w-dead")
+    assert claim(keyed=True) == []
+    # The worker died: its lease runs out and a recovery puts the task back.
+    Job.objects.filter(id=held.id).update(lease_until=Now() - timedelta(seconds=1))
+    recovered = get_state_store().recover_expired_tasks()
+    assert recovered.total == 1
+    assert {str(j.id) for j in claim(keyed=True, worker="w-2")} <= set(queued)
+
+
+@pytest.mark.django_db
+def test_a_key_a_job_cannot_hold_is_refused_and_nothing_is_written(
+    settings: Any, tmp_path: Path
+) -> None:
+    use_options(settings)
+    with pytest.raises(InvalidPayload, match="NUL"):
+        two_at_a_time.enqueue("a\x00", str(tmp_path), 0)
+    with pytest.raises(InvalidPayload, match="limit is 500"):
+        two_at_a_time.enqueue("k" * 501, str(tmp_path), 0)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.concurrent
+@pytest.mark.django_db(transaction=True)
+def test_claims_at_once_never_start_more_than_the_limit(settings: Any, tmp_path: Path) -> None:
+    use_options(settings)
+    for key in ("a", "b", "c"):
+        for _ in range(6):
+            two_at_a_time.enqueue(key, str(tmp_path / "notes"), 0)
+
+    taken = in_parallel(12, lambda i: len(claim(keyed=True, worker=f"w-{i}", limit=3)))
+
+    running = Job.objects.filter(status=JobStatus.RUNNING)
+    counts = [running.filter(policy__concurrency_key=key).count() for key in "abc"]
+    assert sum(taken) == sum(counts) and max(counts) <= 2, (taken, counts)
+    # A claim passes over a key whose gate another claim holds; afterwards a claim
+    # finds what is left under each limit, and no more.
+    claim(keyed=True, worker="w-last")
+    assert [running.filter(policy__concurrency_key=key).count() for key in "abc"] == [2, 2, 2]
+
+
+def overlaps(lines: list[str], killed: dict[int, float]) -> dict[str, int]:
+    """The most runs of each key at once, from the notes: a run of a killed process
+    ends when it was killed, if it noted no end."""
+    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    open_runs: dict[tuple[str, int], float] = {}
+    for line in lines:
+        what, key, pid, at = line.split()
+        if what == "start":
+            open_runs[key, int(pid)] = float(at)
+            events[key].append((float(at), 1))
+        else:
+            del open_runs[key, int(pid)]
+            events[key].append((float(at), -1))
+    for (key, pid), _started in open_runs.items():
+        events[key].append((killed[pid], -1))
+    most = {}
+    for key, marks in events.items():
+        level = peak = 0
+        for _at, step in sorted(marks, key=lambda mark: (mark[0], mark[1])):
+            level += step
+            peak = max(peak, level)
+        most[key] = peak
+    return most
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_eight_workers_never_run_three_of_a_key_at_once_even_when_killed(
+    settings: Any, tmp_path: Path
+) -> None:
+    options = use_options(settings, LEASE=2.0, MAX_ATTEMPTS=5)
+    notes = tmp_path / "notes"
+    workers: list[subprocess.Popen[str]] = []
+    killed: dict[int, float] = {}
+    try:
+        for number in range(8):
+            workers.append(
+                start_worker("--worker-id", f"limit-{number}", "--interval", "0.1", options=options)
+            )
+        # Every worker is up before the tasks come: eight free slots for three keys, so
+        # without the limit some key would run three or more at once.
+        wait_for(lambda: Worker.objects.count() == 8, what="eight workers registered")
+        for _ in range(8):
+            for key in ("a", "b", "c"):
+                two_at_a_time.enqueue(key, str(notes), 0.5)
+        # Kill two workers while they run a task, then start two in their place.
+        by_pid = {worker.pid: worker for worker in workers}
+        busy = wait_for(
+            lambda: (
+                [pid for pid in _running_now(_lines(notes)) if pid in by_pid][:2]
+                if len(_running_now(_lines(notes))) >= 2
+                else None
+            ),
+            what="two workers running a task",
+        )
+        for pid in busy:
+            by_pid[pid].send_signal(signal.SIGKILL)
+            killed[pid] = time.time()
+            by_pid[pid].wait()
+        for number in range(8, 10):
+            workers.append(
+                start_worker("--worker-id", f"limit-{number}", "--interval", "0.1", options=options)
+            )
+        wait_for(
+            lambda: not Job.objects.exclude(status=JobStatus.DONE).exists(),
+            timeout=90,
+            what="every task done",
+        )
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            try:
+                worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                stop(worker)
+    most = overlaps(_lines(notes), killed)
+    assert set(most) == {"a", "b", "c"}
+    assert max(most.values()) == 2, most  # the limit was reached, never passed
+    # Every task ran to its end once; a killed run was run again after recovery.
+    ends = [line for line in _lines(notes) if line.startswith("end ")]
+    assert len(ends) == 24
+    assert Job.objects.filter(status=JobStatus.DONE).count() == 24
+    assert os.getpid() not in killed
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+@pytest.mark.django_db
+def test_the_queues_page_shows_the_keys_at_their_limit(
+    settings: Any, tmp_path: Path, admin_client: Any
+) -> None:
+    use_options(settings)
+    for _ in range(3):
+        two_at_a_time.enqueue("acme <b>", str(tmp_path / "notes"), 0)
+    two_at_a_time.enqueue("quiet", str(tmp_path / "notes"), 0)
+    claim(keyed=True, limit=3)  # two of "acme <b>", one of "quiet"
+
+    assert keys_at_limit() == [
+        KeyAtLimit(target=TARGET, key="acme <b>", running=2, limit=2, waiting=1)
+    ]
+    page = admin_client.get("/admin/jobstate/queuepause/").content.decode()
+    assert "Concurrency keys at their limit" in page
+    assert "<code>acme &lt;b&gt;</code>" in page and "2 / 2" in page
+    found = parse_search('key:"acme <b>"').apply(Job.objects.all())
+    assert found.count() == 3
+
+
+def _running_now(lines: list[str]) -> list[int]:
+    """The processes whose notes show a run started and not ended."""
+    started: dict[int, int] = defaultdict(int)
+    for line in lines:
+        what, _key, pid, _at = line.split()
+        started[int(pid)] += 1 if what == "start" else -1
+    return [pid for pid, runs in started.items() if runs > 0]
