@@ -212,10 +212,10 @@ def test_a_report_refused_because_the_task_was_recovered_rolls_the_body_back(
         (tmp_path / "go").touch()
         summary = worker.result()
     # The first attempt's report was refused: its writes rolled back; the second ran.
+    assert rows(key) == ["attempt 2 row 0", "attempt 2 row 1"]
     assert (summary.lost, summary.succeeded) == (1, 1)
     result = atomic_writes.get_result(queued.id)
     assert (result.status, result.return_value, result.attempts) == (SUCCESSFUL, 2, 2)
-    assert rows(key) == ["attempt 2 row 0", "attempt 2 row 1"]
     assert "attempt 1 successful after" in caplog.text
     assert "but its claim was lost" in caplog.text
     assert "what its body wrote was rolled back" in caplog.text
