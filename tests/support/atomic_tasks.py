@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from jobstate.models import AuditEntry
 from jobstate.tasks import policy
@@ -80,3 +80,38 @@ def atomic_probe() -> bool:
 def plain_probe() -> bool:
     """Whether its body runs inside a transaction (it declares no policy)."""
     return connection.in_atomic_block
+
+
+@task(takes_context=True)
+@policy(atomic=True)
+def atomic_with_callback(
+    context: TaskContext[Any, Any],
+    key: str,
+    marker: str,
+    fail_before: int = 0,
+    raises: bool = False,
+) -> int:
+    """Writes a row under ``key`` and registers a ``transaction.on_commit`` callback that
+    appends its attempt to the file ``marker`` (and then raises, with ``raises``); raises
+    ``Boom`` itself on the attempts before ``fail_before``."""
+    _write(key, context.attempt, 1)
+    attempt = context.attempt
+
+    def callback() -> None:
+        with open(marker, "a") as file:
+            file.write(f"{attempt}\n")
+        if raises:
+            raise Boom("the callback fails")
+
+    transaction.on_commit(callback)
+    if attempt < fail_before:
+        raise Boom(f"attempt {attempt} fails after writing")
+    return attempt
+
+
+@task
+@policy(atomic=True)
+def atomic_rolls_itself_back(key: str) -> None:
+    """Writes a row, then marks its transaction for rollback."""
+    _write(key, 1, 1)
+    transaction.set_rollback(True)

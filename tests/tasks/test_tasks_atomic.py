@@ -31,7 +31,14 @@ from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends, task_finished
 from jobstate.tasks.policies import POLICY_ATTRIBUTE, TaskPolicy, policy_of
 from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
-from tests.support.atomic_tasks import atomic_probe, atomic_writes, plain_probe, rows
+from tests.support.atomic_tasks import (
+    atomic_probe,
+    atomic_rolls_itself_back,
+    atomic_with_callback,
+    atomic_writes,
+    plain_probe,
+    rows,
+)
 from tests.support.tasks_kit import use_options, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql]
@@ -235,6 +242,50 @@ def test_a_task_cancelled_while_its_body_runs_leaves_nothing(
     assert Job.objects.get(id=queued.id).status == JobStatus.REJECTED
     assert rows(key) == []
     assert finished == []
+
+
+def test_on_commit_callbacks_of_the_body_run_only_for_the_committed_success(
+    settings: Any, key: str, tmp_path: Path
+) -> None:
+    use_options(settings, MAX_ATTEMPTS=2)
+    marker = tmp_path / "callbacks"
+    queued = atomic_with_callback.enqueue(key, str(marker), fail_before=2)
+    assert run_worker().succeeded == 1
+    assert atomic_with_callback.get_result(queued.id).attempts == 2
+    assert rows(key) == ["attempt 2 row 0"]
+    # The failed attempt's callback never ran: a mail sent from one goes out once.
+    assert marker.read_text() == "2\n"
+
+
+def test_an_on_commit_callback_that_raises_leaves_the_success_recorded(
+    settings: Any,
+    key: str,
+    tmp_path: Path,
+    finished: list[tuple[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    use_options(settings)
+    marker = tmp_path / "callbacks"
+    queued = atomic_with_callback.enqueue(key, str(marker), raises=True)
+    summary = run_worker()
+    assert (summary.succeeded, summary.failed, summary.lost) == (1, 0, 0)
+    result = atomic_with_callback.get_result(queued.id)
+    assert (result.status, result.return_value) == (SUCCESSFUL, 1)
+    assert rows(key) == ["attempt 1 row 0"] and marker.read_text() == "1\n"
+    assert finished == [(queued.id, SUCCESSFUL)]
+    assert "an on_commit callback of its body raised" in caplog.text
+
+
+def test_a_body_that_marks_its_transaction_for_rollback_fails(settings: Any, key: str) -> None:
+    use_options(settings)
+    queued = atomic_rolls_itself_back.enqueue(key)
+    assert run_worker().failed == 1
+    result = atomic_rolls_itself_back.get_result(queued.id)
+    assert result.status == FAILED
+    assert result.errors[0].exception_class_path == (
+        "django.db.transaction.TransactionManagementError"
+    )
+    assert rows(key) == []
 
 
 # --- what was stored applies --------------------------------------------------------------

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from jobstate.core.attempt_log import AttemptOutcome, TaskAttempt
@@ -72,8 +73,12 @@ class AtomicReporter(Reporter):
             # A stored policy can outlive the code: this task became async since.
             raise TypeError("an async task cannot run atomically: its body runs in another thread")
         answer = None
+        committed: list[bool] = []
         try:
             with transaction.atomic(using=self.using, durable=True):
+                # The first of the transaction's on_commit callbacks: they run once it
+                # has committed, and not at all when it rolls back.
+                transaction.on_commit(lambda: committed.append(True), using=self.using)
                 value = body()
                 record = TaskAttempt(
                     worker_id=attempt.worker_id,
@@ -81,6 +86,11 @@ class AtomicReporter(Reporter):
                     finished_at=timezone.now(),
                     outcome=AttemptOutcome.SUCCESSFUL,
                 )
+                if transaction.get_rollback(using=self.using):
+                    raise TransactionManagementError(
+                        "the body of this atomic task marked its transaction for rollback: "
+                        "nothing it wrote was committed"
+                    )
                 if not attempt.seal():
                     # Interrupted (or given up on) as the body returned: roll back; the
                     # attempt ends as the interrupt says.
@@ -90,6 +100,17 @@ class AtomicReporter(Reporter):
                     raise _ClaimGone
         except _ClaimGone:
             pass
+        # Past the commit nothing is the attempt's failure: what raised there is an
+        # on_commit callback of the body's, and the success is recorded.
+        except BaseException:
+            if not committed:
+                raise
+            logger.exception(
+                "Task %s %s succeeded and was committed, but an on_commit callback of its "
+                "body raised",
+                attempt.job.task_path,
+                attempt.job.id,
+            )
         attempt.settled = answer
         return record, value
 
