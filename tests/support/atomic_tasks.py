@@ -115,3 +115,11 @@ def atomic_rolls_itself_back(key: str) -> None:
     """Writes a row, then marks its transaction for rollback."""
     _write(key, 1, 1)
     transaction.set_rollback(True)
+
+
+@task
+@policy(atomic=True)
+def atomic_returns_text(key: str, length: int) -> str:
+    """Writes a row and returns ``length`` characters."""
+    _write(key, 1, 1)
+    return "x" * length

@@ -16,7 +16,7 @@ import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from django.db import connections
@@ -24,8 +24,10 @@ from django.db.models.functions import Now
 
 from jobstate.admin.task_display import policy_text
 from jobstate.core.states import JobStatus
+from jobstate.exceptions import InvalidPatch
 from jobstate.models import Job
 from jobstate.stores import get_state_store
+from jobstate.stores.database import DatabaseStateStore
 from jobstate.tasks import policy
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends, task_finished
@@ -33,6 +35,7 @@ from jobstate.tasks.policies import POLICY_ATTRIBUTE, TaskPolicy, policy_of
 from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
 from tests.support.atomic_tasks import (
     atomic_probe,
+    atomic_returns_text,
     atomic_rolls_itself_back,
     atomic_with_callback,
     atomic_writes,
@@ -90,6 +93,19 @@ class InBackground:
         self._thread.join(60)
         assert self.summary is not None, "the worker thread did not finish"
         return self.summary
+
+
+class RefusesSuccesses(DatabaseStateStore):
+    """Refuses, before writing anything, the success reports of the jobs in ``refused``,
+    as a store with a lower limit of its own would."""
+
+    refused: ClassVar[set[str]] = set()
+
+    def complete_claimed_jobs(self, reports: Any) -> Any:
+        for report in reports:
+            if str(report.job_id) in self.refused and report.status == JobStatus.DONE:
+                raise InvalidPatch("the result is too large for this store.", field="result")
+        return super().complete_claimed_jobs(reports)
 
 
 @pytest.fixture
@@ -285,6 +301,41 @@ def test_a_body_that_marks_its_transaction_for_rollback_fails(settings: Any, key
     assert result.errors[0].exception_class_path == (
         "django.db.transaction.TransactionManagementError"
     )
+    assert rows(key) == []
+
+
+def test_a_return_value_that_cannot_be_stored_fails_and_leaves_nothing(
+    settings: Any, key: str
+) -> None:
+    use_options(settings)
+    settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), "MAX_PAYLOAD_BYTES": 4096}
+    queued = atomic_returns_text.enqueue(key, 10_000)
+    assert run_worker().failed == 1
+    result = atomic_returns_text.get_result(queued.id)
+    assert result.status == FAILED
+    assert result.errors[0].exception_class_path == "jobstate.exceptions.TaskReturnValueNotJSON"
+    assert rows(key) == []
+
+
+def test_a_success_report_the_store_refuses_fails_for_good_and_leaves_nothing(
+    settings: Any, key: str
+) -> None:
+    use_options(settings, MAX_ATTEMPTS=3)
+    settings.JOBSTATE = {
+        **getattr(settings, "JOBSTATE", {}),
+        "STATE_STORE": "tests.tasks.test_tasks_atomic.RefusesSuccesses",
+    }
+    queued = atomic_writes.enqueue(key)
+    RefusesSuccesses.refused = {queued.id}
+    try:
+        summary = run_worker()
+    finally:
+        RefusesSuccesses.refused = set()
+    assert (summary.failed, summary.retrying) == (1, 0)
+    result = atomic_writes.get_result(queued.id)
+    assert (result.status, result.attempts) == (FAILED, 1)
+    assert result.errors[0].exception_class_path == "jobstate.exceptions.TaskReportRefused"
+    assert "the result is too large for this store" in result.errors[0].traceback
     assert rows(key) == []
 
 

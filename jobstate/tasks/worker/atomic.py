@@ -12,7 +12,14 @@ success or not at all:
 - the report is refused (the claim is gone: the lease ran out and the task was
   recovered elsewhere, or it was cancelled or requeued): the transaction rolls back,
   and the worker logs the attempt as one whose claim was lost;
-- the worker dies or loses its connection: the database rolls the transaction back.
+- the worker dies or loses its connection: the database rolls the transaction back;
+- the store refuses the report's values (nothing written): the transaction rolls back
+  and the task fails for good with ``TaskReportRefused``, as any task whose report the
+  store refuses;
+- the body marks the transaction for rollback: it rolls back, and the attempt fails.
+
+The body's ``transaction.on_commit`` callbacks run once the success has committed; one
+that raises is logged, and the success stands.
 
 The attempt is sealed (:meth:`~.execution.Attempt.seal`) just before its report, so no
 interrupt lands in the report or the commit. The loop then sends no second report for
@@ -34,7 +41,7 @@ from django.db import transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from jobstate.core.attempt_log import AttemptOutcome, TaskAttempt
+from jobstate.core.attempt_log import AttemptOutcome, AttemptSettlement, TaskAttempt
 from jobstate.core.states import ClaimReport
 from jobstate.exceptions import (
     InvalidPatch,
@@ -48,6 +55,7 @@ from jobstate.tasks.worker.reports import Reporter, SettledAttempt, TaskClaim
 
 if TYPE_CHECKING:
     from jobstate.models import Job
+    from jobstate.stores.base import CompletionResult
 
 __all__ = ["AtomicReporter"]
 
@@ -114,7 +122,9 @@ class AtomicReporter(Reporter):
         attempt.settled = answer
         return record, value
 
-    def _report_inside(self, outcome: Outcome) -> Any:
+    def _report_inside(self, outcome: Outcome) -> tuple[AttemptSettlement, CompletionResult]:
+        """Write the success report of ``outcome`` on the task thread's connection, inside
+        the transaction of its body."""
         settlement = self._settlement(outcome)
         job = outcome.attempt.job
         report = ClaimReport(
@@ -142,6 +152,12 @@ class AtomicReporter(Reporter):
         for outcome in outcomes:
             answer = outcome.attempt.settled
             if answer is None:
+                if outcome.attempt.policy.atomic and isinstance(
+                    outcome.exception, TaskReportRefused
+                ):
+                    # Its success report was refused in its transaction: it fails for
+                    # good, as a task whose report the store refuses does.
+                    outcome.final = True
                 rest.append(outcome)
                 continue
             settlement, result = answer
