@@ -39,7 +39,8 @@ TASK_FIELDS = ("task_args", "task_kwargs")
 
 def policy_text(job: Job) -> str | None:
     """What the task's stored policy changes from its backend's ``OPTIONS``, in a line
-    (``None`` when nothing): its timeout, backoff and the errors it retries or discards."""
+    (``None`` when nothing): its timeout, backoff, the errors it retries or discards, and
+    whether it is atomic."""
     stored = job.policy if isinstance(job.policy, dict) else {}
     parts = []
     if "timeout" in stored:
@@ -57,6 +58,8 @@ def policy_text(job: Job) -> str | None:
     if stored.get("discard_on"):
         names = ", ".join(_short(path) for path in stored["discard_on"])
         parts.append(f"{gettext_lazy('never retries')} {names}")
+    if stored.get("atomic") is True:
+        parts.append(str(gettext_lazy("atomic")))
     return " · ".join(parts) or None
 
 

@@ -23,6 +23,10 @@ per backend and key, whatever the number of processes enqueueing at once. With
 ``unique_for``, the key also covers the tasks of the same period that have finished:
 periods are ``unique_for`` long, counted from the Unix epoch.
 
+An **atomic** task (``atomic=True``) runs its body in a transaction on the worker's
+database that also writes the attempt's fenced report: the body's writes commit with
+the task's success, or not at all (see :mod:`jobstate.tasks.worker.atomic`).
+
 Validation lives here: the decorator refuses a bad declaration with ``TypeError`` or
 ``ValueError`` when the module that declares the task is imported.
 """
@@ -37,6 +41,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
+
+from asgiref.sync import iscoroutinefunction
 
 from jobstate.core.states import DEFAULT_UNIQUE_STATES, UNIQUE_STATE_BITS, unique_state_mask
 from jobstate.exceptions import InvalidPayload
@@ -119,6 +125,7 @@ class TaskPolicy:
     unique_for: timedelta | None = None
     concurrency_key: str | Callable[..., Any] | None = None
     concurrency_limit: int | None = None
+    atomic: bool = False
 
     def stored(self) -> dict[str, Any] | None:
         """The JSON kept with each job (``Job.policy``) for the worker; ``None`` when
@@ -132,6 +139,8 @@ class TaskPolicy:
             stored["retry_on"] = list(self.retry_on)
         if self.discard_on:
             stored["discard_on"] = list(self.discard_on)
+        if self.atomic:
+            stored["atomic"] = True
         return stored or None
 
     def concurrency(
@@ -217,6 +226,7 @@ def policy(
     unique_for: timedelta | None = None,
     concurrency_key: str | Callable[..., Any] | None = None,
     concurrency_limit: int | None = None,
+    atomic: bool = False,
 ) -> Callable[[_Declared], _Declared]:
     """Declare a task's policy; place it under ``@task`` (over it works too).
 
@@ -237,6 +247,9 @@ def policy(
     - ``concurrency_key``: a key (or a function of the task's arguments returning one;
       ``None``: no limit this time) shared by the tasks that may not run more than
       ``concurrency_limit`` (default 1) at once, across every worker of the backend.
+    - ``atomic``: run the body in a transaction on the worker's database that also
+      writes the attempt's success; a failed, interrupted or lost attempt commits
+      nothing of what the body wrote. Not for ``async def`` tasks.
 
     A worker stops a task that overruns its timeout, and a task it retries waits
     ``retry_backoff * 2**(attempt-1)`` (±10 %). The policy is stored with each job when
@@ -254,6 +267,7 @@ def policy(
         unique_for=_period(unique_for, unique),
         concurrency_key=_concurrency_key(concurrency_key),
         concurrency_limit=_concurrency_limit(concurrency_limit, concurrency_key),
+        atomic=_flag("atomic", atomic),
     )
 
     def declare(target: _Declared) -> _Declared:
@@ -262,6 +276,11 @@ def policy(
             raise TypeError(f"@policy decorates a task's function, got {target!r}.")
         if getattr(func, POLICY_ATTRIBUTE, None) is not None:
             raise TypeError(f"{func.__qualname__} already has a @policy.")
+        if declared.atomic and iscoroutinefunction(func):
+            raise TypeError(
+                f"policy(atomic=True) does not take the async task {func.__qualname__}: its "
+                "body would run in another thread, outside the attempt's transaction."
+            )
         setattr(func, POLICY_ATTRIBUTE, declared)
         return target
 
@@ -304,6 +323,8 @@ class StoredPolicy:
     retry_backoff: timedelta
     retry_on: frozenset[str] | None = None
     discard_on: frozenset[str] = frozenset()
+    #: The body runs in one transaction with the attempt's report (``atomic=True``).
+    atomic: bool = False
 
     @classmethod
     def of(cls, stored: Mapping[str, Any] | None, options: TaskOptions) -> StoredPolicy:
@@ -322,6 +343,7 @@ class StoredPolicy:
             retry_backoff=backoff,
             retry_on=None if retry_on is None else frozenset(retry_on),
             discard_on=frozenset(stored.get("discard_on") or ()),
+            atomic=stored.get("atomic") is True,
         )
 
     def retries(self, error: type[BaseException]) -> bool:
@@ -381,6 +403,12 @@ def _exceptions(name: str, value: Any) -> tuple[str, ...]:
             raise TypeError(f"policy({name}=...) holds {item!r}, which is no exception class.")
         paths.append(class_path(item))
     return tuple(sorted(set(paths)))
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"policy({name}=...) takes True or False, got {type(value).__name__}.")
+    return value
 
 
 def _unique(value: Any) -> bool | Callable[..., Any]:

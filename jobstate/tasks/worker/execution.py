@@ -16,7 +16,8 @@ the same way, with :class:`~jobstate.exceptions.TaskCancelled` (see :mod:`.cance
 
 Which of "the task ended", "the worker interrupted it" and "the worker gave up on it"
 happened first is decided under the attempt's lock, so an attempt is settled exactly
-once and is interrupted at most once.
+once and is interrupted at most once. An atomic task's body runs in a transaction with
+its report (:mod:`.atomic`), which :meth:`Attempt.seal` closes to interrupts first.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from django.utils import timezone
 
 from jobstate.core.attempt_log import (
     AttemptOutcome,
+    AttemptSettlement,
     TaskAttempt,
     exception_message,
     exception_traceback,
@@ -57,8 +59,10 @@ from jobstate.tasks.results import task_of, task_result
 
 if TYPE_CHECKING:
     from jobstate.models import Job
+    from jobstate.stores.base import CompletionResult
 
 __all__ = [
+    "AtomicRun",
     "Attempt",
     "ExecutionPool",
     "Outcome",
@@ -72,6 +76,10 @@ __all__ = [
 _INTERRUPTS = (TaskTimeLimitExceeded, TaskCancelled)
 
 logger = logging.getLogger("jobstate.worker")
+
+#: Runs an atomic task's body (the callable) in one transaction with the attempt's
+#: success report, and returns the success's log entry and value (see :mod:`.atomic`).
+AtomicRun = Callable[["Attempt", Callable[[], Any]], tuple[TaskAttempt, Any]]
 
 
 class _State(enum.Enum):
@@ -127,6 +135,11 @@ class Attempt:
     interrupted_at: float | None = None
     #: Cancelled by an operator (its job was rejected and its claim revoked).
     cancelled: bool = False
+    #: Runs the body of a task whose policy is atomic (``None``: this worker has none).
+    atomic: AtomicRun | None = field(default=None, repr=False)
+    #: What the report written in an atomic task's committed transaction did, or whether
+    #: its claim was gone (the transaction rolled back): the worker sends no other.
+    settled: tuple[AttemptSettlement, CompletionResult] | None = None
     _thread_id: int | None = None
     _state: _State = _State.CLAIMED
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -198,6 +211,19 @@ class Attempt:
             if self.interruptible:
                 _raise_in_thread(self._thread_id, error)
             return True
+
+    def seal(self) -> bool:
+        """End a running attempt before its atomic transaction writes the report, so no
+        interrupt can land in the report or the commit. ``False`` (an interrupt still
+        pending dropped: the caller rolls back and raises its own) when it was
+        interrupted or given up on first."""
+        with self._lock:
+            if self._state is _State.RUNNING:
+                self._state = _State.ENDED
+                return True
+            if self.interrupted_at is not None:
+                _raise_in_thread(threading.get_ident(), None)
+            return False
 
     def abandon(self) -> bool:
         """Give up on a running (or interrupted) attempt whose thread goes on: the
@@ -290,12 +316,13 @@ class Attempt:
                 return failure(self.worker_id, started_at, exc), None, exc
             result = task_result(job, self.alias, task)
             task_started.send(self.sender, task_result=result)
-            args, kwargs = result.args, result.kwargs
+            args, kwargs = list(result.args), result.kwargs
             if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *args, **kwargs)
-            else:
-                value = task.call(*args, **kwargs)
-            stored = _storable(value)
+                args.insert(0, TaskContext(task_result=result))
+            if self.policy.atomic and self.atomic is not None:
+                done, stored = self.atomic(self, lambda: _storable(task.call(*args, **kwargs)))
+                return done, stored, None
+            stored = _storable(task.call(*args, **kwargs))
         # The task is the host's code: whatever it raises (SystemExit included, which in
         # a thread would end it silently) is that attempt's failure, as in Django's own
         # ImmediateBackend.

@@ -55,6 +55,7 @@ from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.policies import StoredPolicy
+from jobstate.tasks.worker.atomic import AtomicReporter
 from jobstate.tasks.worker.cancellation import CancelWatch
 from jobstate.tasks.worker.config import (
     ScheduleEvaluation,
@@ -65,7 +66,7 @@ from jobstate.tasks.worker.config import (
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
 from jobstate.tasks.worker.lost_claims import UnsureClaims
 from jobstate.tasks.worker.presence import WorkerPresence
-from jobstate.tasks.worker.reports import Reporter, interrupted
+from jobstate.tasks.worker.reports import interrupted
 from jobstate.tasks.worker.shutdown import stop_signals
 from jobstate.tasks.worker.task_claims import KeyedPace, TaskClaim
 from jobstate.tasks.worker.timeouts import overdue_attempts
@@ -103,7 +104,7 @@ class TaskWorker:
                 f"JOBSTATE['STATE_STORE'] ({type(self.store).__qualname__}) does not support "
                 "tasks (supports_tasks is False); the worker has nothing to claim from."
             )
-        self.reporter = Reporter(
+        self.reporter = AtomicReporter(
             self.store, using=config.using, options=self.options, sender=type(backend)
         )
         self.summary = WorkerSummary(worker_id=config.worker_id)
@@ -209,7 +210,7 @@ class TaskWorker:
                 free
                 and not claimed
                 and self.config.batch
-                and not self._running()
+                and not self._active
                 and not self._wake.is_set()
             ):
                 self._stop_requested = "--batch: no task ready"
@@ -278,6 +279,7 @@ class TaskWorker:
                 worker_id=self.config.worker_id,
                 sender=type(self.backend),
                 policy=StoredPolicy.of(job.policy, self.options),
+                atomic=self.reporter.run,
             )
             self._active[job.id] = attempt
             self.summary.started += 1
@@ -291,9 +293,6 @@ class TaskWorker:
             return False
         self._stop_requested = f"--max-tasks {self.config.max_tasks} reached"
         return True
-
-    def _running(self) -> int:
-        return len(self._active)
 
     def _attempt_ended(self, outcome: Outcome) -> None:
         """Called by an execution thread: queue the outcome for the control loop."""

@@ -13,7 +13,8 @@ task at a time, a task costs one round trip.
 
 Every report is fenced by the attempt's claim token: if the worker lost the claim (its
 lease ran out and a sweep recovered the task), the report writes nothing and the
-attempt's result is dropped, with a warning.
+attempt's result is dropped, with a warning. An atomic task's success report is written
+by its own thread, inside the body's transaction (:mod:`.atomic`), and never sent again.
 
 A report whose connection died on its way (a database or pooler restart) raises
 :class:`~jobstate.exceptions.StoreUnavailable`, whatever the driver raised, and is sent
