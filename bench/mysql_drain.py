@@ -117,8 +117,10 @@ def load_jobstate(url: str, jobs: int, batch: int) -> None:
             row[0]
             for row in execute(
                 conn,
+                # Generated columns (the unique hold) compute their own values.
                 "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-                "DATABASE() AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+                "DATABASE() AND TABLE_NAME = %s AND EXTRA NOT LIKE '%%GENERATED%%' "
+                "ORDER BY ORDINAL_POSITION",
                 [table],
             )
         ]

@@ -4,9 +4,12 @@ Imported after ``django.setup()`` with ``bench.settings``."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 from procrastinate.contrib.django import app as procrastinate_app
+
+from jobstate.tasks import policy
 
 try:  # Django 6 ships django.tasks; on 5.2 the django-tasks backport provides it.
     from django.tasks import task
@@ -27,6 +30,13 @@ def tasks_db_noop(**payload: Any) -> None:
 @task(backend="jobstate")
 def jobstate_noop(**payload: Any) -> None:
     """Does nothing: the benchmark measures the queue, not the work."""
+
+
+@task(backend="jobstate")
+@policy(max_attempts=3, timeout=timedelta(minutes=1), retry_on=(ConnectionError,))
+def jobstate_policy_noop(**payload: Any) -> None:
+    """Does nothing, as :func:`jobstate_noop`, under a policy the worker reads from each
+    claimed job: the benchmark measures what the policy costs the drain."""
 
 
 @task(backend="jobstate")

@@ -4,6 +4,9 @@ it was met. Every side of a row names its processes and the threads of each.
 
 - **Worker drains** (:mod:`bench.tasks`): each ``jobstate_worker`` thread count against
   ``db_worker`` and procrastinate's worker, and the start-up against ``db_worker``'s.
+- **Policy** (the worker drains' ``jobstate-policy``): at each thread count, the no-op
+  task declared with a policy against the same task without one; at 0.95 or more the
+  policy the worker reads from the claimed row costs no round trip.
 - **Store drains** (the drain of :mod:`bench.drain` with the contenders of
   :mod:`bench.contenders`): N processes of one thread each, every one on the connection
   it opened before the drain, under Django's default connection settings:
@@ -38,10 +41,10 @@ from typing import Any
 from bench import drain, mysql_drain
 from bench.drain import Cell, Summary
 from bench.pg import ROOT, BenchError
-from bench.tasks import Drain, spread
+from bench.tasks import POLICY, Drain, spread
 
 #: The parts of ``python -m bench tasks`` that ``--skip`` can leave out.
-PARTS = ("workers", "seed", "floor", "pause", "startup", "concurrency", "latency")
+PARTS = ("workers", "policy", "seed", "floor", "pause", "startup", "concurrency", "latency")
 
 #: The worker drains' goals: jobstate's rate over each peer's, by jobstate's threads per
 #: process (``None``: at any thread count).
@@ -50,10 +53,14 @@ GOALS: dict[tuple[str, int | None], float] = {
     ("django-tasks-db", 4): 4.0,
     ("procrastinate", None): 2.0,
 }
+POLICY_GOAL = 0.95
 SEED_GOAL = 2.0
 FLOOR_GOAL = 0.6
 MARIADB_GOAL = 0.5
 MARIADB_BATCH_GOAL = 0.3
+
+#: The worker drain's contenders the policy part needs.
+POLICY_CONTENDERS = ("jobstate", POLICY)
 
 #: The store drain's contenders each of its parts needs.
 STORE_PARTS = {
@@ -122,7 +129,7 @@ def processes(count: int, threads: int = 1) -> str:
 def worker_rows(drains: list[Drain]) -> list[Row]:
     """Every ``jobstate_worker`` entry against every peer's."""
     ours = [result for result in drains if result.contender == "jobstate"]
-    peers = [result for result in drains if result.contender != "jobstate"]
+    peers = [result for result in drains if result.contender not in POLICY_CONTENDERS]
     return [
         Row(
             f"{mine.entry.label} vs {peer.entry.label}",
@@ -134,6 +141,27 @@ def worker_rows(drains: list[Drain]) -> list[Row]:
         for peer in peers
         for mine in ours
     ]
+
+
+def policy_rows(drains: list[Drain]) -> list[Row]:
+    """At each thread count, the task with a policy against the same task without one."""
+    plain = {result.threads: result for result in drains if result.contender == "jobstate"}
+    rows = []
+    for mine in drains:
+        if mine.contender != POLICY or mine.threads not in plain:
+            continue
+        side = processes(mine.workers, mine.threads)
+        rows.append(
+            Row(
+                "a task with a policy vs the same task without one: `jobstate_worker "
+                f"--concurrency {mine.threads}`, with ({side}) vs without ({side})",
+                mine.rates,
+                plain[mine.threads].rates,
+                "tasks/s",
+                POLICY_GOAL,
+            )
+        )
+    return rows
 
 
 def startup_rows(started: dict[str, list[float]]) -> list[Row]:

@@ -5,7 +5,10 @@
   ``enqueue`` for the two django.tasks backends, ``defer`` for procrastinate), drained by
   N worker processes started with each contender's own command: ``jobstate_worker`` once
   per ``--concurrency`` (threads per process; 1 and 4 by default), ``db_worker --batch
-  --interval 0`` and ``procrastinate worker`` with one each. The figure is work time: from
+  --interval 0`` and ``procrastinate worker`` with one each. ``jobstate-policy`` is
+  ``jobstate`` again, on the same no-op task declared with a policy (``max_attempts``,
+  ``timeout``, ``retry_on``), which the worker reads from each claimed job, at the same
+  thread counts. The figure is work time: from
   the first task's start to the last task's end, read from each contender's own
   timestamps, so process start-up is not counted. Every contender keeps its connections
   (``CONN_MAX_AGE = None``; procrastinate's worker its own pool), and the connections each
@@ -43,12 +46,22 @@ from bench.pg import ROOT, BenchError, load_average, percentile
 #: Tasks enqueued per transaction while loading a drain.
 _ENQUEUE_CHUNK = 500
 
-#: The drain's contenders, in the order the table lists them.
+#: The drain's contenders ``--contenders`` chooses from, in the order the table lists them.
 DRAIN_CONTENDERS = ("jobstate", "django-tasks-db", "procrastinate")
+
+#: ``jobstate`` on the no-op task with a policy (the ``policy`` part of the command).
+POLICY = "jobstate-policy"
+
+#: The contenders run by ``jobstate_worker``, once per ``--concurrency``.
+_JOBSTATE = ("jobstate", POLICY)
+
+#: Every contender of the drain, in the order the table lists them.
+_ORDER = ("jobstate", POLICY, "django-tasks-db", "procrastinate")
 
 #: What each contender's worker process is called in the tables.
 _COMMANDS = {
     "jobstate": "jobstate_worker",
+    POLICY: "jobstate_worker",
     "django-tasks-db": "db_worker",
     "procrastinate": "procrastinate worker",
 }
@@ -66,18 +79,20 @@ class Entry:
     @property
     def label(self) -> str:
         command = _COMMANDS[self.contender]
-        if self.contender == "jobstate":
+        if self.contender in _JOBSTATE:
             command += f" --concurrency {self.threads}"
         thread = "thread" if self.threads == 1 else "threads"
-        return f"`{command}` ({self.processes} processes x {self.threads} {thread})"
+        label = f"`{command}` ({self.processes} processes x {self.threads} {thread})"
+        return f"{label}, a task with a policy" if self.contender == POLICY else label
 
 
 def lineup(contenders: list[str], *, workers: int, concurrencies: list[int]) -> list[Entry]:
-    """The drain's entries: jobstate once per thread count, each peer once (their workers
-    run one task at a time)."""
+    """The drain's entries, in the table's order whatever order ``contenders`` has:
+    jobstate (with and without a policy) once per thread count, each peer once (their
+    workers run one task at a time)."""
     entries = []
-    for contender in contenders:
-        counts = concurrencies if contender == "jobstate" else [1]
+    for contender in sorted(set(contenders), key=_ORDER.index):
+        counts = concurrencies if contender in _JOBSTATE else [1]
         entries.extend(Entry(contender, workers, threads) for threads in counts)
     return entries
 
@@ -173,10 +188,16 @@ def _load(contender: str, url: str, tasks: int, *, settle: bool = True) -> None:
     from django.db import transaction
 
     from bench.loading import PAYLOAD_PAD
-    from bench.peer_tasks import jobstate_noop, procrastinate_noop, tasks_db_noop
+    from bench.peer_tasks import (
+        jobstate_noop,
+        jobstate_policy_noop,
+        procrastinate_noop,
+        tasks_db_noop,
+    )
 
     enqueue: Callable[[int], Any] = {
         "jobstate": lambda n: jobstate_noop.enqueue(n=n, pad=PAYLOAD_PAD),
+        POLICY: lambda n: jobstate_policy_noop.enqueue(n=n, pad=PAYLOAD_PAD),
         "django-tasks-db": lambda n: tasks_db_noop.enqueue(n=n, pad=PAYLOAD_PAD),
         "procrastinate": lambda n: procrastinate_noop.defer(n=n, pad=PAYLOAD_PAD),
     }[contender]
@@ -191,7 +212,7 @@ def _load(contender: str, url: str, tasks: int, *, settle: bool = True) -> None:
 
 
 def _worker(contender: str, url: str, index: int, concurrency: int) -> subprocess.Popen[str]:
-    if contender == "jobstate":
+    if contender in _JOBSTATE:
         return _command(
             url,
             "jobstate_worker",
@@ -232,6 +253,12 @@ WORK_SQL = {
     "jobstate": """
         SELECT min((attempt_log -> 0 ->> 'started_at')::timestamptz), max(updated_at), count(*)
         FROM jobstate_job WHERE target = 'tasks:jobstate' AND status = 'done'
+    """,
+    # The same, counting only the jobs that carry their policy.
+    POLICY: """
+        SELECT min((attempt_log -> 0 ->> 'started_at')::timestamptz), max(updated_at), count(*)
+        FROM jobstate_job
+        WHERE target = 'tasks:jobstate' AND status = 'done' AND policy IS NOT NULL
     """,
     "django-tasks-db": """
         SELECT min(started_at), max(finished_at), count(*)

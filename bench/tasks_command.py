@@ -1,6 +1,6 @@
-"""``python -m bench tasks``: the worker drains, the store drains, MariaDB's (with
-``--mysql``), the start-up, concurrency and latency, then the issue's table of ratios
-(:mod:`bench.task_rows`)."""
+"""``python -m bench tasks``: the worker drains (and the task with a policy), the store
+drains, MariaDB's (with ``--mysql``), the start-up, concurrency and latency, then the
+issue's table of ratios (:mod:`bench.task_rows`)."""
 
 from __future__ import annotations
 
@@ -81,8 +81,10 @@ def counts(text: str, option: str) -> list[int]:
 
 
 def check(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """The worker drains' contenders and the parts to run, or :class:`BenchError` for an
-    option the command cannot run with (checked before the database is made)."""
+    """The worker drains' contenders (``--contenders`` for the workers part, jobstate with
+    and without a policy for the policy part) and the parts to run, or
+    :class:`BenchError` for an option the command cannot run with (checked before the
+    database is made)."""
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     unknown = set(contenders) - set(tasks.DRAIN_CONTENDERS)
     if unknown:
@@ -98,7 +100,11 @@ def check(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     parts = chosen_parts(args.skip)
     if not args.startups:
         parts = [part for part in parts if part != "startup"]
-    return contenders, parts
+    drained = [
+        *(contenders if "workers" in parts else []),
+        *(task_rows.POLICY_CONTENDERS if "policy" in parts else []),
+    ]
+    return drained, parts
 
 
 def _print(*blocks: str) -> None:
@@ -124,7 +130,7 @@ def run(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         f"tasks: {', '.join(parts)}{' and MariaDB' if args.mysql else ''}; rounds: {args.repeats}, "
         f"taking turns; load average {load_average()}\n"
         f"  worker drains of {args.tasks} no-op tasks: "
-        f"{'; '.join(e.label for e in entries) if 'workers' in parts else 'skipped'}; "
+        f"{'; '.join(e.label for e in entries) or 'skipped'}; "
         f"CONN_MAX_AGE = {settings.DATABASES['default']['CONN_MAX_AGE']} for every Django "
         "contender (procrastinate: its worker's pool)\n"
         f"  store drains of {args.jobs} jobs, {task_rows.processes(args.workers)} each, "
@@ -132,7 +138,7 @@ def run(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         f"{', '.join(stores) or 'skipped'}"
     )
     drains = []
-    if "workers" in parts:
+    if entries:
         drains = tasks.drain(url, entries=entries, tasks=args.tasks, repeats=args.repeats, log=log)
     if stores:
         log("store drains:")
@@ -168,6 +174,7 @@ def run(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
         polling = tasks.latency(url, samples=args.samples, listen=False, log=log)
     rows = [
         *task_rows.worker_rows(drains),
+        *task_rows.policy_rows(drains),
         *task_rows.store_rows(store, args.workers),
         *task_rows.mariadb_rows(mysql, args.workers, args.batch),
         *task_rows.startup_rows(started),

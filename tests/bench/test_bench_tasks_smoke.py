@@ -1,8 +1,9 @@
 """The task benchmark runs end to end on tiny counts: jobstate_worker at one and at two
-threads per process, django-tasks-db's db_worker and procrastinate's worker each drain
-every task they were given with their own command, in rounds whose order turns, on
-connections they keep; the rows against db_worker name both thread counts, the start-up
-row comes out, and the harness drops its database. The store drains (the seed path, the
+threads per process (on the no-op task, then on the same task with a policy),
+django-tasks-db's db_worker and procrastinate's worker each drain every task they were
+given with their own command, in rounds whose order turns, on connections they keep; the
+rows against db_worker name both thread counts, the policy rows and the start-up row
+come out, and the harness drops its database. The store drains (the seed path, the
 raw floor, the pause probe) and MariaDB's give their rows, each with its goal and
 verdict. Speed is not asserted here; the figures belong to the benchmark's runs."""
 
@@ -40,6 +41,8 @@ def test_every_contender_drains_every_task_and_the_database_is_dropped(tmp_path:
     assert [(run["contender"], run["threads"]) for run in report["drain"]] == [
         ("jobstate", 1),
         ("jobstate", 2),
+        ("jobstate-policy", 1),
+        ("jobstate-policy", 2),
         ("django-tasks-db", 1),
         ("procrastinate", 1),
     ]
@@ -50,9 +53,10 @@ def test_every_contender_drains_every_task_and_the_database_is_dropped(tmp_path:
         assert 0 < max(run["connections"]) < TASKS, run
     # The contenders take turns: the second round starts with the second contender.
     rounds = [line for line in result.stdout.splitlines() if line.startswith("  round ")]
-    assert len(rounds) == 8
+    assert len(rounds) == 12
     assert rounds[0].startswith("  round 1, `jobstate_worker --concurrency 1`")
-    assert rounds[4].startswith("  round 2, `jobstate_worker --concurrency 2`")
+    assert rounds[6].startswith("  round 2, `jobstate_worker --concurrency 2`")
+    assert any(", a task with a policy: " in line for line in rounds[:6])
     rows = report["rows"]
     assert (
         "| `jobstate_worker --concurrency 1` (2 processes x 1 thread) vs `db_worker` "
@@ -62,6 +66,15 @@ def test_every_contender_drains_every_task_and_the_database_is_dropped(tmp_path:
         "| `jobstate_worker --concurrency 2` (2 processes x 2 threads) vs `db_worker` "
         "(2 processes x 1 thread) |" in rows
     )
+    for threads, side in ((1, "2 processes x 1 thread"), (2, "2 processes x 2 threads")):
+        assert (
+            "| a task with a policy vs the same task without one: `jobstate_worker "
+            f"--concurrency {threads}`, with ({side}) vs without ({side}) |" in rows
+        )
+    policy = [row for row in report["goals"] if row["path"].startswith("a task with a policy")]
+    assert [row["goal"] for row in policy] == [">= 0.95x", ">= 0.95x"]
+    verdicts = [line for line in report["targets"] if "a task with a policy vs" in line]
+    assert len(verdicts) == 2 and all(line.startswith(("met: ", "NOT met: ")) for line in verdicts)
     assert "| worker start-up to first task" in rows
     for contender in ("jobstate", "django-tasks-db"):
         [seconds] = report["startup_seconds"][contender]
@@ -84,7 +97,7 @@ def test_the_store_and_mariadb_rows_come_out_with_their_goals(tmp_path: Path) ->
         name,
         out,
         *("tasks", "--workers", "1", "--jobs", str(JOBS), "--repeats", "1"),
-        *("--skip", "workers,startup,concurrency,latency"),
+        *("--skip", "workers,policy,startup,concurrency,latency"),
         *("--mysql", server, "--mysql-jobs", str(JOBS), "--batch", "10"),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -133,5 +146,5 @@ def test_a_mistyped_part_is_refused_before_any_database_is_made(tmp_path: Path) 
         "jobstate_bench_tasks_refused", tmp_path / "out.json", "tasks", "--skip", "seeds"
     )
     assert result.returncode == 1
-    assert "--skip takes some of workers, seed, floor, pause" in result.stderr
+    assert "--skip takes some of workers, policy, seed, floor, pause" in result.stderr
     assert not (tmp_path / "out.json").exists()
