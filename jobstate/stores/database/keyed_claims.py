@@ -21,13 +21,11 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from django.db.models import F
-from django.db.models.functions import Now
-
-from jobstate.core.states import JobStatus, task_claim_token
+from jobstate.core.states import JobStatus
 from jobstate.models import Job
 from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.tables import job_rows
+from jobstate.stores.database.task_queue import attempt_started
 
 __all__ = ["claim_keyed_tasks"]
 
@@ -69,16 +67,7 @@ def claim_keyed_tasks(
             moved = (
                 job_rows(using)
                 .filter(id=pk, status=JobStatus.QUEUED)
-                .update(
-                    status=JobStatus.RUNNING,
-                    executor_id=owner,
-                    claimed_at=Now(),
-                    dispatched_at=None,
-                    lease_until=Now() + lease,
-                    claim_token=task_claim_token(claim_round, pk),
-                    attempts=F("attempts") + 1,
-                    updated_at=Now(),
-                )
+                .update(**attempt_started(owner, lease, claim_round, pk))
             )
             if moved:
                 claimed.append(pk)

@@ -31,6 +31,7 @@ from jobstate.stores.database.intake import create_job
 from jobstate.stores.database.tables import job_rows
 
 __all__ = [
+    "attempt_started",
     "claim_tasks",
     "complete_and_claim_tasks",
     "enqueue_task",
@@ -55,6 +56,24 @@ def enqueue_task(using: str, cleaned: dict[str, Any]) -> Job:
             raise StoreConflict("the task's insert wrote nothing.")
         return job
     return create_job(using, cleaned)
+
+
+def attempt_started(
+    owner: str, lease: timedelta, claim_round: uuid.UUID, pk: uuid.UUID
+) -> dict[str, Any]:
+    """What a task claim writes on the queued task ``pk``: running for ``owner`` under
+    a lease, with its token of ``claim_round`` and one more attempt (the claim starts
+    one); ``run_after`` is kept."""
+    return {
+        "status": JobStatus.RUNNING,
+        "executor_id": owner,
+        "claimed_at": Now(),
+        "dispatched_at": None,
+        "lease_until": Now() + lease,
+        "claim_token": task_claim_token(claim_round, pk),
+        "attempts": F("attempts") + 1,
+        "updated_at": Now(),
+    }
 
 
 def claim_tasks(
@@ -168,16 +187,7 @@ def _claim_portable(
             moved = (
                 job_rows(using)
                 .filter(id=pk, status=JobStatus.QUEUED)
-                .update(
-                    status=JobStatus.RUNNING,
-                    executor_id=owner,
-                    claimed_at=Now(),
-                    dispatched_at=None,
-                    lease_until=Now() + lease,
-                    claim_token=task_claim_token(claim_round, pk),
-                    attempts=F("attempts") + 1,
-                    updated_at=Now(),
-                )
+                .update(**attempt_started(owner, lease, claim_round, pk))
             )
             if moved:
                 claimed.append(pk)
