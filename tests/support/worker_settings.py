@@ -6,8 +6,10 @@ behind a pooler in transaction mode with ``JOBSTATE_TEST_POOLER=transaction``,
 Django's log of the tasks tagged (see :class:`TaggedFormatter`), and with
 ``JOBSTATE_TEST_LOG_INSTANTS=1`` the worker's log lines led by the instant each was
 logged (seconds since the epoch, to the microsecond), for a test that orders them
-against the database's timestamps."""
+against the database's timestamps; and the module ``JOBSTATE_TEST_IMPORT_AT_START``
+names imported with the settings, as a project's own modules are at start-up."""
 
+import importlib
 import json
 import logging
 import os
@@ -80,3 +82,6 @@ if os.environ.get("JOBSTATE_TEST_LOG_INSTANTS") == "1":
         "level": "INFO",
         "propagate": False,
     }
+
+if "JOBSTATE_TEST_IMPORT_AT_START" in os.environ:
+    importlib.import_module(os.environ["JOBSTATE_TEST_IMPORT_AT_START"])

@@ -106,3 +106,51 @@ def test_a_reload_supervisor_whose_worker_was_killed_says_so(settings: Any) -> N
         stop(worker)
     assert status == 128 + signal.SIGKILL
     assert f"The worker (pid {child.pid}) was killed by SIGKILL" in err
+
+
+def test_a_reload_worker_whose_code_stops_loading_waits_for_the_fix(
+    settings: Any, tmp_path: Path
+) -> None:
+    """A module the worker imports at start-up saved half-edited: the fresh worker
+    fails to start, and the supervisor waits for the next change instead of exiting."""
+    options = use_options(settings)
+    code = tmp_path / "code"
+    code.mkdir()
+    startup = code / "jobstate_startup_module.py"
+    startup.write_text("READY = True\n")
+    (code / "jobstate_reloaded_tasks.py").write_text(MODULE.format(version=1))
+    worker = start_worker(
+        "--reload",
+        "--interval",
+        "0.2",
+        options=options,
+        PYTHONPATH=str(code),
+        JOBSTATE_TEST_IMPORT_AT_START="jobstate_startup_module",
+    )
+    try:
+        assert wait_for(lambda: returned(enqueue_version()), timeout=60, what="a worker") == 1
+        bumps = itertools.count(1)
+
+        def touched(text: str) -> None:
+            startup.write_text(text)
+            later = time.time() + next(bumps)
+            os.utime(startup, (later, later))
+
+        touched("READY = (\n")  # a syntax error
+        wait_for(
+            lambda: Worker.objects.filter(stopped_reason__startswith="code changed").exists(),
+            timeout=60,
+            what="the worker stopping for the change",
+        )
+        time.sleep(3)  # the fresh worker fails; the supervisor must stay
+        assert worker.poll() is None, "the supervisor exited on the broken code"
+        touched("READY = True\n")
+        after = enqueue_version()
+        assert wait_for(lambda: returned(after), timeout=60, what="a worker after the fix") == 1
+        worker.send_signal(signal.SIGTERM)
+        status, _out, err = finish(worker, timeout=30)
+    finally:
+        stop(worker)
+    assert status == 0, err
+    assert "SyntaxError" in err
+    assert "waiting for a change to the code to start a fresh one" in err

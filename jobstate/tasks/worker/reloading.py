@@ -6,6 +6,9 @@ Django's own file watcher (``django.utils.autoreload``). Unlike ``runserver``'s,
 child stops *gracefully* when a file changes (:class:`CodeWatcher`): it claims nothing
 more, lets its running tasks finish within ``--grace``, hands back the rest and exits
 with autoreload's "restart me" status, 3; the supervisor then starts a fresh child.
+A child that fails with an error (status 1: a module it imports at start-up no longer
+loads, say, saved half-edited) does not end the supervisor either: it waits, as
+``runserver`` does, for the next change to a file of the code, then starts a fresh child.
 
 The supervisor forwards each SIGTERM and SIGINT it gets to the child, which runs in a
 process group of its own so a terminal's Ctrl-C reaches it once, through the
@@ -25,6 +28,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -80,7 +84,15 @@ def supervise() -> int:
                     _signal_name(-code),
                     128 - code,
                 )
-            if code != RELOAD_EXIT:
+            if code == _FAILED and not stopping:
+                logger.error(
+                    "The worker exited with status %d (its error is above); waiting for a "
+                    "change to the code to start a fresh one",
+                    code,
+                )
+                if not _wait_for_change(stopping):
+                    return 0
+            elif code != RELOAD_EXIT:
                 return code if code >= 0 else 128 - code
             if stopping:
                 return 0
@@ -88,6 +100,27 @@ def supervise() -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+#: The status of a Python process ended by an uncaught exception.
+_FAILED = 1
+
+#: How often the supervisor looks at the files' modification times while it waits.
+_POLL_SECONDS = 0.5
+
+
+def _wait_for_change(stopping: list[int]) -> bool:
+    """Wait until a file of the code this process loaded (Django's watched files: every
+    imported module, the settings among them) changes; ``False`` when a stop signal
+    came first."""
+    reloader = autoreload.StatReloader()
+    before = dict(reloader.snapshot_files())
+    while not stopping:
+        time.sleep(_POLL_SECONDS)
+        now = dict(reloader.snapshot_files())
+        if now != before:
+            return True
+    return False
 
 
 def _signal_name(signum: int) -> str:
