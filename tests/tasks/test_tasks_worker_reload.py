@@ -128,7 +128,8 @@ def test_a_reload_worker_whose_code_stops_loading_waits_for_the_fix(
         JOBSTATE_TEST_IMPORT_AT_START="jobstate_startup_module",
     )
     try:
-        assert wait_for(lambda: returned(enqueue_version()), timeout=60, what="a worker") == 1
+        first = enqueue_version()
+        assert wait_for(lambda: returned(first), timeout=60, what="a worker") == 1
         bumps = itertools.count(1)
 
         def touched(text: str) -> None:
@@ -136,12 +137,14 @@ def test_a_reload_worker_whose_code_stops_loading_waits_for_the_fix(
             later = time.time() + next(bumps)
             os.utime(startup, (later, later))
 
-        touched("READY = (\n")  # a syntax error
-        wait_for(
-            lambda: Worker.objects.filter(stopped_reason__startswith="code changed").exists(),
-            timeout=60,
-            what="the worker stopping for the change",
-        )
+        broken = "READY = (\n"  # a syntax error
+
+        def stopped_for_the_change() -> bool:
+            # Newer and newer: the watcher may have first seen the file after the write.
+            touched(broken)
+            return Worker.objects.filter(stopped_reason__startswith="code changed").exists()
+
+        wait_for(stopped_for_the_change, timeout=60, what="the worker stopping for the change")
         time.sleep(3)  # the fresh worker fails; the supervisor must stay
         assert worker.poll() is None, "the supervisor exited on the broken code"
         touched("READY = True\n")
