@@ -9,7 +9,6 @@ PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -193,7 +192,6 @@ def test_eight_workers_never_run_three_of_a_key_at_once_even_when_killed(
     ends = [line for line in _lines(notes) if line.startswith("end ")]
     assert len(ends) == 24
     assert Job.objects.filter(status=JobStatus.DONE).count() == 24
-    assert os.getpid() not in killed
 
 
 def _lines(path: Path) -> list[str]:
