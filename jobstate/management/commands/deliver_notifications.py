@@ -52,6 +52,7 @@ from django.db import DatabaseError
 
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import WorkerKind, WorkerRegistration
+from jobstate.core.wakeup import Wakeup
 from jobstate.exceptions import JobStateError, StoreError
 from jobstate.outbox.relay import DeliveryReport, default_relay_id, deliver_notifications
 from jobstate.stores import get_state_store
@@ -158,7 +159,8 @@ class Command(JobStateCommand):
             raise command_error(exc) from exc
 
     def relay_loop(self, store: StateStore, **options: Any) -> None:
-        stop = threading.Event()
+        # Set by the signal handler: a threading.Event could hang it (see Wakeup).
+        stop = Wakeup()
         interval = 1.0 if options["interval"] is None else options["interval"].total_seconds()
         batch = options["limit"] or jobstate_settings.OUTBOX_BATCH_SIZE
         totals = dict.fromkeys(["passes", "failed_passes", *_COUNTERS], 0)
@@ -214,7 +216,9 @@ class Command(JobStateCommand):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             progress.clear()
-        beat.stopped("signal" if stop.is_set() else "error")
+            stopped_by = "signal" if stop.is_set() else "error"
+            stop.close()
+        beat.stopped(stopped_by)
         if options["json"]:
             self.stdout.write(json.dumps(totals))
         elif options["verbosity"] >= 1:

@@ -44,12 +44,12 @@ from __future__ import annotations
 import logging
 import queue
 import signal
-import threading
 import time
 from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from jobstate.core.wakeup import Wakeup
 from jobstate.exceptions import ImproperlyConfiguredStore, StoreError
 from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
@@ -108,7 +108,7 @@ class TaskWorker:
             self.store, using=config.using, options=self.options, sender=type(backend)
         )
         self.summary = WorkerSummary(worker_id=config.worker_id)
-        self._wake = threading.Event()
+        self._wake = Wakeup()
         self._stop_requested: str | None = None
         self._ended: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._pending: list[Outcome] = []
@@ -156,6 +156,7 @@ class TaskWorker:
                 self._work()
             finally:
                 self._wind_down()
+                self._wake.close()
         return self.summary
 
     # --- the loop --------------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""A wake-up flag that threads and signal handlers may set: :class:`Wakeup`.
+
+A process's control loop sleeps until it has something to do, and a stop signal must
+end that sleep at once. ``threading.Event`` cannot be set from a signal handler: Python
+runs the handler on the main thread between two bytecodes, and when that thread is
+inside ``Event.wait`` at that moment, holding the event's lock, the handler's
+``Event.set`` waits for that same lock for ever. The process hangs: it neither works
+nor stops. :class:`Wakeup` keeps no lock: setting it writes a byte into a socket pair,
+waiting selects on the other end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import time
+
+__all__ = ["Wakeup"]
+
+#: The longest single wait handed to the selector (its timeout is converted to whole
+#: milliseconds of a C int); a longer wait is made of several.
+_LONGEST_SELECT = 3600.0
+
+
+class Wakeup:
+    """``set``, ``clear``, ``is_set`` and ``wait`` as ``threading.Event`` has them, safe
+    from any thread and from a signal handler. :meth:`close` frees its sockets; once
+    closed it is never set again."""
+
+    def __init__(self) -> None:
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._reader, selectors.EVENT_READ)
+        self._closed = False
+
+    def set(self) -> None:
+        """Wake the waiter (now, or at its next :meth:`wait`)."""
+        if self._closed:
+            return
+        # A full buffer of wake-ups (BlockingIOError) means it is set already.
+        with contextlib.suppress(BlockingIOError):
+            self._writer.send(b"\0")
+
+    def clear(self) -> None:
+        """Forget the wake-ups sent so far."""
+        while True:
+            try:
+                if not self._reader.recv(4096):
+                    return
+            except BlockingIOError:
+                return
+
+    def is_set(self) -> bool:
+        return bool(self._selector.select(0))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep until set or for ``timeout`` seconds (``None``: until set); whether it
+        was set. It stays set: :meth:`clear` clears it."""
+        if timeout is None:
+            while not self._selector.select(_LONGEST_SELECT):
+                pass
+            return True
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if self._selector.select(min(max(left, 0.0), _LONGEST_SELECT)):
+                return True
+            if left <= _LONGEST_SELECT:
+                return False
+
+    def close(self) -> None:
+        self._closed = True
+        self._selector.close()
+        self._reader.close()
+        self._writer.close()
