@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
 from jobstate.console.job_search import parse_search
 from jobstate.console.queue_stats import KeyAtLimit, keys_at_limit
@@ -26,7 +28,9 @@ from jobstate.core.states import JobStatus
 from jobstate.exceptions import InvalidPayload
 from jobstate.models import Job, Worker
 from jobstate.stores import get_state_store
+from jobstate.tasks.worker.task_claims import KeyedPace, TaskClaim
 from tests.support.policy_tasks import one_at_a_time, two_at_a_time
+from tests.support.task_functions import add
 from tests.support.tasks_kit import start_worker, stop, use_options, wait_for
 from tests.support.threads import in_parallel
 
@@ -62,6 +66,48 @@ def test_a_keyed_task_is_claimed_only_under_its_limit(settings: Any, tmp_path: P
     assert done.claim_token is not None
     get_state_store().complete_claimed_job(done.id, done.claim_token, JobStatus.DONE)
     assert [str(j.id) for j in claim(keyed=True)] == [a[2]]
+
+
+@pytest.mark.django_db
+def test_a_worker_asks_for_keyed_tasks_after_the_others_only_while_some_are_about(
+    settings: Any, tmp_path: Path
+) -> None:
+    use_options(settings)
+    store = get_state_store()
+    pace = KeyedPace(interval=60)
+
+    def worker_claim() -> tuple[list[Job], int]:
+        request = TaskClaim(
+            target=TARGET, queues=None, worker_id="w-1", lease=LEASE, limit=4, pace=pace
+        )
+        with CaptureQueriesContext(connection) as captured:
+            jobs = request.claim(store)
+        return jobs, len(captured.captured_queries)
+
+    def ordinary_claim() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert claim(keyed=False) == []
+        return len(captured.captured_queries)
+
+    add.enqueue(1, 2)
+    # The first claim takes the keyed tasks first (none), then the others.
+    jobs, _ = worker_claim()
+    assert len(jobs) == 1
+    # Slots are left free, but the last look at the keyed tasks found none: the worker's
+    # next claims send only the ordinary claim's statements until its pace is due again.
+    alone = ordinary_claim()
+    jobs, sent = worker_claim()
+    assert (jobs, sent) == ([], alone)
+    # A keyed task enqueued meanwhile waits for the pace (a second at most) ...
+    keyed = two_at_a_time.enqueue("a", str(tmp_path / "notes"), 0)
+    assert worker_claim()[0] == []
+    # ... or for a keyed task of this worker to end: its key may let another start.
+    pace.ended(Job.objects.get(id=keyed.id))
+    jobs, sent = worker_claim()
+    assert [str(job.id) for job in jobs] == [keyed.id] and sent > alone
+    # It found some: the next claim that leaves slots free looks again.
+    two_at_a_time.enqueue("b", str(tmp_path / "notes"), 0)
+    assert len(worker_claim()[0]) == 1
 
 
 @pytest.mark.django_db

@@ -143,7 +143,7 @@ class TaskWorker:
         """Work until ``--batch`` or ``--max-tasks`` says the work is done, or a stop
         is requested; then let the running tasks finish (up to ``grace``), hand back the
         rest and return what was done."""
-        with stop_signals(lambda signum: self.request_stop(_signal_name(signum))):
+        with stop_signals(lambda signum: self.request_stop(signal.Signals(signum).name)):
             self._pool = ExecutionPool(
                 self.config.concurrency,
                 self._attempt_ended,
@@ -267,7 +267,7 @@ class TaskWorker:
             worker_id=self.config.worker_id,
             lease=self.options.lease,
             limit=free,
-            keyed_first=self._keyed.due(),
+            pace=self._keyed,
         )
 
     def _start(self, jobs: list[Job]) -> None:
@@ -297,6 +297,7 @@ class TaskWorker:
 
     def _attempt_ended(self, outcome: Outcome) -> None:
         """Called by an execution thread: queue the outcome for the control loop."""
+        self._keyed.ended(outcome.attempt.job)
         self._ended.put(outcome)
         self._wake.set()
 
@@ -494,7 +495,3 @@ class TaskWorker:
     def _waiting(self) -> bool:
         """Attempts are running that may still end by themselves (not stuck ones)."""
         return any(attempt not in self._stuck for attempt in self._active.values())
-
-
-def _signal_name(signum: int) -> str:
-    return signal.Signals(signum).name

@@ -4,11 +4,14 @@ round's reports, and the tasks under a concurrency key (``policy(concurrency_key
 The claim the worker makes on every round (:meth:`StateStore.claim_tasks`, or with its
 reports :meth:`StateStore.complete_and_claim_tasks`: one statement on PostgreSQL) leaves
 out the tasks under a concurrency key: those are claimed under their key's gate by
-:meth:`StateStore.claim_keyed_tasks`, one statement more. So that round trip is not paid
-on every task, a worker claims them first once a second, or once per ``--interval`` when
-that is longer (:class:`KeyedPace`), and whenever its ordinary claim leaves slots free
-(its queues hold nothing else ready). A key's tasks therefore wait about that long at
-most for a free slot, however many other tasks are queued.
+:meth:`StateStore.claim_keyed_tasks`, one statement more (a short transaction). So that
+round trip is not paid on every task, a worker claims them first once a second, or once
+per ``--interval`` when that is longer (:class:`KeyedPace`), and whenever its ordinary
+claim leaves slots free (its queues hold nothing else ready) while keyed tasks are about:
+its last claim of them took some, or one of its keyed tasks has ended since. A key's
+tasks therefore wait about that long at most for a free slot, however many other tasks
+are queued; and a worker whose queues hold no keyed task pays that statement once a
+second at most, busy or idle.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from jobstate.core.states import ClaimReport
@@ -42,13 +46,19 @@ class TaskClaim:
     claim_round: uuid.UUID = field(default_factory=uuid.uuid4)
     """Each claim's own: the worker gives back what a claim whose reply was lost took
     (:mod:`.lost_claims`). Every statement of the claim uses it."""
-    keyed_first: bool = False
-    """Claim the tasks under a concurrency key before the others (:class:`KeyedPace`)."""
+    pace: KeyedPace | None = field(default=None, compare=False, repr=False)
+    """When the worker claims the tasks under a concurrency key, which learns from each
+    such claim; without one, never first and always after the others."""
+
+    @cached_property
+    def keyed_first(self) -> bool:
+        """Claim the tasks under a concurrency key before the others this round."""
+        return self.pace is not None and self.pace.due()
 
     def claim(self, store: StateStore) -> list[Job]:
         """The claim alone: the keyed tasks first when :attr:`keyed_first`, then the
         others; the keyed ones after them when those leave slots free."""
-        jobs = store.claim_keyed_tasks(**self._arguments(self.limit)) if self.keyed_first else []
+        jobs = self._keyed(store, self.limit) if self.keyed_first else []
         if len(jobs) < self.limit:
             jobs += store.claim_tasks(**self._arguments(self.limit - len(jobs)))
         return self._then_keyed(store, jobs)
@@ -70,7 +80,15 @@ class TaskClaim:
     def _then_keyed(self, store: StateStore, jobs: list[Job]) -> list[Job]:
         if self.keyed_first or len(jobs) >= self.limit:
             return jobs
-        return jobs + store.claim_keyed_tasks(**self._arguments(self.limit - len(jobs)))
+        if self.pace is not None and not self.pace.keyed_about:
+            return jobs
+        return jobs + self._keyed(store, self.limit - len(jobs))
+
+    def _keyed(self, store: StateStore, limit: int) -> list[Job]:
+        jobs = store.claim_keyed_tasks(**self._arguments(limit))
+        if self.pace is not None:
+            self.pace.claimed(len(jobs))
+        return jobs
 
     def _arguments(self, limit: int) -> dict[str, Any]:
         return {
@@ -89,12 +107,26 @@ KEYED_FIRST_AT_MOST_EVERY = 1.0
 
 
 class KeyedPace:
-    """When a worker's next claim takes the tasks under a concurrency key first: once
-    every ``interval`` seconds, and not more than once a second."""
+    """When a worker's claims take the tasks under a concurrency key: first, once every
+    ``interval`` seconds and not more than once a second (:meth:`due`); after the
+    others, while :attr:`keyed_about`."""
 
     def __init__(self, interval: float) -> None:
         self._every = max(interval, KEYED_FIRST_AT_MOST_EVERY)
         self._next = time.monotonic()
+        self.keyed_about = True
+        """Whether a claim that leaves slots free claims keyed tasks after the others:
+        not once a claim of them found none, until one finds some or one of this
+        worker's keyed tasks ends (its key may let another start)."""
+
+    def claimed(self, count: int) -> None:
+        """A claim of keyed tasks took ``count``."""
+        self.keyed_about = count > 0
+
+    def ended(self, job: Job) -> None:
+        """An attempt of ``job`` ended (called from its thread)."""
+        if job.concurrency_digest:
+            self.keyed_about = True
 
     def due(self) -> bool:
         """Whether this claim goes first to the keyed tasks (and the next one not before
