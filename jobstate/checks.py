@@ -150,12 +150,18 @@ def check_database_guarantees(**kwargs: Any) -> list[CheckMessage]:
     the database lock at BEGIN, so a claim cannot interleave). MariaDB 10.6+ and MySQL
     8+ need ``SKIP LOCKED``, READ COMMITTED isolation, and the guards of migration
     ``0009_mysql_guards`` (the deploy check ``jobstate.E044``). Other backends have no
-    partial unique indexes and are refused."""
+    partial unique indexes and are refused.
+
+    A database that is not SQLite but keeps SQLite's ``OPTIONS`` (the quick start's
+    ``transaction_mode`` and ``timeout``, left behind when ``ENGINE`` was changed) gets
+    the warning ``jobstate.W053``: its driver refuses them at the first connection."""
     messages: list[CheckMessage] = []
     databases = kwargs.get("databases") or settings.DATABASES.keys()
     for alias in databases:
         connection = connections[alias]
         vendor = connection.vendor
+        if vendor != "sqlite":
+            messages += _sqlite_options_elsewhere(alias, connection)
         if vendor == "postgresql":
             continue
         if vendor == "sqlite":
@@ -186,6 +192,27 @@ def check_database_guarantees(**kwargs: Any) -> list[CheckMessage]:
             continue
         messages += _mysql_guarantees(alias, connection)
     return messages
+
+
+#: ``DATABASES[...]["OPTIONS"]`` keys that only Django's SQLite backend takes.
+_SQLITE_ONLY_OPTIONS = ("transaction_mode", "timeout")
+
+
+def _sqlite_options_elsewhere(alias: str, connection: Any) -> list[CheckMessage]:
+    options = connection.settings_dict.get("OPTIONS") or {}
+    stray = [name for name in _SQLITE_ONLY_OPTIONS if name in options]
+    if not stray:
+        return []
+    return [
+        Warning(
+            f"Database {alias!r} ({connection.vendor}) has SQLite's OPTIONS "
+            f"{', '.join(map(repr, stray))}: its driver refuses them, so every connection "
+            "fails (PostgreSQL: 'invalid connection option').",
+            hint=f"Remove {' and '.join(map(repr, stray))} from DATABASES[{alias!r}]"
+            "['OPTIONS']: they were for SQLite (the quick start's settings).",
+            id="jobstate.W053",
+        )
+    ]
 
 
 def _mysql_guarantees(alias: str, connection: Any) -> list[CheckMessage]:

@@ -350,12 +350,19 @@ class StoredPolicy:
         """Whether an attempt that raised ``error`` may be retried (attempts allowing):
         not when ``discard_on`` names it or a base of it, nor when ``retry_on`` is set
         and names neither."""
+        return self.refusal(error) is None
+
+    def refusal(self, error: type[BaseException]) -> str | None:
+        """Why an attempt that raised ``error`` may not be retried, in words for the
+        worker's log; ``None`` when it may be (attempts allowing)."""
         if self.retry_on is None and not self.discard_on:
-            return True
+            return None
         paths = {class_path(cls) for cls in error.__mro__}
         if paths & self.discard_on:
-            return False
-        return self.retry_on is None or bool(paths & self.retry_on)
+            return "the task's discard_on names it"
+        if self.retry_on is None or paths & self.retry_on:
+            return None
+        return "the task's retry_on does not name it"
 
 
 # --- the decorator's checks -------------------------------------------------------------
@@ -431,12 +438,18 @@ def _states(value: Any, unique: Any) -> tuple[str, ...]:
         )
     names = [str(getattr(item, "name", item)) for item in value]
     unknown = [name for name in names if name not in UNIQUE_STATE_BITS]
-    if unknown or not set(DEFAULT_UNIQUE_STATES) <= set(names):
+    if unknown:
+        raise ValueError(
+            f"policy(unique_states=...) takes names among {', '.join(UNIQUE_STATE_BITS)}; "
+            f"{', '.join(map(repr, unknown))} is none of them."
+        )
+    if not set(DEFAULT_UNIQUE_STATES) <= set(names):
         # A task keeps its key from enqueue to its end: a retry, or a lost attempt put back
         # in the queue, must never meet a duplicate enqueued while it ran.
         raise ValueError(
-            f"policy(unique_states=...) takes names among {', '.join(UNIQUE_STATE_BITS)}, "
-            f"READY and RUNNING among them (add SUCCESSFUL or FAILED), got {list(value)!r}."
+            "policy(unique_states=...) must include READY and RUNNING (a task holds its key "
+            "until it ends); add SUCCESSFUL or FAILED to keep it longer, got "
+            f"{list(value)!r}."
         )
     return tuple(dict.fromkeys(names))
 
@@ -444,7 +457,9 @@ def _states(value: Any, unique: Any) -> tuple[str, ...]:
 def _concurrency_key(value: Any) -> str | Callable[..., Any] | None:
     if value is None or callable(value):
         return value
-    if isinstance(value, str) and value:
+    if value == "":
+        raise ValueError("policy(concurrency_key=...) is empty: give a key, or leave it out.")
+    if isinstance(value, str):
         return _check_key(value, "this task", what="concurrency key")
     raise TypeError(
         "policy(concurrency_key=...) takes a non-empty str or a function of the task's "

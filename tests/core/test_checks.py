@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
-from django.core.checks import ERROR
+from django.core.checks import ERROR, WARNING
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connections
@@ -122,6 +122,22 @@ def test_sqlite_without_immediate_transactions_fails_the_check_until_accepted(
         call_command("check", databases=["default"])
     settings.SILENCED_SYSTEM_CHECKS = ["jobstate.E040"]
     call_command("check", databases=["default"])
+
+
+@pytest.mark.only_on("postgresql")
+def test_sqlite_options_left_on_a_postgresql_database_are_warned_about(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The quick start's SQLite OPTIONS, kept when ENGINE was changed: psycopg refuses
+    # them at the first connection ('invalid connection option "transaction_mode"').
+    monkeypatch.setitem(_options(), "transaction_mode", "IMMEDIATE")
+    monkeypatch.setitem(_options(), "timeout", 30)
+
+    [message] = check_database_guarantees(databases=["default"])
+
+    assert message.id == "jobstate.W053" and message.level == WARNING
+    assert "'transaction_mode', 'timeout'" in message.msg and "postgresql" in message.msg
+    assert "Remove 'transaction_mode' and 'timeout'" in (message.hint or "")
 
 
 @pytest.mark.mysql

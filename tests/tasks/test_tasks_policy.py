@@ -8,6 +8,7 @@ its policy after the code changed."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 from typing import Any
@@ -81,12 +82,14 @@ def drain(memory_tasks: MemoryTasks, result_id: str) -> Any:
         ({"discard_on": (int,)}, TypeError, "discard_on"),
         ({"unique": "yes"}, TypeError, "unique"),
         ({"unique_states": ("READY",)}, ValueError, "needs unique"),
-        ({"unique": True, "unique_states": ("DONE",)}, ValueError, "unique_states"),
-        ({"unique": True, "unique_states": ("READY",)}, ValueError, "RUNNING among them"),
+        ({"unique": True, "unique_states": ("DONE",)}, ValueError, "'DONE' is none of them"),
+        ({"unique": True, "unique_states": ("READY",)}, ValueError, "must include READY and"),
         ({"unique": True, "unique_states": "READY"}, TypeError, "unique_states"),
         ({"unique": True, "unique_states": ()}, ValueError, "unique_states"),
         ({"unique": True, "unique_for": timedelta(milliseconds=5)}, ValueError, "unique_for"),
         ({"unique_for": timedelta(hours=1)}, ValueError, "needs unique"),
+        ({"concurrency_key": ""}, ValueError, "concurrency_key=...\\) is empty"),
+        ({"concurrency_key": 7}, TypeError, "concurrency_key"),
     ],
 )
 def test_a_bad_declaration_fails_when_declared(
@@ -129,25 +132,32 @@ def test_the_declared_policy_is_stored_with_each_job(
 
 
 def test_retry_on_retries_what_it_names_and_fails_the_rest_at_once(
-    settings: Any, memory_tasks: MemoryTasks
+    settings: Any, memory_tasks: MemoryTasks, caplog: pytest.LogCaptureFixture
 ) -> None:
     use_options(settings)
     retried = drain(memory_tasks, picky.enqueue("Transient").id)
     assert (retried.status, retried.attempts, retried.return_value) == (SUCCESSFUL, 4, 4)
 
+    caplog.set_level(logging.INFO, logger="jobstate.worker")
     failed = drain(memory_tasks, picky.enqueue("KeyError").id)
     assert (failed.status, failed.attempts) == (FAILED, 1)
     assert failed.errors[0].exception_class_path == "builtins.KeyError"
+    # The log says why attempt 1 of 4 was the last, not that none was left.
+    assert "attempt 1/4 failed" in caplog.text
+    assert "not retried: the task's retry_on does not name it" in caplog.text
+    assert "no attempt left" not in caplog.text
 
 
 def test_discard_on_fails_at_once_even_with_attempts_left(
-    settings: Any, memory_tasks: MemoryTasks
+    settings: Any, memory_tasks: MemoryTasks, caplog: pytest.LogCaptureFixture
 ) -> None:
     use_options(settings)
+    caplog.set_level(logging.INFO, logger="jobstate.worker")
     result = drain(memory_tasks, picky.enqueue("ValueError").id)
     assert (result.status, result.attempts) == (FAILED, 1)
     job = memory_tasks.store.get_job(result.id)
     assert job is not None and job.status == JobStatus.ERROR
+    assert "not retried: the task's discard_on names it" in caplog.text
 
 
 def test_a_task_timeout_overrides_the_backend_timeout(

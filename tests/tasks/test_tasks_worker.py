@@ -68,6 +68,8 @@ def test_a_worker_runs_tasks_and_their_results_are_faithful(settings: Any) -> No
 
     assert "jobstate_worker worker-a started: backend 'default', queues default" in log
     assert "concurrency 2" in log
+    # A --batch worker ends once nothing is ready: it says why it only polls.
+    assert "polling every 1 s (--batch: it stops once nothing is ready" in log
     assert log.count("Task tests.support.task_functions.") == 5  # one line per attempt
     assert f"Task tests.support.task_functions.add {summed.id} attempt 1/3 successful in" in log
     assert "attempt 1/3 failed (tests.support.task_functions.Boom: attempt 1 fails)" in log

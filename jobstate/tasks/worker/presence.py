@@ -83,7 +83,9 @@ class WorkerPresence:
             wake = f"LISTEN/NOTIFY, polling every {self.config.interval:g} s as a fallback"
         else:
             wake = f"polling every {self.config.interval:g} s"
-            if jobstate_settings.LISTEN_NOTIFY and jobstate_settings.CONNECTION_POOLER:
+            if self.config.batch:
+                wake += " (--batch: it stops once nothing is ready, so it does not LISTEN)"
+            elif jobstate_settings.LISTEN_NOTIFY and jobstate_settings.CONNECTION_POOLER:
                 wake += (
                     " (no LISTEN/NOTIFY: JOBSTATE['CONNECTION_POOLER'] is "
                     f"{jobstate_settings.CONNECTION_POOLER!r}, and a LISTEN through a "

@@ -404,7 +404,7 @@ class Reporter:
         if settlement.retrying:
             what = f"{what}; retry in {_wait(settlement).total_seconds():.1f} s"
         elif outcome.record.failed:
-            what = f"{what}; no attempt left"
+            what = f"{what}; {_why_final(outcome)}"
         logger.log(
             logging.WARNING if outcome.record.failed else logging.INFO,
             "Task %s %s attempt %d/%d %s",
@@ -421,12 +421,25 @@ def _retryable(outcome: Outcome) -> bool:
     ``discard_on``): judged on what the task raised, or on
     :class:`~jobstate.exceptions.TaskTimedOut` for an attempt past its timeout. An attempt
     the worker ended for its own reasons (it stopped) is always retried."""
-    error: type[BaseException] | None = None
-    if outcome.exception is not None:
-        error = type(outcome.exception)
-    elif outcome.record.outcome is AttemptOutcome.TIMED_OUT:
-        error = TaskTimedOut
+    error = _error(outcome)
     return error is None or outcome.attempt.policy.retries(error)
+
+
+def _error(outcome: Outcome) -> type[BaseException] | None:
+    if outcome.exception is not None:
+        return type(outcome.exception)
+    if outcome.record.outcome is AttemptOutcome.TIMED_OUT:
+        return TaskTimedOut
+    return None
+
+
+def _why_final(outcome: Outcome) -> str:
+    """Why a failed attempt is its task's last, for the log."""
+    job, error = outcome.attempt.job, _error(outcome)
+    refusal = None if error is None else outcome.attempt.policy.refusal(error)
+    if refusal is not None and job.attempts < (job.max_attempts or 1):
+        return f"not retried: {refusal}"
+    return "no attempt left"
 
 
 def _claim(attempt: Attempt) -> tuple[Any, Any]:
