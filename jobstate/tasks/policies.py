@@ -171,6 +171,8 @@ class TaskPolicy:
         """The key this enqueue holds, or ``None`` when it is not unique. ``args`` and
         ``kwargs`` are the JSON the job stores; a key given by :func:`unique_key` comes
         first. ``InvalidPayload`` when the key is not text a job can store."""
+        if self.unique is False:
+            return None  # a unique_key() block gives a key to unique tasks only
         given = _GIVEN_KEY.get()
         if given is not None:
             key: Any = given
@@ -179,12 +181,10 @@ class TaskPolicy:
             if len(key) > UNIQUE_KEY_LIMIT:
                 # Long arguments: the digest compares the same, and the console shows this.
                 key = f"sha256:{hashlib.sha256(key.encode('utf-8')).hexdigest()}"
-        elif callable(self.unique):
+        else:
             key = self.unique(*args, **kwargs)
             if key is None:
                 return None
-        else:
-            return None
         if not isinstance(key, str | int) or isinstance(key, bool):
             raise TypeError(
                 f"the unique key of {task_path} must be a str or an int (or None: not "

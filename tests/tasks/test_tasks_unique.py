@@ -28,6 +28,7 @@ from jobstate.tasks.compat import task_enqueued
 from jobstate.testing.memory_queue import holds_unique_key
 from tests.support.admin_kit import JOBS, act, logged_in, operator, shown_messages
 from tests.support.policy_tasks import (
+    add_with_a_policy,
     import_customer,
     key_raises,
     keyed_by,
@@ -35,6 +36,7 @@ from tests.support.policy_tasks import (
     unique_per_hour,
     unique_until_it_succeeds,
 )
+from tests.support.task_functions import add
 from tests.support.tasks_kit import use_options
 from tests.support.threads import in_parallel
 
@@ -104,6 +106,10 @@ def test_a_key_given_at_enqueue_replaces_the_computed_one(settings: Any) -> None
         assert unique_by_arguments.enqueue(2).id == first.id
     assert unique_by_arguments.enqueue(2).id != first.id
     assert Job.objects.get(id=first.id).policy == {"unique_key": "nightly"}
+    # Tasks that are not unique stay so inside the block, with a policy or without.
+    with unique_key("nightly"):
+        assert add_with_a_policy.enqueue(1, 2).id != add_with_a_policy.enqueue(1, 2).id
+        assert add.enqueue(1, 2).id != add.enqueue(1, 2).id
 
 
 @pytest.mark.django_db
