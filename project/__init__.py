@@ -1,11 +1,6 @@
-# Load the Celery app whenever Django starts, so @shared_task binds to it. Celery is in the
-# dev dependency group only: the light demo (scripts/demo) runs without it, on
-# jobstate_worker, so the app loads only where Celery is installed.
-from importlib.util import find_spec
-
-__all__: list[str] = []
-
-if find_spec("celery") is not None:
-    from project.celery import app as celery_app
-
-    __all__ = ["celery_app"]
+# The demo project's Celery app lives in project.celery, and `celery -A project worker`
+# (or beat) finds it there by itself. It is not imported when Django starts, as Celery's
+# guide suggests for projects whose web processes send tasks with @shared_task: nothing
+# in this project sends a Celery task from a Django process (beat sends jobstate's
+# maintenance tasks), and importing Celery would add about a third of a second to every
+# manage.py command, the workers' start-up included.
