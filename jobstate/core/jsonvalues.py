@@ -57,6 +57,12 @@ def ensure_json(value: Any, *, field: str) -> Any:
     NUL characters (PostgreSQL ``jsonb`` cannot hold them), lone surrogates and
     encodings larger than ``MAX_PAYLOAD_BYTES``.
     """
+    if value is None or value is True or value is False:
+        # What most tasks return: nothing to round-trip, only the size to check.
+        size = 5 if value is False else 4
+        if size > jobstate_settings.MAX_PAYLOAD_BYTES:
+            raise _too_large(field, size)
+        return value
     try:
         encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (ValueError, TypeError, RecursionError) as exc:
@@ -71,10 +77,7 @@ def ensure_json(value: Any, *, field: str) -> Any:
     except UnicodeEncodeError as exc:  # a lone surrogate: no database can store it
         raise InvalidPayload(f"{field} contains text that is not valid Unicode: {exc}") from exc
     if size > limit:
-        raise InvalidPayload(
-            f"{field} is {size} bytes of JSON; the limit is {limit} "
-            "(JOBSTATE['MAX_PAYLOAD_BYTES']).",
-        )
+        raise _too_large(field, size)
     try:
         decoded = json.loads(encoded, parse_float=_exact_float)
     except InvalidPayload as exc:
@@ -87,3 +90,10 @@ def ensure_json(value: Any, *, field: str) -> Any:
             "(tuples, non-string keys or other values JSON cannot represent exactly)."
         )
     return value
+
+
+def _too_large(field: str, size: int) -> InvalidPayload:
+    limit = jobstate_settings.MAX_PAYLOAD_BYTES
+    return InvalidPayload(
+        f"{field} is {size} bytes of JSON; the limit is {limit} (JOBSTATE['MAX_PAYLOAD_BYTES']).",
+    )
