@@ -16,6 +16,7 @@ become ``Job`` instances through the same converters a queryset applies
 from __future__ import annotations
 
 import functools
+import json
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Model, signals
+from django.db.models import JSONField, Model, signals
 from django.db.models.base import ModelState
 
 from jobstate.core.conf import jobstate_settings
@@ -138,8 +139,11 @@ class _RowPlan:
     #: time, to which Django's time zone is attached (inline: a function call per
     #: timestamp cost more than the rest of a claim's Python work per column).
     zoned: tuple[int, ...]
-    #: The other converters of each column that has any (JSON decoding), bound to the
-    #: connection: working them out costs more than a claim's other Python work.
+    #: The plain ``JSONField`` columns (no decoder of their own): decoded inline, as
+    #: their ``from_db_value`` would (a job has seven, so a call saved is seven).
+    json: tuple[tuple[int, Any, Any], ...]
+    #: The other converters of each column that has any, bound to the connection:
+    #: working them out costs more than a claim's other Python work.
     converters: tuple[tuple[int, Any, tuple[Any, ...]], ...]
 
 
@@ -153,6 +157,7 @@ def _row_plan(connection: BaseDatabaseWrapper) -> _RowPlan:
         return plan
     fields = Job._meta.concrete_fields
     zoned: list[int] = []
+    plain_json: list[tuple[int, Any, Any]] = []
     converters: list[tuple[int, Any, tuple[Any, ...]]] = []
     for position, field in enumerate(fields):
         column = field.get_col(Job._meta.db_table)
@@ -163,9 +168,12 @@ def _row_plan(connection: BaseDatabaseWrapper) -> _RowPlan:
         if field.get_internal_type() == "DateTimeField":
             # Before the column's other converters, as Django's own loader would be.
             zoned.append(position)
-        if functions:
+        if _plain_json(field, functions):
+            plain_json.append((position, column, functions[0]))
+        elif functions:
             converters.append((position, column, functions))
-    plan = _RowPlan([field.attname for field in fields], tuple(zoned), tuple(converters))
+    names = [field.attname for field in fields]
+    plan = _RowPlan(names, tuple(zoned), tuple(plain_json), tuple(converters))
     _PLANS[connection] = plan
     return plan
 
@@ -177,7 +185,7 @@ def load_jobs(
     ``Job`` instances, through the same backend and field converters (JSON decoding,
     time zones) a queryset applies."""
     plan = _row_plan(connection)
-    names, zoned, converters = plan.names, plan.zoned, plan.converters
+    names, zoned, plain_json, converters = plan.names, plan.zoned, plan.json, plan.converters
     zone = connection.timezone
     instantiate = _instantiate if _plain_instances() else Job.from_db
     jobs: list[Job] = []
@@ -190,6 +198,18 @@ def load_jobs(
             value = values[position]
             if value is not None:
                 values[position] = value.replace(tzinfo=zone)
+        for position, column, from_db_value in plain_json:
+            value = values[position]
+            if type(value) is str:
+                # What from_db_value does: the decoded value, or the text itself when it
+                # is no JSON (json.loads also refuses a leading BOM; decode() does too).
+                # Not contextlib.suppress: the point is fewer calls per value.
+                try:  # noqa: SIM105
+                    values[position] = _decode_json(value)
+                except json.JSONDecodeError:
+                    pass
+            elif value is not None:
+                values[position] = from_db_value(value, column, connection)
         for position, column, functions in converters:
             value = values[position]
             for function in functions:
@@ -197,6 +217,21 @@ def load_jobs(
             values[position] = value
         jobs.append(instantiate(using, names, values))
     return jobs
+
+
+#: ``json.loads`` without arguments decodes with a decoder of its defaults, as this one.
+_decode_json = json.JSONDecoder().decode
+
+
+def _plain_json(field: Any, functions: tuple[Any, ...]) -> bool:
+    """Whether ``field``'s only converter is Django's own ``JSONField.from_db_value``
+    with no decoder of its own: one that ``load_jobs`` may apply inline."""
+    return (
+        isinstance(field, JSONField)
+        and type(field).from_db_value is JSONField.from_db_value
+        and field.decoder is None
+        and functions == (field.from_db_value,)
+    )
 
 
 def _plain_instances() -> bool:
