@@ -241,10 +241,12 @@ def _plain_instances() -> bool:
     receiver may be connected at any time). What ``Model.__init__`` then does is what
     :func:`_instantiate` does, at a tenth of the calls: the worker builds two jobs per
     task (the one it reported, the one it claimed)."""
+    pre, post = signals.pre_init, signals.post_init
+    # A signal with no receiver at all is answered without a call.
     return (
         _plain_model()
-        and not signals.pre_init.has_listeners(Job)
-        and not signals.post_init.has_listeners(Job)
+        and not (pre.receivers and pre.has_listeners(Job))
+        and not (post.receivers and post.has_listeners(Job))
     )
 
 
