@@ -40,11 +40,18 @@ def _exact_float(literal: str) -> float:
     return value
 
 
+#: What ``json.dumps(value, allow_nan=False, ensure_ascii=False)`` and ``json.loads(text,
+#: parse_float=_exact_float)`` do, without building an encoder and a decoder per call
+#: (both are stateless between calls; a task's report checks its value and its log).
+_encode = json.JSONEncoder(allow_nan=False, ensure_ascii=False).encode
+_decode = json.JSONDecoder(parse_float=_exact_float).decode
+
+
 def json_size(value: Any) -> int:
     """The size in bytes of ``value`` as :func:`ensure_json` measures it against
     ``MAX_PAYLOAD_BYTES``: the UTF-8 of its ``json.dumps`` encoding. ``value`` must be
     JSON holding no lone surrogate."""
-    return len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+    return len(_encode(value).encode("utf-8"))
 
 
 def ensure_json(value: Any, *, field: str) -> Any:
@@ -64,7 +71,7 @@ def ensure_json(value: Any, *, field: str) -> Any:
             raise _too_large(field, size)
         return value
     try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        encoded = _encode(value)
     except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidPayload(f"{field} is not strict JSON: {exc}") from exc
     # With ensure_ascii=False a NUL is still written as the escape \u0000.
@@ -79,7 +86,7 @@ def ensure_json(value: Any, *, field: str) -> Any:
     if size > limit:
         raise _too_large(field, size)
     try:
-        decoded = json.loads(encoded, parse_float=_exact_float)
+        decoded = _decode(encoded)
     except InvalidPayload as exc:
         raise InvalidPayload(f"{field}: {exc}") from exc
     except (ValueError, RecursionError) as exc:  # e.g. an int past Python's digit limit
