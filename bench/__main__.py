@@ -6,6 +6,7 @@
     python -m bench pgbouncer --workers 64 --direct 16 --tasks 50000 --kill-at 0.5
     python -m bench all
     python -m bench calls --jobs 5000
+    python -m bench calls --paths worker,worker-policy --tasks 500 --top 30
     python -m bench --server mysql://root@127.0.0.1:3306/ drain --workers 4 --jobs 20000
 
 On a ``mysql://`` server (MariaDB 10.6+ / MySQL 8.0+) only ``drain`` runs: jobstate
@@ -249,12 +250,27 @@ def _pgbouncer(args: argparse.Namespace, url: str, result: dict[str, Any]) -> No
 
 
 def _calls(args: argparse.Namespace, url: str, result: dict[str, Any]) -> None:
-    from bench import calls
+    from bench import calls, worker_calls
 
-    print(f"calls: {args.jobs} jobs per path, batch k={args.batch}", flush=True)
-    result["calls"] = calls.run(
-        jobs=args.jobs, batch=args.batch, log=lambda line: print(line, flush=True)
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = set(paths) - {*calls.PATHS, *worker_calls.ROWS}
+    if unknown:
+        known = ", ".join([*calls.PATHS, *worker_calls.ROWS])
+        raise BenchError(f"unknown path(s) {sorted(unknown)}; known: {known}")
+    print(
+        f"calls: {args.jobs} jobs per path, batch k={args.batch}; the worker's rows: "
+        f"drains of {args.tasks} and {2 * args.tasks} tasks",
+        flush=True,
     )
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    result["calls"] = calls.run(
+        jobs=args.jobs, batch=args.batch, paths=[p for p in paths if p in calls.PATHS], log=log
+    )
+    rows = [p for p in paths if p in worker_calls.ROWS]
+    result["calls"] |= worker_calls.run(tasks=args.tasks, top=args.top, rows=rows, log=log)
 
 
 def _worker_arguments(parser: argparse.ArgumentParser, *, workers: int, workers_help: str) -> None:
@@ -341,6 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     calls_parser.add_argument("--jobs", type=int, default=5000)
     calls_parser.add_argument("--batch", type=int, default=50)
+    calls_parser.add_argument(
+        "--tasks", type=int, default=500, help="tasks of the worker's smaller drain"
+    )
+    calls_parser.add_argument(
+        "--paths",
+        default="one-job,batch,seed,seed-2,worker,worker-policy",
+        help="the rows to count, e.g. worker,worker-policy",
+    )
+    calls_parser.add_argument(
+        "--top", type=int, default=0, help="also print the worker's top N functions"
+    )
     for sub in (drain_parser, all_parser):
         sub.add_argument("--workers", default="4", help="worker processes, e.g. 4 or 1,4")
         sub.add_argument("--jobs", type=int, default=20000)

@@ -10,6 +10,8 @@ connection, and prints calls and CPU microseconds per job. Run it at two revisio
 compare what a change costs in Python::
 
     python -m bench calls --jobs 5000
+
+The worker's rows (a real task worker draining no-op tasks) are :mod:`bench.worker_calls`'.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import cProfile
 import functools
 import pstats
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -76,8 +78,15 @@ def _measure(drain: Callable[[], int]) -> dict[str, float]:
     return {"jobs": done, "calls_per_job": calls / done, "cpu_us_per_job": cpu / done * 1e6}
 
 
-def run(*, jobs: int, batch: int, log: Callable[[str], None]) -> dict[str, dict[str, float]]:
-    """Seed ``jobs`` jobs per path, drain them in this process, return the counts."""
+#: The store's paths this module counts (:mod:`bench.worker_calls` counts the worker's).
+PATHS = ("one-job", "batch", "seed", "seed-2")
+
+
+def run(
+    *, jobs: int, batch: int, paths: Sequence[str] = PATHS, log: Callable[[str], None]
+) -> dict[str, dict[str, float]]:
+    """Seed ``jobs`` jobs per path of ``paths``, drain them in this process, return the
+    counts."""
     from jobstate.stores.database import DatabaseStateStore
 
     store = DatabaseStateStore()
@@ -89,6 +98,8 @@ def run(*, jobs: int, batch: int, log: Callable[[str], None]) -> dict[str, dict[
         "seed-2": lambda target: _seed_path(store, target, 2),
     }
     for path, drain in drains.items():
+        if path not in paths:
+            continue
         target = f"calls-{path}"
         _seed(jobs, target)
         results[path] = _measure(functools.partial(drain, target))

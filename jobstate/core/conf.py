@@ -202,11 +202,14 @@ class JobStateSettings:
         return user
 
     def __getattr__(self, name: str) -> Any:
+        # Only a setting not read since the last reload gets here: a read value is kept
+        # as an attribute, so the hot paths read theirs without a call.
         if name.startswith("_") or name not in DEFAULTS:
             raise AttributeError(name)
         if name not in self._cache:
             self._cache[name] = checked_value(name, self._user_settings().get(name, DEFAULTS[name]))
-        return self._cache[name]
+        value = self.__dict__[name] = self._cache[name]
+        return value
 
     def problems(self) -> list[str]:
         """Every problem of ``settings.JOBSTATE``, one sentence each: each unknown name
@@ -224,6 +227,8 @@ class JobStateSettings:
         return problems
 
     def reload(self) -> None:
+        for name in list(self._cache):
+            self.__dict__.pop(name, None)
         self._cache.clear()
 
 

@@ -40,11 +40,18 @@ def _exact_float(literal: str) -> float:
     return value
 
 
+#: What ``json.dumps(value, allow_nan=False, ensure_ascii=False)`` and ``json.loads(text,
+#: parse_float=_exact_float)`` do, without building an encoder and a decoder per call
+#: (both are stateless between calls; a task's report checks its value and its log).
+_encode = json.JSONEncoder(allow_nan=False, ensure_ascii=False).encode
+_decode = json.JSONDecoder(parse_float=_exact_float).decode
+
+
 def json_size(value: Any) -> int:
     """The size in bytes of ``value`` as :func:`ensure_json` measures it against
     ``MAX_PAYLOAD_BYTES``: the UTF-8 of its ``json.dumps`` encoding. ``value`` must be
     JSON holding no lone surrogate."""
-    return len(json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+    return len(_encode(value).encode("utf-8"))
 
 
 def ensure_json(value: Any, *, field: str) -> Any:
@@ -57,8 +64,14 @@ def ensure_json(value: Any, *, field: str) -> Any:
     NUL characters (PostgreSQL ``jsonb`` cannot hold them), lone surrogates and
     encodings larger than ``MAX_PAYLOAD_BYTES``.
     """
+    if value is None or value is True or value is False:
+        # What most tasks return: nothing to round-trip, only the size to check.
+        size = 5 if value is False else 4
+        if size > jobstate_settings.MAX_PAYLOAD_BYTES:
+            raise _too_large(field, size)
+        return value
     try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        encoded = _encode(value)
     except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidPayload(f"{field} is not strict JSON: {exc}") from exc
     # With ensure_ascii=False a NUL is still written as the escape \u0000.
@@ -71,12 +84,9 @@ def ensure_json(value: Any, *, field: str) -> Any:
     except UnicodeEncodeError as exc:  # a lone surrogate: no database can store it
         raise InvalidPayload(f"{field} contains text that is not valid Unicode: {exc}") from exc
     if size > limit:
-        raise InvalidPayload(
-            f"{field} is {size} bytes of JSON; the limit is {limit} "
-            "(JOBSTATE['MAX_PAYLOAD_BYTES']).",
-        )
+        raise _too_large(field, size)
     try:
-        decoded = json.loads(encoded, parse_float=_exact_float)
+        decoded = _decode(encoded)
     except InvalidPayload as exc:
         raise InvalidPayload(f"{field}: {exc}") from exc
     except (ValueError, RecursionError) as exc:  # e.g. an int past Python's digit limit
@@ -87,3 +97,10 @@ def ensure_json(value: Any, *, field: str) -> Any:
             "(tuples, non-string keys or other values JSON cannot represent exactly)."
         )
     return value
+
+
+def _too_large(field: str, size: int) -> InvalidPayload:
+    limit = jobstate_settings.MAX_PAYLOAD_BYTES
+    return InvalidPayload(
+        f"{field} is {size} bytes of JSON; the limit is {limit} (JOBSTATE['MAX_PAYLOAD_BYTES']).",
+    )

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction
@@ -70,8 +71,7 @@ CONCURRENCY_LIMIT_MAX = 10_000
 #: The attribute of a task's function that holds its :class:`TaskPolicy`.
 POLICY_ATTRIBUTE = "__jobstate_policy__"
 
-#: Longest uniqueness key, in characters (the job stores the key for the console, and
-#: its digest for the index).
+#: Longest uniqueness key in characters (the job stores it for the console; its digest, indexed).
 UNIQUE_KEY_LIMIT = 500
 
 _Declared = TypeVar("_Declared", bound="Callable[..., Any] | Task[Any, Any]")
@@ -331,7 +331,7 @@ class StoredPolicy:
         """``stored`` over the backend's ``options``."""
         timeout, backoff = options.timeout, options.retry_backoff
         if not stored:
-            return cls(timeout=timeout, retry_backoff=backoff)
+            return _plain_policy(timeout, backoff)  # immutable: those tasks share one
         if "timeout" in stored:
             seconds = stored["timeout"]
             timeout = None if seconds is None else timedelta(seconds=seconds)
@@ -363,6 +363,11 @@ class StoredPolicy:
         if self.retry_on is None or paths & self.retry_on:
             return None
         return "the task's retry_on does not name it"
+
+
+@lru_cache(maxsize=16)
+def _plain_policy(timeout: timedelta | None, backoff: timedelta) -> StoredPolicy:
+    return StoredPolicy(timeout=timeout, retry_backoff=backoff)
 
 
 # --- the decorator's checks -------------------------------------------------------------

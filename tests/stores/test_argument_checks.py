@@ -52,3 +52,16 @@ def test_text_fields_without_a_limit_take_long_text() -> None:
     assert column_limit("Job", "error") is None
     job = MemoryStateStore().create_job(request_id="r", error="e" * 100_000)
     assert len(job.error) == 100_000
+
+
+def test_a_tuple_of_queues_is_checked_once_and_a_bad_one_every_time() -> None:
+    """A worker claims from the same tuple of queues every round: its check is kept,
+    never a refusal."""
+    store = MemoryStateStore()
+    claim = {"target": "tasks:default", "worker_id": "w", "lease": None, "limit": 1}
+    for _ in range(2):
+        assert store.claim_tasks(queues=("emails", "emails", "default"), **claim) == []
+        with pytest.raises(InvalidJobState, match="queue name"):
+            store.claim_tasks(queues=("emails", 7), **claim)  # type: ignore[arg-type]
+        with pytest.raises(InvalidJobState, match="queue name"):
+            store.claim_tasks(queues=("emails", " "), **claim)

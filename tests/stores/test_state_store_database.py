@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, connections, transaction
+from django.db.models.signals import post_init, pre_init
 from django.test.utils import CaptureQueriesContext
 
 from jobstate.core.conf import jobstate_settings
@@ -299,7 +300,34 @@ def test_claimed_and_completed_jobs_read_back_as_the_orm_reads_them(
             assert (got, type(got)) == (want, type(want)), field.name
             if isinstance(want, datetime):
                 assert got.tzinfo is want.tzinfo, field.name
+        # Built without Model.__init__ when nothing listens: the same instance state.
+        assert list(vars(loaded)) == list(vars(expected))
+        assert (loaded._state.adding, loaded._state.db) == (False, expected._state.db)
     assert (claimed.claimed_at.tzinfo is not None) is use_tz
+
+
+@pytest.mark.postgres
+def test_init_receivers_see_the_jobs_a_claim_builds(store) -> None:
+    """The one-statement claim builds its jobs without ``Model.__init__`` only while no
+    ``pre_init`` / ``post_init`` receiver listens for ``Job``."""
+    seen: list[tuple[str, Any]] = []
+
+    def pre(sender: Any, args: Any, kwargs: Any, **_: Any) -> None:
+        seen.append(("pre", args[0]))
+
+    def post(sender: Any, instance: Any, **_: Any) -> None:
+        seen.append(("post", instance.id))
+
+    store.create_job(request_id="r", target="t")
+    pre_init.connect(pre, sender=Job)
+    post_init.connect(post, sender=Job)
+    try:
+        claimed = store.claim_next_inhub_job(["t"], "w")
+    finally:
+        pre_init.disconnect(pre, sender=Job)
+        post_init.disconnect(post, sender=Job)
+    assert claimed is not None
+    assert seen == [("pre", claimed.id), ("post", claimed.id)]
 
 
 def test_malformed_job_ids_never_reach_the_database(store) -> None:

@@ -333,9 +333,22 @@ def _claim_round(claim_round: uuid.UUID | None) -> uuid.UUID:
 
 
 def _queue_scope(queues: Sequence[str]) -> list[str]:
-    if isinstance(queues, str) or not isinstance(queues, Sequence):
+    # A worker claims from the same tuple of queues on every round: checked once.
+    if type(queues) is tuple:
+        try:
+            return list(_CHECKED_QUEUES[queues])
+        except (KeyError, TypeError):  # not checked yet; a name that is no str
+            pass
+    if type(queues) is not list and (isinstance(queues, str) or not isinstance(queues, Sequence)):
         raise InvalidJobState(f"queues must be a list of queue names or None, got {queues!r}.")
     longest = column_limit("Job", "queue_name")
-    return [
+    scope = [
         require_text(name, field="queue name", max_length=longest) for name in dict.fromkeys(queues)
     ]
+    if type(queues) is tuple and len(_CHECKED_QUEUES) < 64:
+        _CHECKED_QUEUES[queues] = tuple(scope)
+    return scope
+
+
+#: Tuples of queue names checked by :func:`_queue_scope`, with the scope of each.
+_CHECKED_QUEUES: dict[tuple[str, ...], tuple[str, ...]] = {}

@@ -255,7 +255,7 @@ class TaskWorker:
     def _claim_request(self, ending: Collection[Any] = ()) -> TaskClaim | None:
         """The claim of the free slots once the attempts of the job ids ``ending`` are
         settled (and what ``--max-tasks`` still allows); ``None`` when there is none."""
-        running = sum(1 for pk in self._active if pk not in ending)
+        running = len(self._active.keys() - ending) if ending else len(self._active)
         free = self.config.concurrency - running
         if self.config.max_tasks is not None:
             free = min(free, self.config.max_tasks - self.summary.started)

@@ -392,8 +392,8 @@ class Reporter:
                 duration_ms,
             )
             return
-        what = outcome.record.outcome.value
-        if outcome.record.failed:
+        what, failed = outcome.record.outcome.value, outcome.record.failed
+        if failed:
             what = f"{what} ({settlement.patch.get('error')})"
         what = f"{what} in {duration_ms:.0f} ms"
         if item.reply_lost:
@@ -403,10 +403,10 @@ class Reporter:
             )
         if settlement.retrying:
             what = f"{what}; retry in {_wait(settlement).total_seconds():.1f} s"
-        elif outcome.record.failed:
+        elif failed:
             what = f"{what}; {_why_final(outcome)}"
         logger.log(
-            logging.WARNING if outcome.record.failed else logging.INFO,
+            logging.WARNING if failed else logging.INFO,
             "Task %s %s attempt %d/%d %s",
             job.task_path,
             job.id,
