@@ -11,7 +11,6 @@ waiting selects on the other end.
 
 from __future__ import annotations
 
-import contextlib
 import selectors
 import socket
 import time
@@ -40,9 +39,15 @@ class Wakeup:
         """Wake the waiter (now, or at its next :meth:`wait`)."""
         if self._closed:
             return
-        # A full buffer of wake-ups (BlockingIOError) means it is set already.
-        with contextlib.suppress(BlockingIOError):
+        try:
             self._writer.send(b"\0")
+        except BlockingIOError:
+            pass  # A full buffer of wake-ups: it is set already.
+        except OSError:
+            # Closed by another thread since the check above (a worker's abandoned task
+            # thread ending after the worker stopped): there is nobody left to wake.
+            if not self._closed:
+                raise
 
     def clear(self) -> None:
         """Forget the wake-ups sent so far."""

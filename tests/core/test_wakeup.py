@@ -106,3 +106,25 @@ def test_once_closed_it_ignores_a_late_set() -> None:
     wake = Wakeup()
     wake.close()
     wake.set()  # a watchdog or a signal after the loop ended: nothing to wake, no error
+
+
+def test_a_set_racing_its_close_never_raises() -> None:
+    # A worker closes its wake-up when it stops; a task thread it abandoned may end and
+    # set it at that very moment.
+    errors: list[BaseException] = []
+
+    def keep_setting(wake: Wakeup, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                wake.set()  # a full buffer is no error: set already
+        except BaseException as exc:  # the test reports whatever escaped
+            errors.append(exc)
+
+    for _ in range(300):
+        wake, stop = Wakeup(), threading.Event()
+        setter = threading.Thread(target=keep_setting, args=(wake, stop))
+        setter.start()
+        wake.close()
+        stop.set()
+        setter.join()
+    assert errors == []
