@@ -362,10 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     calls_parser.add_argument(
         "--paths",
-        # The worker's rows are asked for by name: on Python 3.13 they did not finish.
-        default="one-job,batch,seed,seed-2",
-        help="the rows to count (default: the store paths); worker,worker-policy for the "
-        "task worker's rows",
+        default="one-job,batch,seed,seed-2,worker,worker-policy",
+        help="the rows to count, e.g. worker,worker-policy",
     )
     calls_parser.add_argument(
         "--top", type=int, default=0, help="also print the worker's top N functions"

@@ -4,7 +4,9 @@
 at ``--concurrency 1 --batch``, run in this process as ``manage.py jobstate_worker``
 runs it, drains ``tasks`` no-op tasks (``worker``; ``worker-policy``: tasks that carry
 a policy), then twice as many. Both threads of the worker are profiled (the control
-loop and its execution thread), so the count is the whole process's; what a start and
+loop and its execution thread), so the count is the whole process's (before Python 3.12
+with a profiler per thread, since ``cProfile`` followed only the thread that enabled it;
+from 3.12 on one profiler sees every thread, and a second one cannot be enabled); what a start and
 a stop cost is the same for both drains, so their difference over ``tasks`` is what one
 task costs. The statements the control loop's connection sends are counted the same way.
 The worker's ``--interval`` is long (see :func:`_drain`), so what it does once per
@@ -59,9 +61,17 @@ def _worker_log_level() -> Iterator[None]:
         logger.setLevel(level)
 
 
+#: From Python 3.12 on, ``cProfile`` is built on ``sys.monitoring``: one profiler counts
+#: every thread, and enabling a second one raises ``ValueError`` (which, in a thread's
+#: profile hook, ended the worker's execution thread before its first task and left the
+#: drain waiting for ever).
+_ONE_PROFILER_SEES_EVERY_THREAD = sys.version_info >= (3, 12)
+
+
 class _ThreadProfiles:
-    """One profiler per thread started while installed: ``cProfile`` follows only the
-    thread that enables it, and the worker runs each task in a thread of its own."""
+    """One profiler per thread started while installed: before Python 3.12, ``cProfile``
+    follows only the thread that enables it, and the worker runs each task in a thread
+    of its own. From 3.12 on this installs nothing."""
 
     def __init__(self) -> None:
         self.profiles: list[cProfile.Profile] = []
@@ -76,6 +86,9 @@ class _ThreadProfiles:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
+        if _ONE_PROFILER_SEES_EVERY_THREAD:
+            yield
+            return
         threading.setprofile(self._hook)
         try:
             yield

@@ -134,15 +134,21 @@ def test_refuses_to_recreate_a_database_it_must_not_drop(name: str) -> None:
 def test_the_call_count_drains_every_path_and_reports_per_job_figures(tmp_path: Path) -> None:
     name = f"jobstate_bench_calls_smoke_{os.getpid()}"
     out = tmp_path / "calls.json"
-    # The default rows, the store paths: the worker's rows did not finish within minutes
-    # on Python 3.13 (they do in seconds on 3.11); until that is understood they have no
-    # smoke test.
-    result = run_bench(name, out, "calls", "--jobs", "60", "--batch", "25", timeout=120)
+    result = run_bench(
+        name, out, "calls", "--jobs", "60", "--batch", "25", "--tasks", "40", timeout=180
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     calls = json.loads(out.read_text())["calls"]
-    assert set(calls) == {"one-job", "batch", "seed", "seed-2"}
-    for path in calls.values():
+    assert set(calls) == {"one-job", "batch", "seed", "seed-2", "worker", "worker-policy"}
+    for row in ("one-job", "batch", "seed", "seed-2"):
+        path = calls[row]
         assert path["jobs"] == 60
         # Claiming and completing a job is real work: far more than a handful of calls.
         assert path["calls_per_job"] > 50 and path["cpu_us_per_job"] > 0
+    for row in ("worker", "worker-policy"):
+        worker = calls[row]
+        assert worker["tasks"] == 40 and worker["calls_per_task"] > 50
+        # One statement per task: the report of one attempt claims the next.
+        assert 0.9 <= worker["statements_per_task"] <= 1.5, worker
     assert "Python calls per job" in result.stdout
+    assert "Python calls per task" in result.stdout
