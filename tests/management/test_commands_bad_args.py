@@ -2,19 +2,24 @@
 2 and a message naming the bad argument on stderr, never a traceback, before it does any
 work.
 
-Each case is a real ``manage.py`` process (argparse exits 2 by itself only when a command
-runs from the command line, and a traceback is what an operator would see), pointed at
-a SQLite database that was never migrated: a command that got past its argument checks
-and touched a jobstate table would fail there with status 1 ("no such table"), so
-status 2 also says the arguments were refused first.
+The cases run in one real ``manage.py``-like process, each through Django's
+``ManagementUtility`` as ``manage.py`` runs it (argparse exits 2 by itself only when a
+command runs from the command line, and a traceback is what an operator would see),
+pointed at a SQLite database that was never migrated: a command that got past its
+argument checks and touched a jobstate table would fail there ("no such table"), so
+status 2 also says the arguments were refused first. One process for every case, not
+one each: the cases differ only in their arguments, and starting Django is what a
+process of its own costs (over a second each).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -56,17 +61,39 @@ CASES: list[tuple[list[str], str]] = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("arguments", "message"), CASES, ids=[" ".join(args)[:60] for args, _ in CASES]
-)
-def test_bad_arguments_exit_2_with_a_message_and_no_traceback(
-    arguments: list[str], message: str, tmp_path: Path
-) -> None:
-    database = tmp_path / "never-migrated.sqlite3"
+#: Run in the child: each case through ``ManagementUtility`` as ``manage.py`` does, its
+#: exit status, what it wrote, and the traceback of anything that escaped.
+CHILD = """
+import contextlib, io, json, sys, traceback
+import django
+from django.core.management import ManagementUtility
+
+django.setup()
+results = []
+for arguments in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    status, escaped = 0, ""
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            ManagementUtility(["manage.py", *arguments]).execute()
+        except SystemExit as stop:
+            status = stop.code if isinstance(stop.code, int) else 1
+        except BaseException:
+            status, escaped = 1, traceback.format_exc()
+    results.append(
+        {"status": status, "stdout": out.getvalue(), "stderr": err.getvalue() + escaped}
+    )
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every case's exit status and output, from one child process."""
+    database = tmp_path_factory.mktemp("bad-args") / "never-migrated.sqlite3"
     base = Path(settings.BASE_DIR)
     process = subprocess.run(
-        [sys.executable, str(base / "manage.py"), *arguments],
+        [sys.executable, "-c", CHILD, json.dumps([arguments for arguments, _ in CASES])],
         cwd=base,
         env={
             **os.environ,
@@ -75,10 +102,26 @@ def test_bad_arguments_exit_2_with_a_message_and_no_traceback(
         },
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
-    output = process.stdout + process.stderr
-    assert process.returncode == 2, output
-    assert message in process.stderr
+    assert process.returncode == 0, process.stdout + process.stderr
+    results = json.loads(process.stdout.splitlines()[-1])
+    assert not database.exists() or database.stat().st_size == 0
+    return {
+        " ".join(arguments): result for (arguments, _), result in zip(CASES, results, strict=True)
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arguments", "message"), CASES, ids=[" ".join(args)[:60] for args, _ in CASES]
+)
+def test_bad_arguments_exit_2_with_a_message_and_no_traceback(
+    arguments: list[str], message: str, outcomes: dict[str, dict[str, Any]]
+) -> None:
+    outcome = outcomes[" ".join(arguments)]
+    output = outcome["stdout"] + outcome["stderr"]
+    assert outcome["status"] == 2, output
+    assert message in outcome["stderr"]
     assert "Traceback" not in output
-    assert process.stdout == ""
+    assert outcome["stdout"] == ""
