@@ -40,6 +40,7 @@ user, a local HTTP receiver); each folder's ``conftest.py`` holds its own, and
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -108,7 +109,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
+#: Each test's CPU seconds at its start (see :func:`pytest_runtest_makereport`).
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Each test's CPU seconds, its own and its finished child processes', as the JUnit
+    report's property ``cpu_s``: where a slow run's time went, test by test (the test
+    command writes the reports under artifacts/). The servers' CPU is not in it."""
+    if call.when == "teardown" and _CPU_AT_START in item.stash:
+        item.user_properties.append(("cpu_s", round(_cpu_seconds() - item.stash[_CPU_AT_START], 2)))
+    yield
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_AT_START] = _cpu_seconds()  # before the fixtures are set up
     vendor = connection.vendor
     if item.get_closest_marker("postgres") and vendor != "postgresql":
         pytest.fail(
