@@ -5,6 +5,7 @@ schedule."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connections
 from django.db.models.functions import Now
@@ -33,10 +35,10 @@ from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.factories import AuditEntryFactory, JobFactory, JobRunFactory
 from project.demo.notifications import ACCEPTS
 from tests.support.processes import child_env
-from tests.support.redis_broker import redis_broker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+BROKER_URL = os.environ.get("JOBSTATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
 
 
@@ -159,8 +161,22 @@ def test_two_workers_starting_one_forbid_job_run_it_once() -> None:
 
 @pytest.fixture
 def broker() -> Iterator[str]:
-    with redis_broker("the Celery test") as url:
-        yield url
+    client = redis.Redis.from_url(BROKER_URL, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as exc:
+        problem = str(exc)
+    else:
+        problem = ""
+    if problem:
+        pytest.fail(
+            f"Redis does not answer at {BROKER_URL} ({problem}); the Celery test needs it. "
+            "Start it with scripts/ensure-redis.",
+            pytrace=False,
+        )
+    client.flushdb()
+    yield BROKER_URL
+    client.flushdb()
 
 
 def celery(*args: str, log: Path, broker: str) -> subprocess.Popen[bytes]:

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import redis
 from celery import Celery
 from django.conf import settings
 from django.db import connection
@@ -32,11 +33,11 @@ from jobstate.schedules import sync_schedules
 from jobstate.stores.base import JobRunStatus
 from jobstate.testing.factories import JobRunFactory
 from tests.contrib import celery_host_settings
-from tests.support.redis_broker import redis_broker
 
 # The worker and beat are other processes: they see only what this test commits.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgres]
 
+BROKER_URL = os.environ.get("JOBSTATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 HOST_APP = "tests.contrib.celery_host_app"
 OLD_HOST_APP = "tests.contrib.celery_old_host_app"
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
@@ -53,9 +54,21 @@ DOCUMENTED_TASKS = {
 
 @pytest.fixture
 def broker() -> Iterator[str]:
-    """The test run's Redis database, this test's alone and emptied before and after."""
-    with redis_broker("the Celery host test") as url:
-        yield url
+    """The Redis database of the test run, emptied before and after; the test fails,
+    never skips, when Redis does not answer."""
+    client = redis.Redis.from_url(BROKER_URL, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as exc:
+        pytest.fail(
+            f"Redis does not answer at {BROKER_URL} ({exc}); the Celery host test needs "
+            "it (JOBSTATE_TEST_REDIS_URL). Start it with scripts/ensure-redis.",
+            pytrace=False,
+        )
+    client.flushdb()
+    yield BROKER_URL
+    client.flushdb()
+    client.close()
 
 
 def shared_database_url() -> str:
