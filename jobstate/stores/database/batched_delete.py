@@ -60,35 +60,59 @@ def _lock_oldest_by_key(
 
     There a locking read whose order no index serves (a sort) locks every candidate it
     reads before the limit applies, so a second sweeper would find all of them held and
-    stop with rows left. Instead the candidates' keys are read without locks, a window
-    at a time, and only those rows are locked (``SKIP LOCKED``), until the batch is full
-    or the candidates run out: what PostgreSQL's ``SKIP LOCKED ... LIMIT`` answers."""
+    stop with rows left. Instead the candidates' keys are read without locks, as many at
+    a time as the batch still lacks, and only those rows are locked (``SKIP LOCKED``),
+    until the batch is full or the candidates run out: what PostgreSQL's ``SKIP LOCKED
+    ... LIMIT`` answers.
+
+    A sweeper that finds its batch short stops, trusting that every row it passed over
+    is held by a sweeper that deletes it; so this transaction must lock no row it does
+    not delete. The locking read and the delete (:func:`_delete_locked`) therefore name
+    their rows by primary key alone: with the candidate condition beside the keys,
+    MariaDB may walk the order field's index instead and lock every row it passes on the
+    way (the oldest ones left, as the walk starts there), and two sweepers each finding
+    those rows held by the other both stopped with them left. The candidate condition is
+    read again, without a lock, once the rows are locked: a row that stopped being a
+    candidate meanwhile is not returned, and is kept."""
     ordered = candidates.order_by(order, "pk")
+    ops = database_ops(candidates.db)
     rest = ordered
     locked: list[tuple[Any, Any]] = []
     skipped: tuple[Any, Any] | None = None
     while len(locked) < limit:
-        window = list(rest.values_list(order, "pk")[:limit])
+        wanted = limit - len(locked)
+        window = list(rest.values_list(order, "pk")[:wanted])
         if not window:
             break
-        held = set(
-            candidates.filter(pk__in=[pk for _, pk in window])
-            .select_for_update(skip_locked=True)
-            .values_list("pk", flat=True)
-        )
+        held = ops.lock_by_key(candidates.model, [pk for _, pk in window])
         for key in window:
             if key[1] in held:
                 locked.append(key)
             elif skipped is None:
                 skipped = key
-        if len(window) < limit:
+        if len(window) < wanted:
             break
         rest = after_key(ordered, order, window[-1])
-    batch = locked[:limit]
-    # The next batch starts before the first row passed over here: the locking read
-    # may have held it only for a moment, and then no other sweeper deletes it.
-    resume = max((key for key in batch if skipped is None or key < skipped), default=None)
-    return batch, resume
+    # The next batch starts before the first row passed over here: its holder may not
+    # delete it (it stopped being a candidate, or that holder's transaction failed).
+    resume = max((key for key in locked if skipped is None or key < skipped), default=None)
+    if not locked:
+        return [], resume
+    # The rows are this transaction's now: a plain read sees them as they stay until it
+    # ends. Those that stopped being candidates since the window was read are kept.
+    still = set(candidates.filter(pk__in=[pk for _, pk in locked]).values_list("pk", flat=True))
+    return [key for key in locked if key[1] in still], resume
+
+
+def _delete_locked(candidates: models.QuerySet[Any], keys: list[tuple[Any, Any]]) -> int:
+    """Delete the rows ``keys`` name, which :func:`_lock_oldest_by_key` locked and found
+    still candidates, by primary key alone; returns the candidates' rows deleted."""
+    if not keys:
+        return 0
+    model = candidates.model
+    by_key = model._base_manager.db_manager(candidates.db)
+    _, per_model = by_key.filter(pk__in=[pk for _, pk in keys]).delete()
+    return per_model.get(model._meta.label, 0)
 
 
 class BatchedDeleter:
@@ -148,9 +172,9 @@ class BatchedDeleter:
                 return max(keys, default=None), len(keys)
             if ops.locks_every_row_read:
                 keys, resume = _lock_oldest_by_key(candidates, order, limit)
-            else:
-                keys = list(picked)
-                resume = max(keys, default=None)
+                return resume, _delete_locked(candidates, keys)
+            keys = list(picked)
+            resume = max(keys, default=None)
             if not keys:
                 return resume, 0
             _, per_model = candidates.filter(pk__in=[pk for _, pk in keys]).delete()

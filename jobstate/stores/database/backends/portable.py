@@ -125,6 +125,18 @@ class BackendOperations:
         following write will."""
         return bool(self.features.has_select_for_update)
 
+    def lock_by_key(self, model: type[Model], keys: Collection[Any]) -> set[Any]:
+        """Of the rows of ``model`` whose primary keys are ``keys``, lock those no other
+        transaction holds and return their keys; the rest are passed over (``SKIP
+        LOCKED``). Only the named rows are locked."""
+        return set(
+            model._base_manager.db_manager(self.using)
+            .filter(pk__in=list(keys))
+            .order_by()
+            .select_for_update(skip_locked=True)
+            .values_list("pk", flat=True)
+        )
+
     def lock_candidates(self, candidates: QuerySet[_M]) -> QuerySet[_M]:
         """``candidates`` locked for the transaction, passing over rows another
         transaction holds; the lock on the queried table alone where the backend can
