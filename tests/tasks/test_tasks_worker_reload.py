@@ -157,3 +157,57 @@ def test_a_reload_worker_whose_code_stops_loading_waits_for_the_fix(
     assert status == 0, err
     assert "SyntaxError" in err
     assert "waiting for a change to the code to start a fresh one" in err
+
+
+def test_a_fix_saved_while_the_fresh_worker_is_still_failing_starts_a_worker(
+    settings: Any, tmp_path: Path
+) -> None:
+    """The fix lands while the fresh worker is still importing the broken module: the
+    supervisor must not take the fixed file for the state to wait on (it did, and then
+    waited for a further change that never came)."""
+    options = use_options(settings)
+    code = tmp_path / "code"
+    code.mkdir()
+    importing = tmp_path / "importing-the-broken-module"
+    startup = code / "jobstate_startup_module.py"
+    startup.write_text("READY = True\n")
+    (code / "jobstate_reloaded_tasks.py").write_text(MODULE.format(version=1))
+    worker = start_worker(
+        "--reload",
+        "--interval",
+        "0.2",
+        options=options,
+        PYTHONPATH=str(code),
+        JOBSTATE_TEST_IMPORT_AT_START="jobstate_startup_module",
+    )
+    try:
+        first = enqueue_version()
+        assert wait_for(lambda: returned(first), timeout=60, what="a worker") == 1
+        bumps = itertools.count(1)
+
+        def touched(text: str) -> None:
+            startup.write_text(text)
+            later = time.time() + next(bumps)
+            os.utime(startup, (later, later))
+
+        # Slow to fail: it says it is being imported, then fails three seconds later.
+        broken = (
+            f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\n"
+            "time.sleep(3)\nraise RuntimeError('saved half-edited')\n"
+        )
+
+        def stopped_for_the_change() -> bool:
+            touched(broken)
+            return Worker.objects.filter(stopped_reason__startswith="code changed").exists()
+
+        wait_for(stopped_for_the_change, timeout=60, what="the worker stopping for the change")
+        wait_for(importing.exists, timeout=60, what="the fresh worker importing the module")
+        touched("READY = True\n")  # while that worker is still failing
+        after = enqueue_version()
+        assert wait_for(lambda: returned(after), timeout=60, what="a worker after the fix") == 1
+        worker.send_signal(signal.SIGTERM)
+        status, _out, err = finish(worker, timeout=30)
+    finally:
+        stop(worker)
+    assert status == 0, err
+    assert "saved half-edited" in err

@@ -70,6 +70,9 @@ def supervise() -> int:
     )
     try:
         while True:
+            # The files as the child is about to read them: a fix saved while it is
+            # still starting (and failing) is a change to wait for, not the baseline.
+            started_on = _code_snapshot()
             child = subprocess.Popen(arguments, env=environ, close_fds=False, process_group=0)
             if stopping:
                 # A signal came while the child was starting, before it could be forwarded.
@@ -90,7 +93,7 @@ def supervise() -> int:
                     "change to the code to start a fresh one",
                     code,
                 )
-                if not _wait_for_change(stopping):
+                if not _wait_for_change(started_on, stopping):
                     return 0
             elif code != RELOAD_EXIT:
                 return code if code >= 0 else 128 - code
@@ -109,17 +112,19 @@ _FAILED = 1
 _POLL_SECONDS = 0.5
 
 
-def _wait_for_change(stopping: list[int]) -> bool:
-    """Wait until a file of the code this process loaded (Django's watched files: every
-    imported module, the settings among them) changes; ``False`` when a stop signal
-    came first."""
-    reloader = autoreload.StatReloader()
-    before = dict(reloader.snapshot_files())
+def _code_snapshot() -> dict[Any, float]:
+    """The modification time of each file of the code this process loaded (Django's
+    watched files: every imported module, the settings among them)."""
+    return dict(autoreload.StatReloader().snapshot_files())
+
+
+def _wait_for_change(before: dict[Any, float], stopping: list[int]) -> bool:
+    """Wait until a file of the code differs from ``before`` (at once if it already
+    does); ``False`` when a stop signal came first."""
     while not stopping:
-        time.sleep(_POLL_SECONDS)
-        now = dict(reloader.snapshot_files())
-        if now != before:
+        if _code_snapshot() != before:
             return True
+        time.sleep(_POLL_SECONDS)
     return False
 
 
