@@ -7,7 +7,10 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,11 +111,14 @@ def test_a_reload_supervisor_whose_worker_was_killed_says_so(settings: Any) -> N
     assert f"The worker (pid {child.pid}) was killed by SIGKILL" in err
 
 
-def test_a_reload_worker_whose_code_stops_loading_waits_for_the_fix(
+@contextmanager
+def _reload_worker_with_a_startup_module(
     settings: Any, tmp_path: Path
-) -> None:
-    """A module the worker imports at start-up saved half-edited: the fresh worker
-    fails to start, and the supervisor waits for the next change instead of exiting."""
+) -> Iterator[tuple[subprocess.Popen[str], Callable[[str], None]]]:
+    """A ``--reload`` worker whose settings import ``jobstate_startup_module`` (as a
+    project's settings import its code), once it has run a task; and a function that
+    saves that module with a new text and a newer modification time each time (the
+    watcher may first see the file after a write)."""
     options = use_options(settings)
     code = tmp_path / "code"
     code.mkdir()
@@ -127,34 +133,51 @@ def test_a_reload_worker_whose_code_stops_loading_waits_for_the_fix(
         PYTHONPATH=str(code),
         JOBSTATE_TEST_IMPORT_AT_START="jobstate_startup_module",
     )
+    bumps = itertools.count(1)
+
+    def save(text: str) -> None:
+        startup.write_text(text)
+        later = time.time() + next(bumps)
+        os.utime(startup, (later, later))
+
     try:
         first = enqueue_version()
         assert wait_for(lambda: returned(first), timeout=60, what="a worker") == 1
-        bumps = itertools.count(1)
-
-        def touched(text: str) -> None:
-            startup.write_text(text)
-            later = time.time() + next(bumps)
-            os.utime(startup, (later, later))
-
-        broken = "READY = (\n"  # a syntax error
-
-        def stopped_for_the_change() -> bool:
-            # Newer and newer: the watcher may have first seen the file after the write.
-            touched(broken)
-            return Worker.objects.filter(stopped_reason__startswith="code changed").exists()
-
-        wait_for(stopped_for_the_change, timeout=60, what="the worker stopping for the change")
-        time.sleep(3)  # the fresh worker fails; the supervisor must stay
-        assert worker.poll() is None, "the supervisor exited on the broken code"
-        touched("READY = True\n")
-        after = enqueue_version()
-        assert wait_for(lambda: returned(after), timeout=60, what="a worker after the fix") == 1
-        worker.send_signal(signal.SIGTERM)
-        status, _out, err = finish(worker, timeout=30)
+        yield worker, save
     finally:
         stop(worker)
+
+
+def _saved_until_the_worker_stops_for_it(save: Callable[[str], None], text: str) -> None:
+    def stopped_for_the_change() -> bool:
+        save(text)
+        return Worker.objects.filter(stopped_reason__startswith="code changed").exists()
+
+    wait_for(stopped_for_the_change, timeout=60, what="the worker stopping for the change")
+
+
+def _a_worker_runs_again(worker: subprocess.Popen[str]) -> str:
+    """A task enqueued now runs; then SIGTERM stops the supervisor, which exits 0. Its
+    standard error."""
+    after = enqueue_version()
+    assert wait_for(lambda: returned(after), timeout=60, what="a worker after the fix") == 1
+    worker.send_signal(signal.SIGTERM)
+    status, _out, err = finish(worker, timeout=30)
     assert status == 0, err
+    return err
+
+
+def test_a_reload_worker_whose_code_stops_loading_waits_for_the_fix(
+    settings: Any, tmp_path: Path
+) -> None:
+    """A module the worker imports at start-up saved half-edited: the fresh worker
+    fails to start, and the supervisor waits for the next change instead of exiting."""
+    with _reload_worker_with_a_startup_module(settings, tmp_path) as (worker, save):
+        _saved_until_the_worker_stops_for_it(save, "READY = (\n")  # a syntax error
+        time.sleep(3)  # the fresh worker fails; the supervisor must stay
+        assert worker.poll() is None, "the supervisor exited on the broken code"
+        save("READY = True\n")
+        err = _a_worker_runs_again(worker)
     assert "SyntaxError" in err
     assert "waiting for a change to the code to start a fresh one" in err
 
@@ -165,49 +188,15 @@ def test_a_fix_saved_while_the_fresh_worker_is_still_failing_starts_a_worker(
     """The fix lands while the fresh worker is still importing the broken module: the
     supervisor must not take the fixed file for the state to wait on (it did, and then
     waited for a further change that never came)."""
-    options = use_options(settings)
-    code = tmp_path / "code"
-    code.mkdir()
     importing = tmp_path / "importing-the-broken-module"
-    startup = code / "jobstate_startup_module.py"
-    startup.write_text("READY = True\n")
-    (code / "jobstate_reloaded_tasks.py").write_text(MODULE.format(version=1))
-    worker = start_worker(
-        "--reload",
-        "--interval",
-        "0.2",
-        options=options,
-        PYTHONPATH=str(code),
-        JOBSTATE_TEST_IMPORT_AT_START="jobstate_startup_module",
+    # Slow to fail: it says it is being imported, then fails three seconds later.
+    broken = (
+        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\n"
+        "time.sleep(3)\nraise RuntimeError('saved half-edited')\n"
     )
-    try:
-        first = enqueue_version()
-        assert wait_for(lambda: returned(first), timeout=60, what="a worker") == 1
-        bumps = itertools.count(1)
-
-        def touched(text: str) -> None:
-            startup.write_text(text)
-            later = time.time() + next(bumps)
-            os.utime(startup, (later, later))
-
-        # Slow to fail: it says it is being imported, then fails three seconds later.
-        broken = (
-            f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\n"
-            "time.sleep(3)\nraise RuntimeError('saved half-edited')\n"
-        )
-
-        def stopped_for_the_change() -> bool:
-            touched(broken)
-            return Worker.objects.filter(stopped_reason__startswith="code changed").exists()
-
-        wait_for(stopped_for_the_change, timeout=60, what="the worker stopping for the change")
+    with _reload_worker_with_a_startup_module(settings, tmp_path) as (worker, save):
+        _saved_until_the_worker_stops_for_it(save, broken)
         wait_for(importing.exists, timeout=60, what="the fresh worker importing the module")
-        touched("READY = True\n")  # while that worker is still failing
-        after = enqueue_version()
-        assert wait_for(lambda: returned(after), timeout=60, what="a worker after the fix") == 1
-        worker.send_signal(signal.SIGTERM)
-        status, _out, err = finish(worker, timeout=30)
-    finally:
-        stop(worker)
-    assert status == 0, err
+        save("READY = True\n")  # while that worker is still failing
+        err = _a_worker_runs_again(worker)
     assert "saved half-edited" in err
