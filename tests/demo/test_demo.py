@@ -203,3 +203,28 @@ def test_demo_traffic_works_off_a_backlog_an_operator_requeued():
     # With leases of a minute, a job still queued was never claimed.
     waiting = Job.objects.filter(request_id__startswith="backlog-", status=JobStatus.QUEUED)
     assert waiting.count() <= 10, waiting.count()
+
+
+def test_a_remote_job_the_executor_crashed_on_expires_while_it_works_on_others():
+    # The simulated executor keeps a second job and renews it; the job it "crashed" on
+    # must not be renewed with it, or it stays dispatched as long as the executor is busy
+    # (on a backlog, for ever) and the reaper never recovers it.
+    store = get_state_store()
+    for name in ("crashed", "busy"):
+        store.enqueue(request_id=f"executor-{name}", target=REMOTE_TARGET, source="demo", input={})
+    lease = timedelta(seconds=60)
+    crashed = store.claim_next_job([REMOTE_TARGET], EXECUTOR_ID, lease)
+    busy = store.claim_next_job([REMOTE_TARGET], EXECUTOR_ID, lease)
+    command = DemoTraffic(stdout=StringIO(), stderr=StringIO())
+    command.store, command.lease = store, lease
+    held = [
+        Held(crashed, crashed.claim_token, 3, "crash"),
+        Held(busy, busy.claim_token, 3, "done"),
+    ]
+    Job.objects.filter(id__in=[crashed.id, busy.id]).update(lease_until=timezone.now())
+
+    command.work(held)
+
+    renewed = dict(Job.objects.filter(lease_until__gt=timezone.now()).values_list("id", "status"))
+    assert renewed == {busy.id: JobStatus.DISPATCHED}
+    assert [item.job.id for item in held] == [busy.id]

@@ -211,8 +211,8 @@ class Command(BaseCommand):
         if self.relaying:
             self.step("relay", self.relay)
         self.step("enqueue", self.enqueue)
-        self.step("worker", lambda: self.work(self.worker_jobs, in_process=True))
-        self.step("executor", lambda: self.work(self.executor_jobs, in_process=False))
+        self.step("worker", lambda: self.work(self.worker_jobs))
+        self.step("executor", lambda: self.work(self.executor_jobs))
         self.step("claim", self.claim)
         if self.tick_number % 7 == 1:
             self.step("operations job", self.operations_job)
@@ -292,8 +292,7 @@ class Command(BaseCommand):
                 ticks = self.stall_ticks if outcome == "stall" else self.rng.randint(1, 4)
                 held.append(Held(job, job.claim_token, ticks, outcome))
 
-    def work(self, held: list[Held], *, in_process: bool) -> None:
-        renewing = False
+    def work(self, held: list[Held]) -> None:
         for item in list(held):
             item.ticks_left -= 1
             if item.outcome == "crash":
@@ -306,21 +305,19 @@ class Command(BaseCommand):
                     # Alive but stuck: it stops renewing and reports late, after its
                     # job was recovered; the fenced report is refused.
                     continue
-                if in_process:
-                    if not self.store.extend_claim_lease(item.job.id, item.token, self.lease):
-                        # An operator requeued (or a sweep recovered) the job meanwhile.
-                        held.remove(item)
-                        self.stdout.write(
-                            f"claim lost on job {item.job.id}: it was requeued or recovered "
-                            "while held; letting it go"
-                        )
-                else:
-                    renewing = True
+                # Each claim is renewed on its own, the executor's too: renewing all of
+                # an executor's jobs at once (extend_executor_leases) would keep the
+                # ones it crashed or stalled on alive for as long as it holds another.
+                if not self.store.extend_claim_lease(item.job.id, item.token, self.lease):
+                    # An operator requeued (or a sweep recovered) the job meanwhile.
+                    held.remove(item)
+                    self.stdout.write(
+                        f"claim lost on job {item.job.id}: it was requeued or recovered "
+                        "while held; letting it go"
+                    )
                 continue
             held.remove(item)
             self.finish(item)
-        if renewing:
-            self.store.extend_executor_leases(EXECUTOR_ID, self.lease)
 
     def finish(self, item: Held) -> None:
         """Report the job's outcome. Finished and failed jobs notify a demo receiver in
