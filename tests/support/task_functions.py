@@ -4,6 +4,7 @@ this module by the tasks' dotted paths)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -118,3 +119,12 @@ def kills_then_fails(pid: int) -> None:
     worker reports a failure while its connection is cut."""
     os.kill(pid, signal.SIGKILL)
     raise Boom("the pooler is gone")
+
+
+@task
+def floods_the_log(lines: int) -> None:
+    """Logs ``lines`` warnings of a kilobyte each: more than a pipe holds, so a worker
+    whose stderr nobody reads blocks in the middle of writing them."""
+    flood = logging.getLogger("tests.flood")
+    for number in range(lines):
+        flood.warning("line %d of the flood: %s", number, "x" * 1000)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +23,7 @@ from jobstate.core.attempt_log import read_attempt_log
 from jobstate.core.states import JobStatus
 from jobstate.models import Job
 from jobstate.tasks.compat import TaskResultStatus
-from tests.support.task_functions import add, started_then_sleeps
+from tests.support.task_functions import add, floods_the_log, started_then_sleeps
 from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -110,6 +111,29 @@ def test_a_second_signal_exits_at_once_and_the_lease_brings_the_task_back(settin
     call_command("reap_stale", verbosity=0)
     result = started_then_sleeps.get_result(slow.id)
     assert result.status == READY and result.worker_ids == ["impatient"]
+
+
+def test_a_second_signal_exits_at_once_even_when_the_log_blocks(settings: Any) -> None:
+    # The worker's stderr is a pipe nobody reads (a supervisor that stopped reading it):
+    # a task logging a lot fills it and blocks while writing, holding the stream. The
+    # worker's own log lines, and the flush before it exits, then block too; the second
+    # signal must still end the process.
+    options = use_options(settings, MAX_ATTEMPTS=1, LEASE=1.0)
+    flood = floods_the_log.enqueue(2000)
+    worker = start_worker("--grace", "60", options=options)
+    try:
+        wait_for(lambda: running(flood.id), what="the flooding task to start")
+        time.sleep(1)  # the pipe fills
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        worker.send_signal(signal.SIGTERM)
+        try:
+            code = worker.wait(timeout=15)  # the pipe still unread
+        except subprocess.TimeoutExpired:
+            pytest.fail("the worker hung on its blocked log after a second SIGTERM")
+    finally:
+        stop(worker)
+    assert code == 128 + signal.SIGTERM
 
 
 def test_a_killed_workers_task_is_recovered_and_succeeds_on_attempt_two(settings: Any) -> None:

@@ -39,13 +39,7 @@ def stop_signals(on_first: Callable[[int], None]) -> Iterator[None]:
 
     def handle(signum: int, frame: FrameType | None) -> None:
         if received:
-            logger.warning(
-                "%s again: exiting at once; the leases of the tasks still running will "
-                "run out and the tasks will be recovered",
-                signal.Signals(signum).name,
-            )
-            _flush()
-            os._exit(128 + signum)
+            _exit_at_once(signum)
         received.append(signum)
         on_first(signum)
 
@@ -55,6 +49,32 @@ def stop_signals(on_first: Callable[[int], None]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+#: How long the second signal waits for its log line and the flush of the log.
+_FLUSH_SECONDS = 1.0
+
+
+def _exit_at_once(signum: int) -> None:
+    """Say so, write out the log, and end the process: on a thread of its own that is
+    waited for :data:`_FLUSH_SECONDS` at most. A log that blocks (a pipe nobody reads,
+    held by a task thread halfway through a write) would otherwise keep the process
+    that was told to exit at once."""
+    farewell = threading.Thread(
+        target=_say_and_flush, args=(signum,), name="jobstate-exit-at-once", daemon=True
+    )
+    farewell.start()
+    farewell.join(_FLUSH_SECONDS)
+    os._exit(128 + signum)
+
+
+def _say_and_flush(signum: int) -> None:
+    logger.warning(
+        "%s again: exiting at once; the leases of the tasks still running will "
+        "run out and the tasks will be recovered",
+        signal.Signals(signum).name,
+    )
+    _flush()
 
 
 def _flush() -> None:
