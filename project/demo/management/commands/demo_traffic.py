@@ -26,7 +26,6 @@ import argparse
 import math
 import random
 import signal
-import threading
 import time
 import traceback
 import uuid
@@ -41,6 +40,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count
 from django.test.utils import override_settings
 
+from jobstate.core.wakeup import Wakeup
 from jobstate.exceptions import DuplicateNotification, StoreError, ThreadQuotaExceeded
 from jobstate.maintenance import SweepReport, run_reaping_sweeps
 from jobstate.models import Job, JobRun, Notification
@@ -158,13 +158,11 @@ class Command(BaseCommand):
         self.stall_ticks = (
             math.ceil((options["lease"] + options["sweep_every"]) / options["tick"]) + 1
         )
-        stop = threading.Event()
-
-        def request_stop(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
+        # Set by the stop signals' handler. A threading.Event there could hang the
+        # traffic for good, neither working nor stopping (jobstate.core.wakeup says why).
+        self.stop = Wakeup()
         previous = {
-            sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)
+            sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)
         }
         self.stdout.write(
             f"Demo traffic: a tick every {options['tick']} s, leases of {options['lease']} s, "
@@ -186,7 +184,7 @@ class Command(BaseCommand):
         next_sweep = time.monotonic()
         try:
             with outbox:
-                while not stop.is_set():
+                while not self.stop.is_set():
                     if (
                         options["iterations"] is not None
                         and self.tick_number >= options["iterations"]
@@ -196,11 +194,16 @@ class Command(BaseCommand):
                     if time.monotonic() >= next_sweep:
                         self.sweep()
                         next_sweep = time.monotonic() + options["sweep_every"]
-                    stop.wait(options["tick"])
+                    self.stop.wait(options["tick"])
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self.stop.close()
         self.stdout.write(f"Demo traffic stopped after {self.tick_number} ticks.")
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM's and SIGINT's handler: the traffic stops after the step it is in."""
+        self.stop.set()
 
     # --- one tick ---------------------------------------------------------------------
 
