@@ -190,27 +190,44 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-@pytest.mark.slow
-@pytest.mark.only_on("sqlite")
-def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
-    root = stand_in_checkout(tmp_path)
-    port = free_port()
+def like_a_terminal() -> None:
+    # A shell started in the background inherits SIGINT ignored, and bash then could not
+    # trap it; a terminal's shell has the default handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    def like_a_terminal() -> None:
-        # A shell started in the background inherits SIGINT ignored, and bash then could
-        # not trap it; a terminal's shell has the default handler.
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    process = subprocess.Popen(
+def start_demo(root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         ["scripts/demo"],
         cwd=root,
-        env=demo_env(tmp_path, port),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
         preexec_fn=like_a_terminal,
     )
+
+
+def ctrl_c(process: subprocess.Popen[str], timeout: float = 60) -> str:
+    """Ctrl-C on a terminal (SIGINT to the whole foreground process group); what the
+    terminal showed after it."""
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        rest, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return rest
+
+
+@pytest.mark.slow
+@pytest.mark.only_on("sqlite")
+def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    root = stand_in_checkout(tmp_path)
+    port = free_port()
+    process = start_demo(root, demo_env(tmp_path, port))
     try:
         shown = read_until(process, "=====", timeout=120)
         assert "preparing the database and the sample data" in shown
@@ -223,19 +240,38 @@ def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: P
         time.sleep(3)
         logged = (root / "demo.log").read_text()
         assert "Demo traffic: a tick every" in logged
-
-        # Ctrl-C on a terminal signals the whole foreground process group.
-        os.killpg(process.pid, signal.SIGINT)
-        rest, _ = process.communicate(timeout=60)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        rest = ctrl_c(process)
     assert process.returncode == 130
     assert "demo stopped" in rest
     assert not NOISE.search(rest), rest
     assert not group_alive(process.pid), "a demo process outlived Ctrl-C"
     assert not banner.answers(f"http://127.0.0.1:{port}/admin/login/", timeout=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.only_on("sqlite")
+def test_ctrl_c_names_and_kills_a_process_that_does_not_stop(tmp_path: Path) -> None:
+    root = stand_in_checkout(tmp_path)
+    # The relay is replaced by a process that ignores SIGTERM.
+    python = next((root).glob(".venv-demo-*/bin/python"))
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = deliver_notifications ]; then trap "" TERM; exec sleep 600; fi\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    env = {**demo_env(tmp_path, free_port()), "DEMO_STOP_SECONDS": "3"}
+    process = start_demo(root, env)
+    try:
+        read_until(process, "=====", timeout=120)
+    finally:
+        started = time.monotonic()
+        rest = ctrl_c(process)
+    assert process.returncode == 130, rest
+    assert re.search(r"ERROR: sleep 600 \(pid \d+\) did not stop within 3 s of SIGTERM", rest), rest
+    assert "demo stopped" in rest
+    assert time.monotonic() - started < 30
+    assert not group_alive(process.pid), "a demo process outlived Ctrl-C"
 
 
 @pytest.mark.slow
