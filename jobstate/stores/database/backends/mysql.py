@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, Error, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import BooleanField, CharField, F, Field, Func, QuerySet, TextField, Value
+from django.db.models import BooleanField, CharField, F, Func, QuerySet, TextField, Value
 
 from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus
 from jobstate.models import (
@@ -26,6 +26,13 @@ from jobstate.models import (
     ScheduleOccurrence,
 )
 from jobstate.models.claim_sql import CLAIM_ORDER_SQL, PAUSED_SQL, READY_SQL, THREAD_BLOCKERS_SQL
+from jobstate.stores.database.backends import mysql_statements as statements
+from jobstate.stores.database.backends.mysql_statements import (
+    job_field,
+    marks,
+    prep,
+    to_uuid,
+)
 from jobstate.stores.database.backends.portable import BackendOperations, input_path
 
 __all__ = ["THREAD_GATE_TABLE", "MySQLOperations"]
@@ -135,18 +142,18 @@ class MySQLOperations(BackendOperations):
         key = (targets, passed_ids, passed_threads)
         sql = self._claim_reads.get(key)
         if sql is None:
-            columns = self._columns("c.")
+            columns = statements.columns(self.connection, "c.")
             passed = ""
             if passed_ids:
-                passed += f" AND c.id NOT IN ({_marks(range(passed_ids))})"
+                passed += f" AND c.id NOT IN ({marks(range(passed_ids))})"
             if passed_threads:
                 passed += (
                     f" AND (c.thread_id IS NULL OR c.thread_id NOT IN "
-                    f"({_marks(range(passed_threads))}))"
+                    f"({marks(range(passed_threads))}))"
                 )
             sql = self._claim_reads[key] = (
                 f"SELECT {columns}, {self.now_sql} FROM {self.sql('{job}')} AS c "
-                f"WHERE {self.sql(READY_SQL)} AND c.target IN ({_marks(range(targets))}) "
+                f"WHERE {self.sql(READY_SQL)} AND c.target IN ({marks(range(targets))}) "
                 f"AND NOT EXISTS ({self.sql(PAUSED_SQL)}) "
                 f"AND (c.thread_id IS NULL OR NOT EXISTS ({self.sql(THREAD_BLOCKERS_SQL)}))"
                 f"{passed} ORDER BY {CLAIM_ORDER_SQL} LIMIT %s FOR UPDATE SKIP LOCKED"
@@ -204,7 +211,7 @@ class MySQLOperations(BackendOperations):
         with self.connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT thread_id FROM {THREAD_GATE_TABLE} WHERE thread_id IN "
-                f"({_marks(wanted)}) FOR UPDATE SKIP LOCKED",
+                f"({marks(wanted)}) FOR UPDATE SKIP LOCKED",
                 wanted,
             )
             held = {int(row[0]) for row in cursor.fetchall()}
@@ -212,7 +219,7 @@ class MySQLOperations(BackendOperations):
             if not rest:
                 return held
             cursor.execute(
-                f"SELECT thread_id FROM {THREAD_GATE_TABLE} WHERE thread_id IN ({_marks(rest)})",
+                f"SELECT thread_id FROM {THREAD_GATE_TABLE} WHERE thread_id IN ({marks(rest)})",
                 rest,
             )
             gated = {int(row[0]) for row in cursor.fetchall()}
@@ -230,7 +237,7 @@ class MySQLOperations(BackendOperations):
             # created are this transaction's, and it does not skip its own locks.
             cursor.execute(
                 f"SELECT thread_id FROM {THREAD_GATE_TABLE} WHERE thread_id IN "
-                f"({_marks(new)}) FOR UPDATE SKIP LOCKED",
+                f"({marks(new)}) FOR UPDATE SKIP LOCKED",
                 new,
             )
             return held | {int(row[0]) for row in cursor.fetchall()}
@@ -245,12 +252,12 @@ class MySQLOperations(BackendOperations):
         assert pk is not None and pk.column is not None  # every concrete model has one
         quote = self.connection.ops.quote_name
         column, table = quote(pk.column), quote(model._meta.db_table)
-        prep = _prep(self.connection)
+        prepared = prep(self.connection)
         with self.connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT {column} FROM {table} FORCE INDEX (PRIMARY) "
-                f"WHERE {column} IN ({_marks(wanted)}) FOR UPDATE SKIP LOCKED",
-                [prep(pk, key) for key in wanted],
+                f"WHERE {column} IN ({marks(wanted)}) FOR UPDATE SKIP LOCKED",
+                [prepared(pk, key) for key in wanted],
             )
             # The keys as the ORM reads them (a UUID column's value is text or bytes).
             return {pk.to_python(row[0]) for row in cursor.fetchall()}
@@ -309,37 +316,19 @@ class MySQLOperations(BackendOperations):
     ) -> int:
         """Django's MySQL backend asks for found rows, so the count is of the rows the
         ``WHERE`` matched (written or already holding the values), as an ORM update
-        counts them."""
-        connection = self.connection
-        quote = connection.ops.quote_name
-        prep = _prep(connection)
-        keys = [prep(Job._meta.pk, pk) for pk in ids]
-        sets: list[str] = []
-        params: list[Any] = []
-        for name, value in same.items():
-            field = _job_field(name)
-            sets.append(f"{quote(_column(field))} = %s")
-            params.append(prep(field, value))
-        for name, by_id in per_row.items():
-            field = _job_field(name)
-            values = [prep(field, by_id[pk]) for pk in ids]
-            if all(value == values[0] for value in values):
-                sets.append(f"{quote(_column(field))} = %s")
-                params.append(values[0])
-                continue
-            sets.append(f"{quote(_column(field))} = CASE id{' WHEN %s THEN %s' * len(ids)} END")
-            for key, value in zip(keys, values, strict=True):
-                params += [key, value]
-        sets += [f"{quote(_column(_job_field(name)))} = {self.now_sql}" for name in stamped]
-        if attempt:
-            sets.append("attempts = attempts + 1")
-        where = f"id IN ({_marks(keys)}) AND status IN ({_marks(statuses)})"
-        params += [*keys, *(status.value for status in statuses)]
-        if token is not None:
-            where += " AND claim_token = %s"
-            params.append(prep(_job_field("claim_token"), token))
-        with connection.cursor() as cursor:
-            sql = f"UPDATE {self.sql('{job}')} SET {', '.join(sets)} WHERE {where}"
+        counts them. The text is kept per shape (:mod:`.mysql_statements`)."""
+        sql, params = statements.update_jobs(
+            self.connection,
+            self.now_sql,
+            ids,
+            same,
+            per_row,
+            statuses=statuses,
+            token=token,
+            stamped=stamped,
+            attempt=attempt,
+        )
+        with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
 
@@ -349,41 +338,33 @@ class MySQLOperations(BackendOperations):
         report's (a later claim's) is dropped here and, not matching the read under READ
         COMMITTED, its lock released by InnoDB at once."""
         connection = self.connection
-        prep = _prep(connection)
-        token_field = _job_field("claim_token")
+        prepared = prep(connection)
+        token_field = job_field("claim_token")
         given = dict(pairs)
         statuses = sorted(status.value for status in CLAIMED_JOB_STATUSES)
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT id, claim_token FROM {self.sql('{job}')} WHERE id IN ({_marks(given)}) "
-                f"AND claim_token IN ({_marks(given)}) AND status IN ({_marks(statuses)}) "
+                f"SELECT id, claim_token FROM {self.sql('{job}')} WHERE id IN ({marks(given)}) "
+                f"AND claim_token IN ({marks(given)}) AND status IN ({marks(statuses)}) "
                 "ORDER BY id FOR UPDATE",
                 [
-                    *(prep(Job._meta.pk, pk) for pk in given),
-                    *(prep(token_field, token) for token in given.values()),
+                    *(prepared(Job._meta.pk, pk) for pk in given),
+                    *(prepared(token_field, token) for token in given.values()),
                     *statuses,
                 ],
             )
             rows = cursor.fetchall()
         # Stored as CHAR(32) hex on MySQL and as the native UUID type on MariaDB 10.7+.
-        read = {_uuid(pk): _uuid(token) for pk, token in rows}
+        read = {to_uuid(pk): to_uuid(token) for pk, token in rows}
         return {pk for pk, token in read.items() if given.get(pk) == token}
 
     def jobs_by_id(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Job]:
-        prep = _prep(self.connection)
-        keys = [prep(Job._meta.pk, pk) for pk in ids]
+        prepared = prep(self.connection)
+        keys = [prepared(Job._meta.pk, pk) for pk in ids]
         with self.connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT {self._columns('')} FROM {self.sql('{job}')} WHERE id IN ({_marks(keys)})",
-                keys,
-            )
+            cursor.execute(statements.select_jobs(self.connection, self.now_sql, len(keys)), keys)
             rows = cursor.fetchall()
         return {job.id: job for job, _clock in self._converted(rows, clock=False)}
-
-    def _columns(self, prefix: str) -> str:
-        """Every concrete ``Job`` column in model order, each after ``prefix``."""
-        quote = self.connection.ops.quote_name
-        return ", ".join(f"{prefix}{quote(_column(field))}" for field in Job._meta.concrete_fields)
 
     # --- migration 0009's guards ------------------------------------------------------
 
@@ -450,38 +431,6 @@ class MySQLOperations(BackendOperations):
             .filter(**{alias: True})
             .exclude(**{f"{alias}_type": "ARRAY"})
         )
-
-
-def _marks(values: Collection[object] | range) -> str:
-    """One placeholder per value, for ``IN (...)``."""
-    return ", ".join(["%s"] * len(values))
-
-
-def _job_field(name: str) -> Field[Any, Any]:
-    field = Job._meta.get_field(name)
-    if not isinstance(field, Field):
-        raise TypeError(f"Job.{name} is not a concrete field.")
-    return field
-
-
-def _uuid(value: Any) -> uuid.UUID:
-    """A UUID column's value as read by the driver (text, bytes or a UUID) as a UUID."""
-    if isinstance(value, uuid.UUID):
-        return value
-    return uuid.UUID(value.decode() if isinstance(value, bytes) else str(value))
-
-
-def _column(field: Field[Any, Any]) -> str:
-    return field.column or field.attname
-
-
-def _prep(connection: BaseDatabaseWrapper) -> Callable[[Field[Any, Any], Any], Any]:
-    """A field's value as a parameter of ``connection``, as an ORM update prepares it."""
-
-    def prep(field: Field[Any, Any], value: Any) -> Any:
-        return field.get_db_prep_save(value, connection)
-
-    return prep
 
 
 def _rolled_back(connection: BaseDatabaseWrapper) -> None:
