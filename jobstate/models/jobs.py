@@ -116,12 +116,12 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Jobs whose queue is not paused."""
         return self.filter(~queue_paused())
 
-    def claimable(self, targets: Iterable[str]) -> JobQuerySet:
+    def claimable(self, targets: Iterable[str], *, gated: bool = True) -> JobQuerySet:
         """What a claim may take, oldest first: ready, of an unpaused queue, through the
-        per-thread gate."""
-        return (
-            self.ready().for_targets(targets).unpaused().thread_unblocked().order_by(*CLAIM_ORDER)
-        )
+        per-thread gate (without ``gated``, the jobs of a thread regardless of the gate:
+        for a claim that puts them through it itself)."""
+        rows = self.ready().for_targets(targets).unpaused()
+        return (rows.thread_unblocked() if gated else rows).order_by(*CLAIM_ORDER)
 
     def due_tasks(self, target: str, *, keyed: bool = False) -> JobQuerySet:
         """The queued tasks of ``target`` that are due on the database clock, with their

@@ -470,3 +470,22 @@ def test_a_claim_that_fails_midway_rolls_back_and_releases_its_rows(
     assert Job.objects.get(id=job.id).status == JobStatus.QUEUED
     claimed = store.claim_next_inhub_job(["batch"], "worker")
     assert claimed is not None and claimed.id == job.id
+
+
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_claim_takes_a_thread_s_oldest_job_when_its_first_read_brings_two() -> None:
+    # The first read of a batch claim leaves the per-thread gate out, so it brings both
+    # of thread 7's jobs: the younger one waits behind the older, which is taken.
+    store = DatabaseStateStore()
+    store.create_job(request_id="t7-older", target="batch", thread_id=7)
+    store.create_job(request_id="t7-younger", target="batch", thread_id=7)
+    store.create_job(request_id="no-thread", target="batch")
+
+    claimed = store.claim_next_inhub_jobs(["batch"], "worker", limit=3)
+
+    assert sorted(job.request_id for job in claimed) == ["no-thread", "t7-older"]
+    waiting = Job.objects.get(request_id="t7-younger")
+    assert waiting.status == JobStatus.QUEUED
+    assert store.claim_next_inhub_jobs(["batch"], "worker", limit=3) == []

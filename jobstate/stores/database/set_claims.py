@@ -5,9 +5,12 @@ A claim of one job or of ``k`` is the same few statements in one transaction, wh
 ``k``:
 
 1. one locking read of up to ``k`` candidates (``SELECT ... ORDER BY created_at, id
-   LIMIT k FOR UPDATE SKIP LOCKED``) with every guard of a claim in it: the targets,
-   ``run_after`` on the database clock, paused queues, the per-thread gate. It reads the
-   whole rows and the database clock, so nothing needs reading back;
+   LIMIT k FOR UPDATE SKIP LOCKED``) with the guards of a claim in it: the targets,
+   ``run_after`` on the database clock, paused queues. It reads the whole rows and the
+   database clock, so nothing needs reading back. The first read leaves the per-thread
+   gate's subquery out (it cost the server more than the rest of the read; most jobs
+   have no thread) and keeps the oldest job of each thread it brings; once a thread
+   was found blocked, the further reads carry the gate;
 2. for the candidates that belong to a thread, the threads' gate locks taken without
    waiting, then the gate read again under them by one statement (a snapshot read
    before the lock can miss a sibling claimed a moment earlier); a candidate whose
@@ -65,21 +68,28 @@ def claim(
     taken: list[Job] = []
     clocks: list[datetime] = []
     passed_threads: set[int] = set()
+    # The first read leaves the per-thread gate's subquery out (it cost the server more
+    # than the rest of the read, and most jobs have no thread): the jobs of a thread it
+    # brings go through the gate's locks and its read under them like any others. Once
+    # a thread was found blocked, the later reads carry the gate, so they skip the
+    # blocked ones. Without row locks the gate in the read is the only one.
+    gated = not ops.locks_rows
     with ops.short_transaction():
         # Each round either fills the batch, finds nothing more, or rules out at least
         # one more thread, so the loop ends. Rows this transaction holds are not skipped
         # by its own locking read, so a later round leaves out the ones taken.
         while len(taken) < limit:
             read = ops.claim_candidates(
-                scope, limit - len(taken), [job.id for job in taken], passed_threads
+                scope, limit - len(taken), [job.id for job in taken], passed_threads, gated=gated
             )
-            picked = [job for job, _clock in read]
-            clocks += [clock for _job, clock in read]
+            picked, picked_clocks = _oldest_of_each_thread(read)
+            clocks += picked_clocks
             passed = _failing_the_gate(using, picked) if ops.locks_rows else set()
             taken += [job for job in picked if job.thread_id not in passed]
             if not passed:
                 break
             passed_threads |= passed
+            gated = True
         if not taken:
             return []
         fixed: dict[str, Any] = {
@@ -119,6 +129,23 @@ def claim_tasks(
         return _move(
             using, picked, clock, fixed, lease, dispatched=False, attempt=True, round_id=claim_round
         )
+
+
+def _oldest_of_each_thread(read: list[tuple[Job, datetime]]) -> tuple[list[Job], list[datetime]]:
+    """The jobs of a read (oldest first) and their clocks, keeping only the first job of
+    each thread: a read without the gate can bring a thread's younger jobs, which its
+    oldest blocks."""
+    seen: set[int] = set()
+    jobs: list[Job] = []
+    clocks: list[datetime] = []
+    for job, clock in read:
+        if job.thread_id is not None:
+            if job.thread_id in seen:
+                continue
+            seen.add(job.thread_id)
+        jobs.append(job)
+        clocks.append(clock)
+    return jobs, clocks
 
 
 def _failing_the_gate(using: str, picked: list[Job]) -> set[int]:

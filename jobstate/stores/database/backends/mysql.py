@@ -50,8 +50,9 @@ class MySQLOperations(BackendOperations):
 
     def __init__(self, using: str) -> None:
         super().__init__(using)
-        #: The claim's locking read per (targets, ids passed over, threads passed over).
-        self._claim_reads: dict[tuple[int, int, int], str] = {}
+        #: The claim's locking read per (targets, ids passed over, threads passed over,
+        #: gated).
+        self._claim_reads: dict[tuple[int, int, int, bool], str] = {}
         #: Per column loaded by the claim's read (and the clock last) that has
         #: converters: its position, the column and the converters.
         self._converters: list[tuple[int, Any, list[Any]]] | None = None
@@ -119,6 +120,8 @@ class MySQLOperations(BackendOperations):
         limit: int,
         passed_ids: Sequence[uuid.UUID],
         passed_threads: Collection[int],
+        *,
+        gated: bool = True,
     ) -> list[tuple[Job, datetime]]:
         """The claim's locking read as SQL text built once per shape from the rules of
         :mod:`jobstate.models.jobs` (their ORM twins are proven equal by the SQL twins
@@ -126,7 +129,7 @@ class MySQLOperations(BackendOperations):
         each time cost more than the statement."""
         connection = self.connection
         pk = Job._meta.pk
-        sql = self._claim_read(len(scope), len(passed_ids), len(passed_threads))
+        sql = self._claim_read(len(scope), len(passed_ids), len(passed_threads), gated)
         params: list[Any] = [
             *scope,
             *(pk.get_db_prep_value(pk_value, connection) for pk_value in passed_ids),
@@ -138,8 +141,8 @@ class MySQLOperations(BackendOperations):
             rows = cursor.fetchall()
         return self._loaded(rows)
 
-    def _claim_read(self, targets: int, passed_ids: int, passed_threads: int) -> str:
-        key = (targets, passed_ids, passed_threads)
+    def _claim_read(self, targets: int, passed_ids: int, passed_threads: int, gated: bool) -> str:
+        key = (targets, passed_ids, passed_threads, gated)
         sql = self._claim_reads.get(key)
         if sql is None:
             columns = statements.columns(self.connection, "c.")
@@ -151,11 +154,13 @@ class MySQLOperations(BackendOperations):
                     f" AND (c.thread_id IS NULL OR c.thread_id NOT IN "
                     f"({marks(range(passed_threads))}))"
                 )
+            if gated:
+                blockers = self.sql(THREAD_BLOCKERS_SQL)
+                passed += f" AND (c.thread_id IS NULL OR NOT EXISTS ({blockers}))"
             sql = self._claim_reads[key] = (
                 f"SELECT {columns}, {self.now_sql} FROM {self.sql('{job}')} AS c "
                 f"WHERE {self.sql(READY_SQL)} AND c.target IN ({marks(range(targets))}) "
-                f"AND NOT EXISTS ({self.sql(PAUSED_SQL)}) "
-                f"AND (c.thread_id IS NULL OR NOT EXISTS ({self.sql(THREAD_BLOCKERS_SQL)}))"
+                f"AND NOT EXISTS ({self.sql(PAUSED_SQL)})"
                 f"{passed} ORDER BY {CLAIM_ORDER_SQL} LIMIT %s FOR UPDATE SKIP LOCKED"
             )
         return sql

@@ -190,12 +190,15 @@ class BackendOperations:
         limit: int,
         passed_ids: Sequence[uuid.UUID],
         passed_threads: Collection[int],
+        *,
+        gated: bool = True,
     ) -> list[tuple[Job, datetime]]:
         """Up to ``limit`` claimable jobs of ``scope`` (ready, of an unpaused queue,
-        through the per-thread gate), oldest first and locked as :meth:`lock_candidates`
-        locks, leaving out ``passed_ids`` and the jobs of ``passed_threads``; each with
-        the database clock of the read (the set-based claims, :attr:`claims_in_sets`)."""
-        candidates = Job.objects.using(self.using).claimable(scope)
+        through the per-thread gate unless not ``gated``), oldest first and locked as
+        :meth:`lock_candidates` locks, leaving out ``passed_ids`` and the jobs of
+        ``passed_threads``; each with the database clock of the read (the set-based
+        claims, :attr:`claims_in_sets`)."""
+        candidates = Job.objects.using(self.using).claimable(scope, gated=gated)
         if passed_ids:
             candidates = candidates.exclude(id__in=list(passed_ids))
         if passed_threads:
