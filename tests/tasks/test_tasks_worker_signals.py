@@ -92,15 +92,20 @@ def test_a_task_still_running_when_the_grace_ends_is_handed_back_with_its_attemp
     assert int(ran.group(1)) >= 1000
 
 
+def signal_twice(worker: subprocess.Popen[str]) -> None:
+    """SIGTERM, and half a second later SIGTERM again: stop at once."""
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    worker.send_signal(signal.SIGTERM)
+
+
 def test_a_second_signal_exits_at_once_and_the_lease_brings_the_task_back(settings: Any) -> None:
     options = use_options(settings, MAX_ATTEMPTS=2, LEASE=1.0)
     slow = started_then_sleeps.enqueue(30)
     worker = start_worker("--grace", "60", "--worker-id", "impatient", options=options)
     try:
         wait_for(lambda: running(slow.id), what="the task to start")
-        worker.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        worker.send_signal(signal.SIGTERM)
+        signal_twice(worker)
         code, _out, err = finish(worker, timeout=10)
     finally:
         stop(worker)
@@ -124,9 +129,7 @@ def test_a_second_signal_exits_at_once_even_when_the_log_blocks(settings: Any) -
     try:
         wait_for(lambda: running(flood.id), what="the flooding task to start")
         time.sleep(1)  # the pipe fills
-        worker.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        worker.send_signal(signal.SIGTERM)
+        signal_twice(worker)
         try:
             code = worker.wait(timeout=15)  # the pipe still unread
         except subprocess.TimeoutExpired:
