@@ -245,6 +245,7 @@ def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: P
     assert process.returncode == 130
     assert "demo stopped" in rest
     assert not NOISE.search(rest), rest
+    assert "Terminated" not in rest, rest  # the shell's word for a child it saw killed
     assert not group_alive(process.pid), "a demo process outlived Ctrl-C"
     assert not banner.answers(f"http://127.0.0.1:{port}/admin/login/", timeout=0.5)
 
