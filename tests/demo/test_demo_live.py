@@ -37,8 +37,9 @@ BASE = Path(django_settings.BASE_DIR)
 #: and the welcome mail's first cron slot (at most a minute after the start), get time
 #: to finish: the wait ends as soon as they have.
 ACTING_SECONDS = 55
-#: Up to two minutes: on a loaded CI machine a requeued remote job was once still
-#: dispatched after one (the executor's turn had not come). The wait ends once it settles.
+#: Up to two minutes, for a loaded CI machine; the wait ends once the jobs settle. (A
+#: requeued remote job once stayed dispatched past one minute: the demo's executor
+#: renewed the leases of the jobs it had crashed on; see test_demo.py.)
 SETTLE_SECONDS = 120
 ROUND_SECONDS = 5
 

@@ -8,7 +8,7 @@ A claim of one job or of ``k`` is the same few statements in one transaction, wh
    LIMIT k FOR UPDATE SKIP LOCKED``) with the guards of a claim in it: the targets,
    ``run_after`` on the database clock, paused queues. It reads the whole rows and the
    database clock, so nothing needs reading back. The first read leaves the per-thread
-   gate's subquery out (it cost the server more than the rest of the read; most jobs
+   gate's subquery out (planning it took a good part of the read, and most jobs
    have no thread) and keeps the oldest job of each thread it brings; once a thread
    was found blocked, the further reads carry the gate;
 2. for the candidates that belong to a thread, the threads' gate locks taken without
@@ -68,11 +68,8 @@ def claim(
     taken: list[Job] = []
     clocks: list[datetime] = []
     passed_threads: set[int] = set()
-    # The first read leaves the per-thread gate's subquery out (it cost the server more
-    # than the rest of the read, and most jobs have no thread): the jobs of a thread it
-    # brings go through the gate's locks and its read under them like any others. Once
-    # a thread was found blocked, the later reads carry the gate, so they skip the
-    # blocked ones. Without row locks the gate in the read is the only one.
+    # The first read is without the gate's subquery (step 1 of the module's text);
+    # without row locks, though, the gate in the read is the only one.
     gated = not ops.locks_rows
     with ops.short_transaction():
         # Each round either fills the batch, finds nothing more, or rules out at least
