@@ -122,7 +122,7 @@ def test_a_round_reads_the_claim_index(queues: list[str] | None) -> None:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE jobstate_job")
     shape = "any" if queues is None else "one" if len(queues) == 1 else "several"
-    sql, _fields = complete_and_claim_statement(connection, ("result",), 1, shape)
+    sql, _fields = complete_and_claim_statement(connection, ("result",), 1, shape, 2)
     with connection.cursor() as cursor:
         # The plan of the statement as the worker sends it, with its own parameters.
         cursor.execute(f"PREPARE round_plan AS {_numbered(sql)}")
@@ -136,6 +136,34 @@ def test_a_round_reads_the_claim_index(queues: list[str] | None) -> None:
     assert "Sort Key: c" not in plan, plan
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db
+@pytest.mark.parametrize("queues", [["default"], ["default", "emails"], None])
+def test_a_worker_s_round_is_planned_once_not_at_every_task(queues: list[str] | None) -> None:
+    # PostgreSQL plans a prepared statement again at every execution while its generic
+    # plan looks dearer than the plans made for the values at hand; a LIMIT given as a
+    # parameter made the generic plan expect many tasks, so each one-task round paid a
+    # fresh plan of the whole statement (about as much server time as running it).
+    store = DatabaseStateStore()
+    for n in range(300):
+        store.enqueue_task(new_task(("default", "emails")[n % 2]))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobstate_job")
+    held = store.claim_tasks(target=TARGET, queues=queues, worker_id="w-1", lease=LEASE, limit=1)
+    for _ in range(40):
+        _results, held = round_of(store, held, queues, limit=1)
+        assert len(held) == 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%claimed AS%%'"
+        )
+        (generic, custom), *others = cursor.fetchall()
+    assert others == []
+    # PostgreSQL tries five plans for the values first, then keeps the generic one.
+    assert custom <= 5 and generic >= 25, (generic, custom)
+
+
 def _numbered(sql: str) -> str:
     """``%s`` placeholders as ``$1``, ``$2``, ... for ``PREPARE``."""
     parts = sql.split("%s")
@@ -145,11 +173,11 @@ def _numbered(sql: str) -> str:
 def _plan_params(queues: list[str] | None) -> str:
     report = f"'{uuid.uuid4()}', '{uuid.uuid4()}', 'done', '3'"
     if queues is None:
-        claim = f"'{TARGET}', '{TARGET}', '{TARGET}', '{TARGET}', 2, 2"
+        claim = f"'{TARGET}', '{TARGET}', '{TARGET}', '{TARGET}'"
     elif len(queues) == 1:
-        claim = f"'{TARGET}', 'default', '{TARGET}', 'default', 2"
+        claim = f"'{TARGET}', 'default', '{TARGET}', 'default'"
     else:
-        claim = f"ARRAY['default', 'emails'], '{TARGET}', '{TARGET}', 2, 2"
+        claim = f"ARRAY['default', 'emails'], '{TARGET}', '{TARGET}'"
     return f"{report}, {claim}, 'running', 'w', interval '1 minute', '{uuid.uuid4()}'"
 
 

@@ -237,8 +237,8 @@ class PostgreSQLOperations(BackendOperations):
         """One round trip for a task worker's round (see
         :func:`~.postgresql_statements.complete_and_claim_statement`)."""
         connection = connections[self.using]
-        shape, claim_params = _task_claim_shape(target, queues, owner, lease, limit, claim_round)
-        sql, fields = complete_and_claim_statement(connection, columns, len(group), shape)
+        shape, claim_params = _task_claim_shape(target, queues, owner, lease, claim_round)
+        sql, fields = complete_and_claim_statement(connection, columns, len(group), shape, limit)
         params: list[Any] = []
         for pk, token, status, cleaned in group:
             params.extend((pk, token, status.value))
@@ -370,10 +370,10 @@ def task_claim(
     claim_round: uuid.UUID,
 ) -> tuple[str, list[Any]]:
     """The task claim statement and its parameters. Its text depends only on whether
-    ``queues`` is ``None``, one queue or several, so the database can keep one plan per
-    kind of worker."""
-    shape, params = _task_claim_shape(target, queues, owner, lease, limit, claim_round)
-    return task_claim_statement(connection, shape), params
+    ``queues`` is ``None``, one queue or several, and on ``limit``, so the database can
+    keep one plan per kind of worker and number of free slots."""
+    shape, params = _task_claim_shape(target, queues, owner, lease, claim_round)
+    return task_claim_statement(connection, shape, limit), params
 
 
 def _task_claim_shape(
@@ -381,7 +381,6 @@ def _task_claim_shape(
     queues: list[str] | None,
     owner: str,
     lease: timedelta,
-    limit: int,
     claim_round: uuid.UUID,
 ) -> tuple[str, list[Any]]:
     """The shape of a task claim (``"any"``, ``"one"`` or ``"several"`` queues) and its
@@ -389,11 +388,11 @@ def _task_claim_shape(
     shape = "any" if queues is None else "one" if len(queues) == 1 else "several"
     params: list[Any]
     if shape == "one":
-        params = [target, *(queues or []), target, *(queues or []), limit]
+        params = [target, *(queues or []), target, *(queues or [])]
     elif shape == "several":
-        params = [queues, target, target, limit, limit]
+        params = [queues, target, target]
     else:
-        params = [target, target, target, target, limit, limit]
+        params = [target, target, target, target]
     return shape, [*params, JobStatus.RUNNING.value, owner, lease, str(claim_round)]
 
 

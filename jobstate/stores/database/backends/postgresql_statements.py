@@ -145,11 +145,16 @@ def complete_statement(
 
 
 def complete_and_claim_statement(
-    connection: BaseDatabaseWrapper, columns: tuple[str, ...], reports: int, shape: str
+    connection: BaseDatabaseWrapper,
+    columns: tuple[str, ...],
+    reports: int,
+    shape: str,
+    limit: int,
 ) -> tuple[str, list[Field[Any, Any]]]:
     """A worker's round in one statement: the fenced completion of ``reports`` reports
     that patch ``columns`` (as :func:`complete_statement`) and the task claim of
-    ``shape`` (as :func:`task_claim_statement`), each a data-modifying ``WITH`` query.
+    ``shape`` for ``limit`` tasks (as :func:`task_claim_statement`), each a
+    data-modifying ``WITH`` query.
     Each returned row starts with ``true`` for a job a report wrote, ``false`` for a
     task claimed. Its parameters: the completion's, then the claim's.
 
@@ -159,11 +164,11 @@ def complete_and_claim_statement(
     completion's rows are read first, so its row locks (it waits for one an operator's
     transaction holds) are taken before the claim locks anything, and a worker never
     waits holding a task it just claimed."""
-    key = ("complete_and_claim", columns, reports, shape)
+    key = ("complete_and_claim", columns, reports, shape, limit)
     cached = _STATEMENTS.get(key)
     if cached is None:
         report, fields = _report_update(connection, columns, reports)
-        waiting, picked, claim = _task_claim_parts(connection, shape)
+        waiting, picked, claim = _task_claim_parts(connection, shape, limit)
         recursive = "RECURSIVE " if waiting else ""
         sql = f"""
             WITH {recursive}reported AS ({report}),
@@ -292,35 +297,46 @@ def inserted_fields() -> list[Field[Any, Any]]:
     return [field for field in Job._meta.concrete_fields if field.name not in DATABASE_STAMPED]
 
 
-def task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
-    """The task claim for a worker of any queue (``shape`` ``"any"``), one queue
-    (``"one"``) or several (``"several"``).
+def task_claim_statement(connection: BaseDatabaseWrapper, shape: str, limit: int) -> str:
+    """The task claim of at most ``limit`` tasks for a worker of any queue (``shape``
+    ``"any"``), one queue (``"one"``) or several (``"several"``).
+
+    ``limit`` is part of the text, not a parameter: given as a parameter, PostgreSQL's
+    generic plan of a prepared claim expects a tenth of the ready tasks rather than the
+    one or few a worker asks for, looks dearer than a plan for the values at hand, and
+    so is never kept: every claim was planned again (as long as running it). A worker
+    asks for at most its concurrency, so it uses a few texts, each planned once.
 
     It reads the partial index ``jobstate_job_task_claim_idx`` (target, queue, then
     claim order) in claim order. A worker of several queues reads each queue's part of
     the index in order (a ``LATERAL`` subquery per queue, each locking at most ``n``
     rows) and keeps the first ``n`` overall; a worker of any queue first finds the
     queues that hold tasks by skipping through the index. No claim sorts a backlog."""
-    key = ("tasks", shape)
+    key = ("tasks", shape, limit)
     sql = _STATEMENTS.get(key)
     if sql is None:
-        sql = _STATEMENTS[key] = _task_claim_statement(connection, shape)
+        sql = _STATEMENTS[key] = _task_claim_statement(connection, shape, limit)
     return sql
 
 
-def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str) -> str:
-    waiting, picked, claim = _task_claim_parts(connection, shape)
+def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str, limit: int) -> str:
+    waiting, picked, claim = _task_claim_parts(connection, shape, limit)
     recursive = "RECURSIVE " if waiting else ""
     return f"WITH {recursive}{waiting} picked AS ({picked}) {claim}"
 
 
-def _task_claim_parts(connection: BaseDatabaseWrapper, shape: str) -> tuple[str, str, str]:
-    """The task claim of ``shape`` in parts: the recursive ``WITH`` query that finds the
-    waiting queues (a worker of any queue; followed by a comma) or ``""``, the pick
-    (the ``picked`` query) and the ``UPDATE`` of what was picked."""
+def _task_claim_parts(
+    connection: BaseDatabaseWrapper, shape: str, limit: int
+) -> tuple[str, str, str]:
+    """The task claim of ``shape`` for at most ``limit`` tasks in parts: the recursive
+    ``WITH`` query that finds the waiting queues (a worker of any queue; followed by a
+    comma) or ``""``, the pick (the ``picked`` query) and the ``UPDATE`` of what was
+    picked."""
     table = connection.ops.quote_name(Job._meta.db_table)
     pauses = connection.ops.quote_name(QueuePause._meta.db_table)
     ready = rule(connection, TASK_READY_SQL)
+    # Written into the text (see task_claim_statement); int() keeps it a number.
+    limit = int(limit)
     queues = ""
     # A paused queue is left out before its part of the claim index is read: one probe
     # of the pause table's unique key per queue, not per task.
@@ -331,7 +347,7 @@ def _task_claim_parts(connection: BaseDatabaseWrapper, shape: str) -> tuple[str,
               AND NOT EXISTS (SELECT 1 FROM {pauses} AS p
                               WHERE p.target = %s AND p.queue_name = %s)
             ORDER BY {TASK_CLAIM_ORDER_SQL}
-            LIMIT %s
+            LIMIT {limit}
             FOR UPDATE OF c SKIP LOCKED
         """
     else:
@@ -373,11 +389,11 @@ def _task_claim_parts(connection: BaseDatabaseWrapper, shape: str) -> tuple[str,
                 FROM {table} AS c
                 WHERE {ready} AND c.queue_name = q.name
                 ORDER BY {TASK_CLAIM_ORDER_SQL}
-                LIMIT %s
+                LIMIT {limit}
                 FOR UPDATE OF c SKIP LOCKED
             ) AS p
             ORDER BY p.priority DESC, p.due, p.created_at, p.id
-            LIMIT %s
+            LIMIT {limit}
         """
     # The claim starts an attempt: ``attempts`` counts the attempts that started. Each
     # task's token is ``jobstate.core.states.task_claim_token`` of the claim's round and
