@@ -20,6 +20,8 @@ __all__ = ["Wakeup"]
 #: The longest single wait handed to the selector (its timeout is converted to whole
 #: milliseconds of a C int); a longer wait is made of several.
 _LONGEST_SELECT = 3600.0
+#: Bytes :meth:`Wakeup.clear` reads at a time (one byte per wake-up).
+_DRAIN = 4096
 
 
 class Wakeup:
@@ -53,7 +55,9 @@ class Wakeup:
         """Forget the wake-ups sent so far."""
         while True:
             try:
-                if not self._reader.recv(4096):
+                # A short read took every byte waiting: no second call (a system call
+                # and an exception) to find the socket empty.
+                if len(self._reader.recv(_DRAIN)) < _DRAIN:
                     return
             except BlockingIOError:
                 return

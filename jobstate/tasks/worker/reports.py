@@ -393,6 +393,10 @@ class Reporter:
             )
             return
         what, failed = outcome.record.outcome.value, outcome.record.failed
+        level = logging.WARNING if failed else logging.INFO
+        if not logger.isEnabledFor(level):
+            # The line is built for every task: skip the building where it is not shown.
+            return
         if failed:
             what = f"{what} ({settlement.patch.get('error')})"
         what = f"{what} in {duration_ms:.0f} ms"
@@ -406,7 +410,7 @@ class Reporter:
         elif failed:
             what = f"{what}; {_why_final(outcome)}"
         logger.log(
-            logging.WARNING if failed else logging.INFO,
+            level,
             "Task %s %s attempt %d/%d %s",
             job.task_path,
             job.id,
