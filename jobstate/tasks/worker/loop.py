@@ -204,9 +204,9 @@ class TaskWorker:
                 self._wait_after(exc, failures)
                 continue
             failures = 0
-            if free and claimed == free:
-                # Every free slot got a task: more may be ready, so claim again at once.
-                continue
+            # A claim that filled every free slot leaves nothing to claim until an
+            # attempt ends, and an attempt that ends sets the wake-up: the wait below
+            # returns at once for one that ended meanwhile, so no round is run idle.
             if (
                 free
                 and not claimed
