@@ -68,6 +68,17 @@ def round_of(
     )
 
 
+def analysed_backlog(tasks: int) -> DatabaseStateStore:
+    """``tasks`` tasks waiting, alternately in two queues, with the table's statistics
+    read, so the planner sees a backlog rather than an empty table."""
+    store = DatabaseStateStore()
+    for n in range(tasks):
+        store.enqueue_task(new_task(("default", "emails")[n % 2]))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobstate_job")
+    return store
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.parametrize("queues", [["default"], ["default", "emails"], None])
@@ -116,11 +127,7 @@ def test_a_task_a_round_puts_back_is_not_claimed_by_the_same_statement() -> None
 @pytest.mark.django_db
 @pytest.mark.parametrize("queues", [["default"], ["default", "emails"], None])
 def test_a_round_reads_the_claim_index(queues: list[str] | None) -> None:
-    store = DatabaseStateStore()
-    for n in range(200):
-        store.enqueue_task(new_task(("default", "emails")[n % 2]))
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE jobstate_job")
+    analysed_backlog(200)
     shape = "any" if queues is None else "one" if len(queues) == 1 else "several"
     sql, _fields = complete_and_claim_statement(connection, ("result",), 1, shape, 2)
     with connection.cursor() as cursor:
@@ -144,11 +151,7 @@ def test_a_worker_s_round_is_planned_once_not_at_every_task(queues: list[str] | 
     # plan looks dearer than the plans made for the values at hand; a LIMIT given as a
     # parameter made the generic plan expect many tasks, so each one-task round paid a
     # fresh plan of the whole statement (about as much server time as running it).
-    store = DatabaseStateStore()
-    for n in range(300):
-        store.enqueue_task(new_task(("default", "emails")[n % 2]))
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE jobstate_job")
+    store = analysed_backlog(300)
     held = store.claim_tasks(target=TARGET, queues=queues, worker_id="w-1", lease=LEASE, limit=1)
     for _ in range(40):
         _results, held = round_of(store, held, queues, limit=1)
