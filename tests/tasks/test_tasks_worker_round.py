@@ -21,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from jobstate.core.states import ClaimReport, JobStatus, NewTask
 from jobstate.models import Job
 from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.backends import postgresql_statements
 from jobstate.stores.database.backends.postgresql_statements import (
     complete_and_claim_statement,
 )
@@ -167,6 +168,19 @@ def test_a_worker_s_round_is_planned_once_not_at_every_task(queues: list[str] | 
     ((generic, custom),) = added.values()
     # PostgreSQL tries five plans for the values first, then keeps the generic one.
     assert custom <= 5 and generic >= 25, (generic, custom)
+
+
+@pytest.mark.postgres
+def test_the_round_texts_a_busy_worker_uses_are_kept_in_bounded_memory() -> None:
+    # The limit is part of each round's text, so a worker of concurrency N may use up
+    # to N * N texts (report counts by free slots): they must not pile up for ever.
+    for reports in range(1, 41):
+        for limit in range(reports, 41):
+            sql, _fields = complete_and_claim_statement(
+                connection, ("result",), reports, "one", limit
+            )
+            assert f"LIMIT {limit}\n" in sql
+    assert 0 < len(postgresql_statements._ROUNDS) <= postgresql_statements._KEPT_ROUNDS
 
 
 def _round_plans() -> dict[str, tuple[int, int]]:

@@ -17,6 +17,7 @@ report patches), so each is built once and the database can keep one plan per sh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -52,6 +53,22 @@ NOW_SQL = "statement_timestamp()"
 #: The hot statements' text, built once per shape: (kind, shape) -> SQL (and the patched
 #: fields of a completion).
 _STATEMENTS: dict[tuple[Any, ...], Any] = {}
+
+#: The task claims' and workers' rounds' text, whose shapes include the claim's limit: a
+#: worker of concurrency N uses at most N limits and N report counts. Past
+#: :data:`_KEPT_ROUNDS` shapes the kept ones are dropped, so a worker of a high
+#: concurrency does not grow this for ever.
+_ROUNDS: dict[tuple[Any, ...], Any] = {}
+_KEPT_ROUNDS = 256
+
+
+def _kept_round(key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+    kept = _ROUNDS.get(key)
+    if kept is None:
+        if len(_ROUNDS) >= _KEPT_ROUNDS:
+            _ROUNDS.clear()
+        kept = _ROUNDS[key] = build()
+    return kept
 
 
 def rule(connection: BaseDatabaseWrapper, text: str) -> str:
@@ -164,9 +181,8 @@ def complete_and_claim_statement(
     completion's rows are read first, so its row locks (it waits for one an operator's
     transaction holds) are taken before the claim locks anything, and a worker never
     waits holding a task it just claimed."""
-    key = ("complete_and_claim", columns, reports, shape, limit)
-    cached = _STATEMENTS.get(key)
-    if cached is None:
+
+    def build() -> tuple[str, list[Field[Any, Any]]]:
         report, fields = _report_update(connection, columns, reports)
         waiting, picked, claim = _task_claim_parts(connection, shape, limit)
         recursive = "RECURSIVE " if waiting else ""
@@ -178,8 +194,10 @@ def complete_and_claim_statement(
             UNION ALL
             SELECT false, claimed.* FROM claimed
         """
-        cached = _STATEMENTS[key] = (sql, fields)
-    return cast("tuple[str, list[Field[Any, Any]]]", cached)
+        return sql, fields
+
+    kept = _kept_round(("complete_and_claim", columns, reports, shape, limit), build)
+    return cast("tuple[str, list[Field[Any, Any]]]", kept)
 
 
 def _report_update(
@@ -313,10 +331,7 @@ def task_claim_statement(connection: BaseDatabaseWrapper, shape: str, limit: int
     rows) and keeps the first ``n`` overall; a worker of any queue first finds the
     queues that hold tasks by skipping through the index. No claim sorts a backlog."""
     key = ("tasks", shape, limit)
-    sql = _STATEMENTS.get(key)
-    if sql is None:
-        sql = _STATEMENTS[key] = _task_claim_statement(connection, shape, limit)
-    return sql
+    return cast(str, _kept_round(key, lambda: _task_claim_statement(connection, shape, limit)))
 
 
 def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str, limit: int) -> str:
