@@ -12,7 +12,8 @@ probe, the task claim's due order) are written beside their ORM twins in
 :mod:`jobstate.models.jobs`.
 
 The text of a statement depends only on its shape (how many targets, which columns a
-report patches), so each is built once and the database can keep one plan per shape.
+report patches, and for a task claim how many tasks it takes), so each is built once and
+the database can keep one plan per shape.
 """
 
 from __future__ import annotations
