@@ -25,6 +25,7 @@ from jobstate.stores.database.backends import postgresql_statements
 from jobstate.stores.database.backends.postgresql_statements import (
     complete_and_claim_statement,
 )
+from jobstate.stores.database.backends.shapes import KEPT_SHAPES
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import task_backends
 from jobstate.tasks.worker import TaskWorker, WorkerConfig
@@ -180,7 +181,7 @@ def test_the_round_texts_a_busy_worker_uses_are_kept_in_bounded_memory() -> None
                 connection, ("result",), reports, "one", limit
             )
             assert f"LIMIT {limit}\n" in sql
-    assert 0 < len(postgresql_statements._ROUNDS) <= postgresql_statements._KEPT_ROUNDS
+    assert 0 < len(postgresql_statements._ROUNDS) <= KEPT_SHAPES
 
 
 def _round_plans() -> dict[str, tuple[int, int]]:

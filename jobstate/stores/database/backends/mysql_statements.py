@@ -21,6 +21,7 @@ from django.db.models import Field
 from jobstate.core.states import JobStatus
 from jobstate.models import Job
 from jobstate.stores.database.backends.portable import rule_sql
+from jobstate.stores.database.backends.shapes import kept
 
 __all__ = [
     "column",
@@ -32,10 +33,6 @@ __all__ = [
     "to_uuid",
     "update_jobs",
 ]
-
-#: How many shapes of each statement are kept; past it the kept ones are dropped (a
-#: worker uses a handful: its batch sizes, one or two report patches).
-_KEPT_SHAPES = 256
 
 _UPDATES: dict[tuple[Any, ...], str] = {}
 _SELECTS: dict[tuple[str, int], str] = {}
@@ -77,15 +74,6 @@ def prep(connection: BaseDatabaseWrapper) -> Callable[[Field[Any, Any], Any], An
         return field.get_db_prep_save(value, connection)
 
     return prepared
-
-
-def _kept(cache: dict[Any, str], key: Any, build: Callable[[], str]) -> str:
-    text = cache.get(key)
-    if text is None:
-        if len(cache) >= _KEPT_SHAPES:
-            cache.clear()
-        text = cache[key] = build()
-    return text
 
 
 def update_jobs(
@@ -152,7 +140,7 @@ def update_jobs(
         table = rule_sql(connection, "{job}", now_sql)
         return f"UPDATE {table} SET {', '.join(sets)} WHERE {where}"
 
-    return _kept(_UPDATES, shape, build), params
+    return kept(_UPDATES, shape, build), params
 
 
 def select_jobs(connection: BaseDatabaseWrapper, now_sql: str, count: int) -> str:
@@ -162,4 +150,4 @@ def select_jobs(connection: BaseDatabaseWrapper, now_sql: str, count: int) -> st
         table = rule_sql(connection, "{job}", now_sql)
         return f"SELECT {columns(connection, '')} FROM {table} WHERE id IN ({marks(range(count))})"
 
-    return _kept(_SELECTS, (connection.alias, count), build)
+    return kept(_SELECTS, (connection.alias, count), build)

@@ -18,7 +18,6 @@ the database can keep one plan per shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -37,6 +36,7 @@ from jobstate.models.claim_sql import (
 )
 from jobstate.stores.contracts.validation import JOB_CLAIM_FIELDS
 from jobstate.stores.database.backends.portable import rule_sql
+from jobstate.stores.database.backends.shapes import kept
 
 __all__ = [
     "claim_statement",
@@ -56,20 +56,8 @@ NOW_SQL = "statement_timestamp()"
 _STATEMENTS: dict[tuple[Any, ...], Any] = {}
 
 #: The task claims' and workers' rounds' text, whose shapes include the claim's limit: a
-#: worker of concurrency N uses at most N limits and N report counts. Past
-#: :data:`_KEPT_ROUNDS` shapes the kept ones are dropped, so a worker of a high
-#: concurrency does not grow this for ever.
+#: worker of concurrency N uses up to N limits and N report counts (see :mod:`.shapes`).
 _ROUNDS: dict[tuple[Any, ...], Any] = {}
-_KEPT_ROUNDS = 256
-
-
-def _kept_round(key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-    kept = _ROUNDS.get(key)
-    if kept is None:
-        if len(_ROUNDS) >= _KEPT_ROUNDS:
-            _ROUNDS.clear()
-        kept = _ROUNDS[key] = build()
-    return kept
 
 
 def rule(connection: BaseDatabaseWrapper, text: str) -> str:
@@ -182,23 +170,30 @@ def complete_and_claim_statement(
     completion's rows are read first, so its row locks (it waits for one an operator's
     transaction holds) are taken before the claim locks anything, and a worker never
     waits holding a task it just claimed."""
+    key = ("complete_and_claim", columns, reports, shape, limit)
+    text = kept(_ROUNDS, key, _round_statement, connection, columns, reports, shape, limit)
+    return cast("tuple[str, list[Field[Any, Any]]]", text)
 
-    def build() -> tuple[str, list[Field[Any, Any]]]:
-        report, fields = _report_update(connection, columns, reports)
-        waiting, picked, claim = _task_claim_parts(connection, shape, limit)
-        recursive = "RECURSIVE " if waiting else ""
-        sql = f"""
-            WITH {recursive}reported AS ({report}),
-            {waiting} picked AS ({picked}),
-            claimed AS ({claim})
-            SELECT true, reported.* FROM reported
-            UNION ALL
-            SELECT false, claimed.* FROM claimed
-        """
-        return sql, fields
 
-    kept = _kept_round(("complete_and_claim", columns, reports, shape, limit), build)
-    return cast("tuple[str, list[Field[Any, Any]]]", kept)
+def _round_statement(
+    connection: BaseDatabaseWrapper,
+    columns: tuple[str, ...],
+    reports: int,
+    shape: str,
+    limit: int,
+) -> tuple[str, list[Field[Any, Any]]]:
+    report, fields = _report_update(connection, columns, reports)
+    waiting, picked, claim = _task_claim_parts(connection, shape, limit)
+    recursive = "RECURSIVE " if waiting else ""
+    sql = f"""
+        WITH {recursive}reported AS ({report}),
+        {waiting} picked AS ({picked}),
+        claimed AS ({claim})
+        SELECT true, reported.* FROM reported
+        UNION ALL
+        SELECT false, claimed.* FROM claimed
+    """
+    return sql, fields
 
 
 def _report_update(
@@ -331,8 +326,9 @@ def task_claim_statement(connection: BaseDatabaseWrapper, shape: str, limit: int
     the index in order (a ``LATERAL`` subquery per queue, each locking at most ``n``
     rows) and keeps the first ``n`` overall; a worker of any queue first finds the
     queues that hold tasks by skipping through the index. No claim sorts a backlog."""
-    key = ("tasks", shape, limit)
-    return cast(str, _kept_round(key, lambda: _task_claim_statement(connection, shape, limit)))
+    return cast(
+        str, kept(_ROUNDS, ("tasks", shape, limit), _task_claim_statement, connection, shape, limit)
+    )
 
 
 def _task_claim_statement(connection: BaseDatabaseWrapper, shape: str, limit: int) -> str:
