@@ -219,9 +219,17 @@ def _pgbouncer(args: argparse.Namespace, url: str, result: dict[str, Any]) -> No
         raise BenchError(
             f"--kill-at takes a share of the tasks between 0 and 1, got {args.kill_at}"
         )
+    from bench.pgbouncer import version
+
+    prepared = (
+        f", max_prepared_statements {args.max_prepared_statements} (jobstate's statements prepared)"
+        if args.max_prepared_statements
+        else " (nothing prepared)"
+    )
     print(
         f"pgbouncer: {args.tasks} tasks, {args.workers} workers (--concurrency 1) through "
-        f"PgBouncer in transaction mode (default_pool_size {args.pool_size}) against "
+        f"PgBouncer {'.'.join(map(str, version(args.pgbouncer)))} in transaction mode "
+        f"(default_pool_size {args.pool_size}{prepared}) against "
         f"{args.direct} connected directly"
         + (f", then PgBouncer killed at {args.kill_at:.0%}" if args.kill_at else "")
         + f"; lease {args.lease:g} s; load average {load_average()}",
@@ -237,6 +245,8 @@ def _pgbouncer(args: argparse.Namespace, url: str, result: dict[str, Any]) -> No
         lease=args.lease,
         logs=args.logs,
         log=lambda line: print(line, flush=True),
+        binary=args.pgbouncer,
+        max_prepared_statements=args.max_prepared_statements,
     )
     text = pooled.table(results)
     checks = pooled.targets(results, pool_size=args.pool_size)
@@ -334,6 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     pgbouncer_parser.add_argument(
         "--pool-size", type=int, default=20, help="PgBouncer's default_pool_size"
+    )
+    pgbouncer_parser.add_argument(
+        "--pgbouncer",
+        default="/usr/sbin/pgbouncer",
+        help="the pgbouncer binary (default: Debian's, which scripts/ensure-pgbouncer installs)",
+    )
+    pgbouncer_parser.add_argument(
+        "--max-prepared-statements",
+        type=int,
+        default=0,
+        help="PgBouncer's max_prepared_statements; above 0 (PgBouncer 1.22 or newer) the "
+        "pooled workers keep jobstate's prepared statements",
     )
     pgbouncer_parser.add_argument(
         "--kill-at",

@@ -1,12 +1,13 @@
-"""A private PgBouncer (Debian's ``/usr/sbin/pgbouncer``) in transaction mode in front of
-one PostgreSQL database: started on a free loopback port, killed (``SIGKILL``) and
-started again on the same port, stopped at the end. The PgBouncer benchmark
-(:mod:`bench.pooled`) and the test suite's PgBouncer tests both start theirs with it;
-``scripts/ensure-pgbouncer`` installs the binary."""
+"""A private PgBouncer (Debian's ``/usr/sbin/pgbouncer``, or another binary) in
+transaction mode in front of one PostgreSQL database: started on a free loopback port,
+killed (``SIGKILL``) and started again on the same port, stopped at the end. The
+PgBouncer benchmark (:mod:`bench.pooled`) and the test suite's PgBouncer tests both start
+theirs with it; ``scripts/ensure-pgbouncer`` installs Debian's binary."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,11 @@ import psycopg
 from bench.pg import BenchError
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
+
+#: The first PgBouncer that keeps protocol-level prepared statements in transaction mode
+#: the way psycopg uses them: 1.21 added ``max_prepared_statements``, 1.22 the
+#: ``DEALLOCATE ALL`` and ``DISCARD ALL`` psycopg sends after a rollback.
+PREPARED_SINCE = (1, 22)
 
 #: PgBouncer refuses to run as root; as root it is told to become this user.
 _UNPRIVILEGED = "postgres"
@@ -37,6 +43,17 @@ class Cursor(Protocol):
     def execute(self, sql: str, params: Any = ...) -> Any: ...
 
     def fetchone(self) -> Any: ...
+
+
+def version(binary: str = PGBOUNCER) -> tuple[int, ...]:
+    """The version ``binary --version`` prints first (``PgBouncer 1.18.0``)."""
+    printed = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, check=False, timeout=10
+    ).stdout
+    found = re.match(r"PgBouncer (\d+)\.(\d+)(?:\.(\d+))?", printed)
+    if found is None:
+        raise BenchError(f"{binary} --version printed no PgBouncer version: {printed!r}")
+    return tuple(int(part) for part in found.groups(default="0"))
 
 
 def free_port() -> int:
@@ -61,14 +78,30 @@ class PgBouncer:
         password: str = "",
         pool_size: int,
         max_client_conn: int = 200,
+        binary: str = PGBOUNCER,
+        max_prepared_statements: int = 0,
     ) -> None:
-        if not os.access(PGBOUNCER, os.X_OK):
-            raise BenchError(f"{PGBOUNCER} is missing: run scripts/ensure-pgbouncer")
+        if not os.access(binary, os.X_OK):
+            hint = "run scripts/ensure-pgbouncer" if binary == PGBOUNCER else "not executable"
+            raise BenchError(f"{binary} is missing: {hint}")
         if pool_size < 1 or max_client_conn < 1:
             raise BenchError(
                 f"pool_size and max_client_conn must be at least 1, got {pool_size} and "
                 f"{max_client_conn}"
             )
+        if max_prepared_statements < 0:
+            raise BenchError(
+                f"max_prepared_statements must be 0 or more, got {max_prepared_statements}"
+            )
+        self.binary = binary
+        self.version = version(binary)
+        if max_prepared_statements and self.version < PREPARED_SINCE:
+            raise BenchError(
+                f"{binary} is PgBouncer {'.'.join(map(str, self.version))}: keeping "
+                "prepared statements in transaction mode needs "
+                f"{'.'.join(map(str, PREPARED_SINCE))} or newer"
+            )
+        self.max_prepared_statements = max_prepared_statements
         self.pool_size = pool_size
         self.port = free_port()
         self.database = database
@@ -77,6 +110,12 @@ class PgBouncer:
         self.log = directory / "pgbouncer.log"
         self.config = directory / "pgbouncer.ini"
         server = f"host={host} port={port}"
+        # Written only when asked for: PgBouncer before 1.21 does not know the key.
+        prepared = (
+            f"max_prepared_statements = {max_prepared_statements}\n"
+            if max_prepared_statements
+            else ""
+        )
         if password:
             # Clients are let in without one (auth_type any); the server may want it.
             server += f" password={password}"
@@ -92,6 +131,7 @@ class PgBouncer:
             f"default_pool_size = {pool_size}\n"
             f"max_client_conn = {max_client_conn}\n"
             "server_login_retry = 1\n"
+            f"{prepared}"
             "logfile =\n"
             "pidfile =\n"
         )
@@ -118,7 +158,7 @@ class PgBouncer:
 
     def start(self) -> None:
         """Starts pgbouncer (again, on the same port) and returns once it answers."""
-        command = [PGBOUNCER, self.config.name]
+        command = [self.binary, self.config.name]
         if os.geteuid() == 0:
             command[1:1] = ["--user", _UNPRIVILEGED]
         with self.log.open("ab") as log:

@@ -12,7 +12,9 @@ so a task that never ran or ran twice is seen on the file, not on jobstate's own
 2. The arm's worker processes start: through the pooler with the settings a host behind
    PgBouncer in transaction mode sets (``JOBSTATE["CONNECTION_POOLER"] = "transaction"``,
    no prepared statements, no LISTEN, no server-side cursors), or straight to the server
-   with the benchmark's own settings. Once every one has registered, the queue is
+   with the benchmark's own settings. With ``--max-prepared-statements`` (PgBouncer 1.22
+   or newer, ``--pgbouncer``) the pooled workers keep jobstate's prepared statements, as
+   a host behind such a PgBouncer may. Once every one has registered, the queue is
    resumed.
 3. While they drain, the server connections of the database are counted; in the arm
    that asks for it, PgBouncer is killed with SIGKILL once a share of the tasks is done
@@ -42,7 +44,7 @@ from typing import IO
 import psycopg
 
 from bench.pg import ROOT, BenchError, load_average
-from bench.pgbouncer import PgBouncer
+from bench.pgbouncer import PGBOUNCER, PgBouncer
 from bench.tasks import WORK_SQL
 
 #: The jobstate task backend's alias in ``bench.settings``, its target and its queue.
@@ -68,6 +70,9 @@ class Arm:
     workers: int
     pooled: bool
     kill_at: float | None = None
+    #: The pooled workers keep jobstate's prepared statements (PgBouncer's
+    #: ``max_prepared_statements`` is above 0).
+    prepared: bool = False
     tasks: int = 0
     seconds: float = float("nan")
     most_server_connections: int = 0
@@ -87,16 +92,18 @@ class Arm:
     @property
     def label(self) -> str:
         how = "through PgBouncer" if self.pooled else "direct"
+        if self.pooled and self.prepared:
+            how += ", statements prepared"
         text = f"{self.workers} workers x 1 thread, {how}"
         if self.kill_at is not None:
             text += f", PgBouncer killed at {self.kill_at:.0%}"
         return text
 
 
-def arms(*, workers: int, direct: int, kill_at: float | None) -> list[Arm]:
-    chosen = [Arm("pooled", workers, True), Arm("direct", direct, False)]
+def arms(*, workers: int, direct: int, kill_at: float | None, prepared: bool = False) -> list[Arm]:
+    chosen = [Arm("pooled", workers, True, prepared=prepared), Arm("direct", direct, False)]
     if kill_at is not None:
-        chosen.append(Arm("pooled-killed", workers, True, kill_at))
+        chosen.append(Arm("pooled-killed", workers, True, kill_at, prepared=prepared))
     return chosen
 
 
@@ -127,7 +134,7 @@ def _load(url: str, tasks: int, runs: Path) -> None:
 
 
 def _start_worker(
-    url: str, worker_id: str, *, pooled: bool, lease: float, log: IO[str]
+    url: str, worker_id: str, *, arm: Arm, lease: float, log: IO[str]
 ) -> subprocess.Popen[str]:
     env = {
         **os.environ,
@@ -137,8 +144,8 @@ def _start_worker(
         "JOBSTATE_BENCH_WORKER_LOG": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    if pooled:
-        env["JOBSTATE_BENCH_POOLER"] = "transaction"
+    if arm.pooled:
+        env["JOBSTATE_BENCH_POOLER"] = "transaction-prepared" if arm.prepared else "transaction"
     # Its log goes to a file: a long drain's log would fill a pipe nobody reads.
     return subprocess.Popen(
         [
@@ -179,9 +186,7 @@ def _fleet(
         workers = []
         for n in range(arm.workers):
             log = stack.enter_context((directory / f"{arm.name}-{n}.log").open("w"))
-            workers.append(
-                _start_worker(url, f"{arm.name}-{n}", pooled=arm.pooled, lease=lease, log=log)
-            )
+            workers.append(_start_worker(url, f"{arm.name}-{n}", arm=arm, lease=lease, log=log))
         try:
             yield workers
         finally:
@@ -301,9 +306,13 @@ def run(
     lease: float,
     logs: Path | None,
     log: Callable[[str], None],
+    binary: str = PGBOUNCER,
+    max_prepared_statements: int = 0,
 ) -> list[Arm]:
-    """Every arm in turn, one PgBouncer for all. The workers' and PgBouncer's logs go to
-    ``logs`` (kept), or to a temporary directory removed at the end."""
+    """Every arm in turn, one PgBouncer (``binary``) for all. The workers' and
+    PgBouncer's logs go to ``logs`` (kept), or to a temporary directory removed at the
+    end. With ``max_prepared_statements`` above 0 the pooled workers keep their prepared
+    statements."""
     with ExitStack() as stack:
         if logs is None:
             directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
@@ -312,13 +321,23 @@ def run(
             directory = logs
         # Each worker holds a connection for its loop and one for its beat.
         pooler = PgBouncer.for_url(
-            directory, url, pool_size=pool_size, max_client_conn=4 * max(workers, direct) + 20
+            directory,
+            url,
+            pool_size=pool_size,
+            max_client_conn=4 * max(workers, direct) + 20,
+            binary=binary,
+            max_prepared_statements=max_prepared_statements,
         )
         pooler.start()
         stack.callback(pooler.stop)
         return [
             drain_arm(arm, url, pooler, directory, tasks=tasks, lease=lease, log=log)
-            for arm in arms(workers=workers, direct=direct, kill_at=kill_at)
+            for arm in arms(
+                workers=workers,
+                direct=direct,
+                kill_at=kill_at,
+                prepared=max_prepared_statements > 0,
+            )
         ]
 
 

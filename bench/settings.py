@@ -77,10 +77,20 @@ if not _hot_prepare:
     JOBSTATE["PREPARED_STATEMENTS"] = False
 # JOBSTATE_BENCH_POOLER=transaction: a host behind PgBouncer in transaction mode, with the
 # settings the system checks ask for there (python -m bench pgbouncer).
-if os.environ.get("JOBSTATE_BENCH_POOLER") == "transaction":
-    JOBSTATE.update(CONNECTION_POOLER="transaction", PREPARED_STATEMENTS=False, LISTEN_NOTIFY=False)
+# JOBSTATE_BENCH_POOLER=transaction-prepared: the same behind PgBouncer 1.22 or newer with
+# max_prepared_statements above 0, where jobstate keeps its prepared statements and the
+# host silences the check that asks otherwise (docs/databases.md).
+_pooler = os.environ.get("JOBSTATE_BENCH_POOLER")
+if _pooler in ("transaction", "transaction-prepared"):
+    JOBSTATE.update(
+        CONNECTION_POOLER="transaction",
+        PREPARED_STATEMENTS=_pooler == "transaction-prepared",
+        LISTEN_NOTIFY=False,
+    )
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"]["OPTIONS"] = {}
+    if _pooler == "transaction-prepared":
+        SILENCED_SYSTEM_CHECKS = ["jobstate.W050"]
 
 # The peers' tasks live in bench.peer_tasks; procrastinate's worker imports them from
 # there (and finds no tasks module of its own to autodiscover).
