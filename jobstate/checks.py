@@ -82,7 +82,7 @@ def check_pooler_settings(**kwargs: Any) -> list[CheckMessage]:
                 f"{pooled} but {which}: a statement prepared on one server connection is "
                 "run on another, which fails with 'prepared statement does not exist'.",
                 hint="Set JOBSTATE['PREPARED_STATEMENTS'] = False and leave prepare_threshold "
-                "unset; on PgBouncer 1.21 or newer with max_prepared_statements above 0, "
+                "unset; on PgBouncer 1.22 or newer with max_prepared_statements above 0, "
                 "add 'jobstate.W050' to SILENCED_SYSTEM_CHECKS instead.",
                 id="jobstate.W050",
             )

@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "AUDIT_PRUNE_BATCH_SIZE": 250,  # rows one prune transaction deletes
     # PostgreSQL: prepare the hot-path statements (claims, reports, the outbox completion)
     # once they have run 5 times on a connection, even where Django leaves psycopg's
-    # prepared statements off. False behind PgBouncer in transaction mode before 1.21.
+    # prepared statements off. False behind PgBouncer in transaction mode before 1.22.
     "PREPARED_STATEMENTS": True,
     # Notification outbox and relay.
     "OUTBOX_MAX_ATTEMPTS": 8,  # a row is dead-lettered after this many failed attempts

@@ -3,7 +3,7 @@
 One server-binding cursor is kept per connection (:func:`hot_cursor`); the statements'
 text is constant per shape, so psycopg can prepare them. Django turns psycopg's prepared
 statements off on every connection (``prepare_threshold = None``) unless the host sets
-``OPTIONS["prepare_threshold"]``, because PgBouncer in transaction mode before 1.21
+``OPTIONS["prepare_threshold"]``, because PgBouncer in transaction mode before 1.22
 cannot keep a statement prepared on one server connection for a client that lands on
 another. With ``JOBSTATE["PREPARED_STATEMENTS"]`` (the default) the hot cursor turns
 psycopg's automatic preparation on for its own statements only, while each one runs:
