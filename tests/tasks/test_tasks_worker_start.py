@@ -1,7 +1,9 @@
 """A worker's start-up as a real process: its first claim is made before the last line
 of its banner, so a task enqueued before the worker started is claimed without waiting
-for the banner's own database reads, the recovery of lost tasks or the schedules; and a
-worker on a database whose guards are missing exits before it claims anything."""
+for the banner's own database reads, the recovery of lost tasks or the schedules; a
+worker whose first claim took a task skips the banner's check of queues no worker
+serves (a count of the whole backlog); and a worker on a database whose guards are
+missing exits before it claims anything."""
 
 from __future__ import annotations
 
@@ -10,10 +12,14 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from jobstate.core.states import JobStatus
 from jobstate.models import Job
-from tests.support.task_functions import started_then_sleeps
+from jobstate.tasks.backend import JobStateBackend
+from jobstate.tasks.compat import task_backends
+from jobstate.tasks.worker import TaskWorker, WorkerConfig
+from tests.support.task_functions import add, started_then_sleeps
 from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -52,6 +58,32 @@ def test_a_task_enqueued_before_start_is_claimed_before_the_banners_last_line(
     assert claimed.claimed_at.timestamp() < started_at, err
     assert Job.objects.get(id=queued.id).status == JobStatus.DONE
     assert "stopped (--batch: no task ready): 1 started, 1 succeeded" in err
+
+
+def test_a_worker_whose_first_claim_took_a_task_does_not_count_the_backlog_by_queue(
+    settings: Any,
+) -> None:
+    use_options(settings, LEASE=30.0)
+    for n in range(3):
+        add.enqueue(n, 1)
+    # Ready tasks in a queue no worker serves: what the banner's check would warn of,
+    # were this worker's own queue empty.
+    for n in range(2):
+        add.using(queue_name="emails").enqueue(n, 2)
+    backend = task_backends["default"]
+    assert isinstance(backend, JobStateBackend)
+    config = WorkerConfig(
+        queues=("default",), batch=True, schedules=False, interval=30, worker_id="start-3"
+    )
+    with CaptureQueriesContext(connection) as captured:
+        summary = TaskWorker(config, backend).run()
+    assert summary.succeeded == 3, summary
+    statements = [query["sql"] or "" for query in captured]
+    assert not [sql for sql in statements if "COUNT(" in sql.upper()], statements
+    # Nor which queues the live workers serve (the registration writes them: not a read).
+    reads = [sql for sql in statements if sql.lstrip().upper().startswith("SELECT")]
+    assert not [sql for sql in reads if "queues" in sql.split("FROM")[0]], statements
+    assert Job.objects.filter(queue_name="emails", status=JobStatus.QUEUED).count() == 2
 
 
 @pytest.mark.only_on("mysql")

@@ -189,7 +189,9 @@ class TaskWorker:
                 free, claimed = self._claim() if room is None else room
                 if not announced:
                     announced = True
-                    self._presence.announce(listening=self._listener is not None)
+                    self._presence.announce(
+                        listening=self._listener is not None, claimed=claimed > 0
+                    )
                 now = time.monotonic()
                 if now >= next_beat:
                     self._beat()

@@ -74,10 +74,12 @@ class WorkerPresence:
             # The console then shows the worker lost once its lease has passed.
             logger.error("Could not record that worker %s stopped: %s", self.config.worker_id, exc)
 
-    def announce(self, *, listening: bool) -> None:
+    def announce(self, *, listening: bool, claimed: bool = False) -> None:
         """Log what the worker runs and how it wakes up (``listening``: on PostgreSQL's
         ``NOTIFY``), and warn when its queues hold nothing ready while ready tasks wait
-        in queues no worker serves."""
+        in queues no worker serves. A worker whose first claim took a task (``claimed``)
+        had a ready task in its queues, so the warning cannot apply and its reads (a
+        count of every ready task by queue, as long as the backlog) are left out."""
         queues = "every queue" if self.queues is None else ", ".join(self.queues)
         if listening:
             wake = f"LISTEN/NOTIFY, polling every {self.config.interval:g} s as a fallback"
@@ -104,7 +106,7 @@ class WorkerPresence:
             self.options.lease,
             timeout,
         )
-        if self.queues is not None and self.store.supports_worker_registry:
+        if self.queues is not None and not claimed and self.store.supports_worker_registry:
             try:
                 with translated_database_errors("The queue coverage check", self.config.using):
                     warning = unserved_queues_warning(
