@@ -248,6 +248,12 @@ def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: P
     assert "Terminated" not in rest, rest  # the shell's word for a child it saw killed
     assert not group_alive(process.pid), "a demo process outlived Ctrl-C"
     assert not banner.answers(f"http://127.0.0.1:{port}/admin/login/", timeout=0.5)
+    # The terminal's SIGINT reached the background worker too, which ignores it as it was
+    # started ignoring it: the script's SIGTERM is its first signal, a graceful stop that
+    # lets running tasks finish, not a second one that abandons them.
+    logged = (root / "demo.log").read_text()
+    assert "again: exiting at once" not in logged, logged[-3000:]
+    assert re.search(r"jobstate_worker \S+ stopped \(SIGTERM\)", logged), logged[-3000:]
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from jobstate.stores.base import NotificationState as State
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.notification_outbox import DatabaseNotificationOutbox
 from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
-from tests.support.processes import Terminal, child_env, finish
+from tests.support.processes import Terminal, child_env, finish, ignore_sigint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -204,7 +204,9 @@ def test_the_loop_relays_until_sigterm_and_shows_progress_only_on_a_terminal() -
     assert shown.endswith("\r\033[K")  # wiped before the summary
 
 
-def manage_py(*args: str) -> subprocess.Popen[str]:
+def manage_py(*args: str, ignoring_sigint: bool = False) -> subprocess.Popen[str]:
+    """``manage.py *args`` as a process (``ignoring_sigint``: started with SIGINT
+    ignored, as a background job of a shell script is)."""
     base = Path(django_settings.BASE_DIR)
     return subprocess.Popen(
         [sys.executable, str(base / "manage.py"), *args],
@@ -213,7 +215,37 @@ def manage_py(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ignore_sigint if ignoring_sigint else None,
     )
+
+
+@pytest.mark.slow
+def test_a_relay_started_with_sigint_ignored_stops_gracefully_on_the_sigterm_after_it() -> None:
+    # What Ctrl-C in a script's terminal does to the script's background relay: the
+    # SIGINT reaches it too, then the script stops it with SIGTERM. The SIGINT stays
+    # ignored, so the SIGTERM is the first signal (a graceful stop), not a second.
+    relay = manage_py(
+        "deliver_notifications", "--loop", "--interval", "0.1", "--json", ignoring_sigint=True
+    )
+    try:
+        notify(ACCEPTS)
+        deadline = time.monotonic() + 30
+        while state_of(ACCEPTS) != State.DELIVERED:
+            assert relay.poll() is None, finish(relay)
+            assert time.monotonic() < deadline, "the relay delivered nothing within 30 s"
+            time.sleep(0.05)
+        relay.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert relay.poll() is None, finish(relay)
+        relay.send_signal(signal.SIGTERM)
+        code, out, err = finish(relay, timeout=10)
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.communicate()
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert json.loads(out)["delivered"] == 1
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ what they printed."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from io import StringIO
 from urllib.parse import quote
@@ -45,3 +46,9 @@ def child_env(**extra: str) -> dict[str, str]:
 def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
     out, err = process.communicate(timeout=timeout)
     return process.returncode, out, err
+
+
+def ignore_sigint() -> None:
+    """A child's ``preexec_fn``: start it with SIGINT ignored, as a shell script starts
+    its background jobs (``command &``) and ``nohup`` starts its command."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
-from tests.support.processes import database_url
+from tests.support.processes import database_url, ignore_sigint
 
 #: The options the tests' backend runs with unless a test says otherwise: retries at
 #: once, and leases short enough for a killed worker's tasks to come back quickly.
@@ -43,9 +43,12 @@ def use_options(settings: Any, **options: Any) -> dict[str, Any]:
     return chosen
 
 
-def start_worker(*args: str, options: dict[str, Any], **env: str) -> subprocess.Popen[str]:
+def start_worker(
+    *args: str, options: dict[str, Any], ignoring_sigint: bool = False, **env: str
+) -> subprocess.Popen[str]:
     """``manage.py jobstate_worker *args`` as a process on the test database, its
-    backend configured with ``options`` (see :func:`use_options`)."""
+    backend configured with ``options`` (see :func:`use_options`); ``ignoring_sigint``:
+    started with SIGINT ignored, as a background job of a shell script is."""
     base = Path(django_settings.BASE_DIR)
     return subprocess.Popen(
         [sys.executable, str(base / "manage.py"), "jobstate_worker", *args],
@@ -61,6 +64,7 @@ def start_worker(*args: str, options: dict[str, Any], **env: str) -> subprocess.
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ignore_sigint if ignoring_sigint else None,
     )
 
 

@@ -65,6 +65,39 @@ def test_a_signal_lets_the_running_task_finish_and_claims_nothing_more(
     assert f"stopped ({signal.Signals(signum).name})" in err
 
 
+@pytest.mark.parametrize("reload", [False, True], ids=["no-reload", "reload"])
+def test_a_worker_started_with_sigint_ignored_stops_gracefully_on_the_sigterm_after_it(
+    settings: Any, tmp_path: Path, reload: bool
+) -> None:
+    # What Ctrl-C in a script's terminal does to the script's background worker: the
+    # SIGINT reaches it too, then the script stops it with SIGTERM. The SIGINT stays
+    # ignored (by the reload supervisor and the worker it starts alike), so the SIGTERM
+    # is the first signal, a graceful stop, not a second that exits at once and leaves
+    # the running task to its lease.
+    options = use_options(settings)
+    marker = tmp_path / "started"
+    first = started_then_sleeps.enqueue(1.5, str(marker))
+    worker = start_worker(
+        "--concurrency",
+        "1",
+        "--reload" if reload else "--no-reload",
+        options=options,
+        ignoring_sigint=True,
+    )
+    try:
+        wait_for(marker.exists, what="the task to start")
+        worker.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        worker.send_signal(signal.SIGTERM)
+        code, _out, err = finish(worker, timeout=20)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    assert "again" not in err and "Traceback" not in err
+    assert "stopped (SIGTERM)" in err
+    assert started_then_sleeps.get_result(first.id).status == SUCCESSFUL
+
+
 def test_a_task_still_running_when_the_grace_ends_is_handed_back_with_its_attempt(
     settings: Any, tmp_path: Path
 ) -> None:

@@ -10,7 +10,9 @@ Shutdown: the first SIGTERM or SIGINT lets the pass in progress finish the sends
 notifications it has already claimed (at most ``--limit``, and a pass stops sending once
 half of ``OUTBOX_LEASE`` is spent), then the command claims nothing more and exits 0. A
 second signal exits at once with status 128 + the signal number; what that pass had
-claimed but not settled is due again when its lease ends.
+claimed but not settled is due again when its lease ends. A signal the process was
+started ignoring stays ignored (a background job of a shell script ignores SIGINT; see
+:mod:`jobstate.core.stop_signals`).
 
 Exit status: 0 the relay ran, whatever the receivers answered (delivered, failed and
 scheduled for a retry, dead-lettered, or left for the next pass); 1 the database or the
@@ -52,6 +54,7 @@ from django.db import DatabaseError
 
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import WorkerKind, WorkerRegistration
+from jobstate.core.stop_signals import handled_stop_signals
 from jobstate.core.wakeup import Wakeup
 from jobstate.exceptions import JobStateError, StoreError
 from jobstate.outbox.relay import DeliveryReport, default_relay_id, deliver_notifications
@@ -78,7 +81,6 @@ OUTCOMES: tuple[tuple[str, str], ...] = (
     ("unsent", "left for the next pass"),
 )
 _COUNTERS = [f.name for f in fields(DeliveryReport) if f.name != "relay_id"]
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Longest wait of the loop between two failed passes (unless --interval is longer).
 _RETRY_CAP_SECONDS = 30.0
 #: Enough doublings to reach the cap from any interval worth giving.
@@ -176,7 +178,7 @@ class Command(JobStateCommand):
         previous: dict[int, Any] = {}
         # Signal handlers can only be installed from the main thread.
         if threading.current_thread() is threading.main_thread():
-            previous = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
+            previous = {sig: signal.signal(sig, request_stop) for sig in handled_stop_signals()}
         beat = _RelayBeat(store, options["relay_id"])
         try:
             beat.register()

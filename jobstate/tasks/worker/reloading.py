@@ -35,7 +35,7 @@ from typing import Any
 
 from django.utils import autoreload
 
-from jobstate.tasks.worker.shutdown import STOP_SIGNALS
+from jobstate.core.stop_signals import handled_stop_signals
 
 __all__ = ["RELOAD_EXIT", "CodeWatcher", "is_reloaded_child", "supervise"]
 
@@ -63,7 +63,8 @@ def supervise() -> int:
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
-    previous: dict[int, Any] = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    # A signal the supervisor ignores, its child (which inherits the ignore) does too.
+    previous: dict[int, Any] = {sig: signal.signal(sig, forward) for sig in handled_stop_signals()}
     logger.info(
         "Watching for code changes: the worker restarts when a file of its code changes "
         "(--no-reload turns it off)"

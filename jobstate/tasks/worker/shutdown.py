@@ -4,7 +4,8 @@ The first signal asks for a graceful stop: the worker claims nothing more, lets 
 tasks it runs finish (up to ``--grace``) and hands back the rest. The second exits the
 process at once with status 128 + the signal number: no ``finally`` block, no waiting
 for a thread. The leases of the tasks it held then run out, and a sweep or another
-worker recovers them, as after a crash.
+worker recovers them, as after a crash. A signal the process was started ignoring stays
+ignored (:mod:`jobstate.core.stop_signals`).
 """
 
 from __future__ import annotations
@@ -19,17 +20,18 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from jobstate.core.stop_signals import STOP_SIGNALS, handled_stop_signals
+
 __all__ = ["STOP_SIGNALS", "stop_signals"]
 
 logger = logging.getLogger("jobstate.worker")
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextmanager
 def stop_signals(on_first: Callable[[int], None]) -> Iterator[None]:
     """Within the block, the first SIGTERM or SIGINT calls ``on_first(signum)`` and the
-    second ends the process. The previous handlers come back afterwards. Outside the
+    second ends the process (either one, unless the process was started ignoring it).
+    The previous handlers come back afterwards. Outside the
     main thread (a worker run from a test's thread) signals cannot be handled and the
     block changes nothing."""
     if threading.current_thread() is not threading.main_thread():
@@ -43,7 +45,7 @@ def stop_signals(on_first: Callable[[int], None]) -> Iterator[None]:
         received.append(signum)
         on_first(signum)
 
-    previous: dict[int, Any] = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
+    previous: dict[int, Any] = {sig: signal.signal(sig, handle) for sig in handled_stop_signals()}
     try:
         yield
     finally:
