@@ -2,9 +2,9 @@
 supervisor, the outbox relay), and which of them a process may take over.
 
 A process started with a signal ignored keeps ignoring it. A background job of a shell
-script (``manage.py jobstate_worker &``) or a command run under ``nohup`` starts with
-SIGINT ignored: the terminal's Ctrl-C reaches it together with the script, which then
-stops it in its own way (usually SIGTERM). Handling that SIGINT anyway would make the
+script (``manage.py jobstate_worker &`` in a script: a shell without job control) starts
+with SIGINT ignored: the terminal's Ctrl-C reaches it together with the script, which
+then stops it in its own way (usually SIGTERM). Handling that SIGINT anyway would make the
 script's SIGTERM a second signal, the one that exits at once and abandons the running
 tasks. Python itself leaves an inherited ignored SIGINT alone, for the same reason.
 """

@@ -50,5 +50,5 @@ def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, st
 
 def ignore_sigint() -> None:
     """A child's ``preexec_fn``: start it with SIGINT ignored, as a shell script starts
-    its background jobs (``command &``) and ``nohup`` starts its command."""
+    its background jobs (``command &`` in a shell without job control)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
