@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -57,6 +58,16 @@ from jobstate.stores.contracts.claimer_presence import claimer_beats
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.support.receiver import Receiver
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run started as a background job of a shell without job control (CI's, say)
+    # starts with SIGINT ignored, and every process the tests start would inherit that:
+    # a worker keeps a signal it was started ignoring, so the tests' Ctrl-C would not
+    # reach it. The tests start their processes as a terminal's commands are started;
+    # the ones about an ignored SIGINT ask for it (tests.support.processes.ignore_sigint).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _only_on(item: pytest.Item) -> str | None:
