@@ -219,6 +219,17 @@ def manage_py(*args: str, ignoring_sigint: bool = False) -> subprocess.Popen[str
     )
 
 
+def notify_and_wait_for_delivery(relay: subprocess.Popen[str]) -> None:
+    """Queue a notification to the accepting receiver and wait until ``relay`` (a
+    ``deliver_notifications --loop`` process) has delivered it."""
+    notify(ACCEPTS)
+    deadline = time.monotonic() + 30
+    while state_of(ACCEPTS) != State.DELIVERED:
+        assert relay.poll() is None, finish(relay)
+        assert time.monotonic() < deadline, "the relay delivered nothing within 30 s"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_a_relay_started_with_sigint_ignored_stops_gracefully_on_the_sigterm_after_it() -> None:
     # What Ctrl-C in a script's terminal does to the script's background relay: the
@@ -228,12 +239,7 @@ def test_a_relay_started_with_sigint_ignored_stops_gracefully_on_the_sigterm_aft
         "deliver_notifications", "--loop", "--interval", "0.1", "--json", ignoring_sigint=True
     )
     try:
-        notify(ACCEPTS)
-        deadline = time.monotonic() + 30
-        while state_of(ACCEPTS) != State.DELIVERED:
-            assert relay.poll() is None, finish(relay)
-            assert time.monotonic() < deadline, "the relay delivered nothing within 30 s"
-            time.sleep(0.05)
+        notify_and_wait_for_delivery(relay)
         relay.send_signal(signal.SIGINT)
         time.sleep(1.0)
         assert relay.poll() is None, finish(relay)
@@ -253,12 +259,7 @@ def test_a_relay_started_with_sigint_ignored_stops_gracefully_on_the_sigterm_aft
 def test_a_relay_process_stops_on_a_signal_after_delivering_and_exits_0(signum: int) -> None:
     relay = manage_py("deliver_notifications", "--loop", "--interval", "0.1", "--json")
     try:
-        notify(ACCEPTS)
-        deadline = time.monotonic() + 30
-        while state_of(ACCEPTS) != State.DELIVERED:
-            assert relay.poll() is None, finish(relay)
-            assert time.monotonic() < deadline, "the relay delivered nothing within 30 s"
-            time.sleep(0.05)
+        notify_and_wait_for_delivery(relay)
         signalled = time.monotonic()
         relay.send_signal(signum)
         code, out, err = finish(relay, timeout=10)

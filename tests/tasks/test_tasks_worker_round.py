@@ -184,6 +184,19 @@ def test_the_round_texts_a_busy_worker_uses_are_kept_in_bounded_memory() -> None
     assert 0 < len(postgresql_statements._ROUNDS) <= KEPT_SHAPES
 
 
+@pytest.mark.postgres
+def test_the_statement_texts_callers_shape_are_kept_in_bounded_memory() -> None:
+    # How many targets a claim names, reports a batch completes or notifications a
+    # completion queues is the caller's to choose: each count is a text of its own.
+    for count in range(1, 301):
+        claim = postgresql_statements.claim_statement(connection, count, JobStatus.RUNNING)
+        assert claim.count("%s") >= count
+        postgresql_statements.claim_unthreaded_statement(connection, count)
+        postgresql_statements.complete_statement(connection, ("result",), count)
+        postgresql_statements.finish_statement(connection, ("result",), True, count)
+    assert 0 < len(postgresql_statements._STATEMENTS) <= KEPT_SHAPES
+
+
 def _round_plans() -> dict[str, tuple[int, int]]:
     """The generic and custom plans made so far of each round this connection prepared."""
     with connection.cursor() as cursor:

@@ -52,7 +52,8 @@ __all__ = [
 NOW_SQL = "statement_timestamp()"
 
 #: The hot statements' text, built once per shape: (kind, shape) -> SQL (and the patched
-#: fields of a completion).
+#: fields of a completion). Shapes count what a caller gives (targets, reports,
+#: notifications), so the cache is bounded (see :mod:`.shapes`).
 _STATEMENTS: dict[tuple[Any, ...], Any] = {}
 
 #: The task claims' and workers' rounds' text, whose shapes include the claim's limit: a
@@ -81,11 +82,13 @@ def claim_statement(connection: BaseDatabaseWrapper, targets: int, status: JobSt
     claimable job and, when it has no thread, move it to ``status``. Its parameters: the
     targets, the status, the owner, the lease, the claim token."""
     key = ("claim", targets, status)
-    sql = _STATEMENTS.get(key)
-    if sql is None:
-        table = connection.ops.quote_name(Job._meta.db_table)
-        dispatched = NOW_SQL if status == JobStatus.DISPATCHED else "NULL"
-        sql = f"""
+    return cast(str, kept(_STATEMENTS, key, _claim_statement, connection, targets, status))
+
+
+def _claim_statement(connection: BaseDatabaseWrapper, targets: int, status: JobStatus) -> str:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    dispatched = NOW_SQL if status == JobStatus.DISPATCHED else "NULL"
+    return f"""
             WITH picked AS (
                 SELECT c.id, c.thread_id FROM {table} AS c
                 WHERE {_candidates(connection, targets)}
@@ -105,8 +108,6 @@ def claim_statement(connection: BaseDatabaseWrapper, targets: int, status: JobSt
             )
             SELECT picked.id, moved.* FROM picked LEFT JOIN moved ON moved.id = picked.id
         """
-        _STATEMENTS[key] = sql
-    return sql
 
 
 def claim_unthreaded_statement(connection: BaseDatabaseWrapper, targets: int) -> str:
@@ -114,10 +115,12 @@ def claim_unthreaded_statement(connection: BaseDatabaseWrapper, targets: int) ->
     ``gen_random_uuid()`` claim token. Its parameters: the targets, the limit, the
     status, the owner, the lease."""
     key = ("claim_unthreaded", targets)
-    sql = _STATEMENTS.get(key)
-    if sql is None:
-        table = connection.ops.quote_name(Job._meta.db_table)
-        sql = _STATEMENTS[key] = f"""
+    return cast(str, kept(_STATEMENTS, key, _claim_unthreaded_statement, connection, targets))
+
+
+def _claim_unthreaded_statement(connection: BaseDatabaseWrapper, targets: int) -> str:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    return f"""
             WITH picked AS (
                 SELECT c.id FROM {table} AS c
                 WHERE {_candidates(connection, targets)} AND c.thread_id IS NULL
@@ -134,7 +137,6 @@ def claim_unthreaded_statement(connection: BaseDatabaseWrapper, targets: int) ->
             WHERE j.id = picked.id AND j.status = 'queued'
             RETURNING {returning_columns(connection, "j")}
         """
-    return sql
 
 
 def complete_statement(
@@ -144,9 +146,7 @@ def complete_statement(
     ``UPDATE ... FROM (VALUES ...)``, each row matched by id and claim token. Its
     parameters per report: id, token, status, then the fields returned, in order."""
     key = ("complete", columns, reports)
-    cached = _STATEMENTS.get(key)
-    if cached is None:
-        cached = _STATEMENTS[key] = _report_update(connection, columns, reports)
+    cached = kept(_STATEMENTS, key, _report_update, connection, columns, reports)
     return cast("tuple[str, list[Field[Any, Any]]]", cached)
 
 
@@ -234,47 +234,50 @@ def finish_statement(
     claim token (when ``tokened``), the entry's stage, severity, title, summary and
     detail, then per notification its id, channel, destination, payload and key."""
     key = ("finish", columns, tokened, notifications)
-    cached = _STATEMENTS.get(key)
-    if cached is None:
-        quote = connection.ops.quote_name
-        table = quote(Job._meta.db_table)
-        fields = [job_field(name) for name in columns]
-        patched = "".join(
-            f"{quote(column(field))} = CAST(%s AS {field.db_type(connection)}), "
-            for field in fields
-        )
-        token = "j.claim_token = %s" if tokened else "j.claim_token IS NULL"
-        entries = quote(AuditEntry._meta.db_table)
-        outbox = ""
-        if notifications:
-            rows = quote(Notification._meta.db_table)
-            row = "(CAST(%s AS uuid), %s, %s, CAST(%s AS jsonb), %s)"
-            outbox = f""",
-            outbox AS (
-                INSERT INTO {rows}
-                    (id, job_id, channel, destination, payload, idempotency_key, state, attempts)
-                SELECT v.id, moved.id, v.channel, v.destination, v.payload, v.idempotency_key,
-                       '{NotificationState.PENDING.value}', 0
-                FROM moved, (VALUES {", ".join([row] * notifications)})
-                    AS v(id, channel, destination, payload, idempotency_key)
-            )"""
-        sql = f"""
-            WITH moved AS (
-                UPDATE {table} AS j
-                SET {patched}{_cleared_claim(connection)}, updated_at = {NOW_SQL}
-                WHERE j.id = %s AND j.status = %s AND {token}
-                RETURNING {returning_columns(connection, "j")}
-            ),
-            finished AS (
-                INSERT INTO {entries}
-                    (job_id, request_id, event, stage, severity, title, summary, detail)
-                SELECT moved.id, moved.request_id, 'finished', %s, %s, %s, %s, CAST(%s AS jsonb)
-                FROM moved
-            ){outbox}
-            SELECT * FROM moved
-        """
-        cached = _STATEMENTS[key] = (sql, fields)
+    cached = kept(_STATEMENTS, key, _finish_statement, connection, columns, tokened, notifications)
     return cast("tuple[str, list[Field[Any, Any]]]", cached)
+
+
+def _finish_statement(
+    connection: BaseDatabaseWrapper, columns: tuple[str, ...], tokened: bool, notifications: int
+) -> tuple[str, list[Field[Any, Any]]]:
+    quote = connection.ops.quote_name
+    table = quote(Job._meta.db_table)
+    fields = [job_field(name) for name in columns]
+    patched = "".join(
+        f"{quote(column(field))} = CAST(%s AS {field.db_type(connection)}), " for field in fields
+    )
+    token = "j.claim_token = %s" if tokened else "j.claim_token IS NULL"
+    entries = quote(AuditEntry._meta.db_table)
+    outbox = ""
+    if notifications:
+        rows = quote(Notification._meta.db_table)
+        row = "(CAST(%s AS uuid), %s, %s, CAST(%s AS jsonb), %s)"
+        outbox = f""",
+        outbox AS (
+            INSERT INTO {rows}
+                (id, job_id, channel, destination, payload, idempotency_key, state, attempts)
+            SELECT v.id, moved.id, v.channel, v.destination, v.payload, v.idempotency_key,
+                   '{NotificationState.PENDING.value}', 0
+            FROM moved, (VALUES {", ".join([row] * notifications)})
+                AS v(id, channel, destination, payload, idempotency_key)
+        )"""
+    sql = f"""
+        WITH moved AS (
+            UPDATE {table} AS j
+            SET {patched}{_cleared_claim(connection)}, updated_at = {NOW_SQL}
+            WHERE j.id = %s AND j.status = %s AND {token}
+            RETURNING {returning_columns(connection, "j")}
+        ),
+        finished AS (
+            INSERT INTO {entries}
+                (job_id, request_id, event, stage, severity, title, summary, detail)
+            SELECT moved.id, moved.request_id, 'finished', %s, %s, %s, %s, CAST(%s AS jsonb)
+            FROM moved
+        ){outbox}
+        SELECT * FROM moved
+    """
+    return sql, fields
 
 
 #: The columns the database stamps when a row is inserted (``db_default=Now()``).
