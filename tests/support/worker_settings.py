@@ -7,7 +7,9 @@ Django's log of the tasks tagged (see :class:`TaggedFormatter`), and with
 ``JOBSTATE_TEST_LOG_INSTANTS=1`` the worker's log lines led by the instant each was
 logged (seconds since the epoch, to the microsecond), for a test that orders them
 against the database's timestamps; and the module ``JOBSTATE_TEST_IMPORT_AT_START``
-names imported with the settings, as a project's own modules are at start-up."""
+names imported with the settings, as a project's own modules are at start-up (each
+import that fails appends the exception's name to the file ``JOBSTATE_TEST_IMPORT_FAILURES``
+names, so a test waits for the failure rather than for a guessed time)."""
 
 import importlib
 import json
@@ -84,4 +86,10 @@ if os.environ.get("JOBSTATE_TEST_LOG_INSTANTS") == "1":
     }
 
 if "JOBSTATE_TEST_IMPORT_AT_START" in os.environ:
-    importlib.import_module(os.environ["JOBSTATE_TEST_IMPORT_AT_START"])
+    try:
+        importlib.import_module(os.environ["JOBSTATE_TEST_IMPORT_AT_START"])
+    except Exception as failure:
+        if "JOBSTATE_TEST_IMPORT_FAILURES" in os.environ:
+            with open(os.environ["JOBSTATE_TEST_IMPORT_FAILURES"], "a") as failures:
+                failures.write(f"{type(failure).__name__}\n")
+        raise

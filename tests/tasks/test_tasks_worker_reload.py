@@ -118,7 +118,8 @@ def _reload_worker_with_a_startup_module(
     """A ``--reload`` worker whose settings import ``jobstate_startup_module`` (as a
     project's settings import its code), once it has run a task; and a function that
     saves that module with a new text and a newer modification time each time (the
-    watcher may first see the file after a write)."""
+    watcher may first see the file after a write). Each failed import of the module
+    appends a line to ``tmp_path / "import-failures"``."""
     options = use_options(settings)
     code = tmp_path / "code"
     code.mkdir()
@@ -132,6 +133,7 @@ def _reload_worker_with_a_startup_module(
         options=options,
         PYTHONPATH=str(code),
         JOBSTATE_TEST_IMPORT_AT_START="jobstate_startup_module",
+        JOBSTATE_TEST_IMPORT_FAILURES=str(tmp_path / "import-failures"),
     )
     bumps = itertools.count(1)
 
@@ -174,7 +176,10 @@ def test_a_reload_worker_whose_code_stops_loading_waits_for_the_fix(
     fails to start, and the supervisor waits for the next change instead of exiting."""
     with _reload_worker_with_a_startup_module(settings, tmp_path) as (worker, save):
         _saved_until_the_worker_stops_for_it(save, "READY = (\n")  # a syntax error
-        time.sleep(3)  # the fresh worker fails; the supervisor must stay
+        failures = tmp_path / "import-failures"
+        wait_for(failures.exists, timeout=60, what="the fresh worker failing to import")
+        assert failures.read_text() == "SyntaxError\n"
+        time.sleep(1)  # the supervisor sees its worker exit; it must stay
         assert worker.poll() is None, "the supervisor exited on the broken code"
         save("READY = True\n")
         err = _a_worker_runs_again(worker)
