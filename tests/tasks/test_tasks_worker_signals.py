@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobstate.core.attempt_log import read_attempt_log
-from jobstate.core.states import JobStatus
+from jobstate.core.states import TASK_NOTIFY_CHANNEL, JobStatus
 from jobstate.models import Job
 from jobstate.tasks.compat import TaskResultStatus
 from tests.support.task_functions import add, floods_the_log, started_then_sleeps
@@ -258,13 +259,26 @@ def test_a_running_tasks_lease_is_renewed_so_nobody_recovers_it(settings: Any) -
     assert result.status == SUCCESSFUL and result.attempts == 1 and result.errors == []
 
 
+def listening() -> bool:
+    """Whether a connection to the test database has run ``LISTEN`` on the tasks' channel
+    as its last statement (a worker's listener, waiting for notifications)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query = %s",
+            [f"LISTEN {TASK_NOTIFY_CHANNEL}"],
+        )
+        (count,) = cursor.fetchone()
+    return count > 0
+
+
 @pytest.mark.postgres
 def test_an_idle_worker_starts_a_new_task_at_once_on_postgresql(settings: Any) -> None:
     options = use_options(settings)
+    assert not listening()
     worker = start_worker("--interval", "30", options=options)
     try:
-        # The listener has connected once the worker is idle; give it a moment to start.
-        time.sleep(3)
+        wait_for(listening, timeout=60, what="the worker's LISTEN connection")
         queued = add.enqueue(1, 1)
         enqueued = time.monotonic()
         wait_for(lambda: add.get_result(queued.id).status == SUCCESSFUL, timeout=10)
