@@ -222,6 +222,14 @@ def ctrl_c(process: subprocess.Popen[str], timeout: float = 60) -> str:
     return rest
 
 
+#: demo.log once the traffic and the worker have both started, in either order.
+STARTED = re.compile(
+    r"Demo traffic: a tick every.*jobstate_worker \S+ started:"
+    r"|jobstate_worker \S+ started:.*Demo traffic: a tick every",
+    re.DOTALL,
+)
+
+
 @pytest.mark.slow
 @pytest.mark.only_on("sqlite")
 def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
@@ -236,10 +244,14 @@ def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: P
         assert "Stop everything with Ctrl-C." in shown
         assert not NOISE.search(shown), shown
         assert banner.answers(f"http://127.0.0.1:{port}/admin/login/")
-        # The background processes write to the log, not to the terminal.
-        time.sleep(3)
-        logged = (root / "demo.log").read_text()
-        assert "Demo traffic: a tick every" in logged
+        # The background processes write to the log, not to the terminal. Ctrl-C comes
+        # once the traffic and the worker have started (a worker stopped while it starts
+        # dies by the signal before it can say so).
+        log = root / "demo.log"
+        deadline = time.monotonic() + 60
+        while not (log.exists() and STARTED.search(log.read_text())):
+            assert time.monotonic() < deadline, "the traffic or the worker never started"
+            time.sleep(0.2)
     finally:
         rest = ctrl_c(process)
     assert process.returncode == 130
