@@ -91,9 +91,13 @@ def record_delivery(notification: Notification) -> None:
     )
 
 
+#: How long :func:`slow_delivery` takes to send.
+SLOW_SEND = 0.4
+
+
 @notification_handler
 def slow_delivery(notification: Notification) -> None:
-    time.sleep(0.1)
+    time.sleep(SLOW_SEND)
     handled.append((notification.idempotency_key, "slow", connection.in_atomic_block))
 
 
@@ -465,12 +469,14 @@ def test_a_pass_stops_sending_when_half_the_lease_is_spent(store: DatabaseStateS
             NotificationRequest("callable", "tests.outbox.test_relay.slow_delivery", {}),
             request_id=f"r{n}",
         )
-    # Half of the lease is 0.18 s: the first send (0.1 s) starts another, the second does not.
-    report = relay(store, lease=timedelta(milliseconds=360))
+    # Half of the lease is 1.5 sends: the first send starts another, the second does not
+    # (with half a send to spare for a slow machine).
+    report = relay(store, lease=timedelta(seconds=3 * SLOW_SEND))
     assert (report.claimed, report.delivered, report.unsent) == (3, 2, 1)
     assert len(handled) == 2
     left = Notification.objects.get(state=NotificationState.DELIVERING)
-    time.sleep(0.4)
+    assert left.lease_until is not None
+    time.sleep(max(0.0, (left.lease_until - timezone.now()).total_seconds()) + 0.1)
     later = relay(store, lease=timedelta(seconds=5))
     assert (later.claimed, later.delivered) == (1, 1)
     left.refresh_from_db()
