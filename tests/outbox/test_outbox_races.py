@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError, connections, transaction
+from django.utils import timezone
 
 from jobstate.models import AuditEntry, DeliveryAttempt, DeliveryReplay, Job, Notification
 from jobstate.outbox.channels import notification_handler
@@ -125,7 +126,7 @@ def test_a_crash_between_commit_and_send_loses_no_notification() -> None:
             )
             if request_id == "claimed-then-crashed":
                 store.notification_outbox.claim_due(
-                    relay_id="doomed-relay", limit=1, lease=timedelta(milliseconds=600)
+                    relay_id="doomed-relay", limit=1, lease=timedelta(seconds=2)
                 )
         os._exit(9)  # no cleanup, no relay: the process is simply gone
         """
@@ -144,7 +145,9 @@ def test_a_crash_between_commit_and_send_loses_no_notification() -> None:
 
     first = deliver_notifications(relay_id="after-restart")
     assert (first.claimed, first.delivered) == (1, 1)  # the other row is still leased
-    time.sleep(0.7)
+    leased = Notification.objects.get(payload__job="claimed-then-crashed")
+    assert leased.state == NotificationState.DELIVERING and leased.lease_until is not None
+    time.sleep(max(0.0, (leased.lease_until - timezone.now()).total_seconds()) + 0.1)
     second = deliver_notifications(relay_id="after-lease")
     assert (second.claimed, second.delivered) == (1, 1)
     assert set(Notification.objects.values_list("state", flat=True)) == {
