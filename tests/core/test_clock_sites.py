@@ -67,11 +67,11 @@ def test_the_bulk_requeue_takes_a_lease_that_ended_on_the_real_clock_only() -> N
     store = DatabaseStateStore()
     store.create_job(request_id="short", target="llm")
     store.create_job(request_id="long", target="llm")
-    short = store.claim_next_inhub_job(["llm"], "worker-1", lease=timedelta(milliseconds=300))
+    short = store.claim_next_inhub_job(["llm"], "worker-1", lease=timedelta(seconds=2))
     long = store.claim_next_inhub_job(["llm"], "worker-2", lease=timedelta(minutes=5))
-    assert short is not None and long is not None
+    assert short is not None and long is not None and short.lease_until is not None
     pairs = [(short.id, JobStatus.RUNNING), (long.id, JobStatus.RUNNING)]
     assert store.requeue_jobs(pairs, by="alice", via="admin-bulk") == []
-    time.sleep(0.5)
+    time.sleep(max(0.0, (short.lease_until - datetime.now(UTC)).total_seconds()) + 0.1)
     assert store.requeue_jobs(pairs, by="alice", via="admin-bulk") == [short.id]
     assert Job.objects.get(id=long.id).status == JobStatus.RUNNING
