@@ -26,6 +26,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from project.demo import banner
+from tests.support.tasks_kit import wait_for
 
 BASE = Path(django_settings.BASE_DIR)
 
@@ -222,12 +223,8 @@ def ctrl_c(process: subprocess.Popen[str], timeout: float = 60) -> str:
     return rest
 
 
-#: demo.log once the traffic and the worker have both started, in either order.
-STARTED = re.compile(
-    r"Demo traffic: a tick every.*jobstate_worker \S+ started:"
-    r"|jobstate_worker \S+ started:.*Demo traffic: a tick every",
-    re.DOTALL,
-)
+#: The worker's line in demo.log once it has started.
+WORKER_STARTED = re.compile(r"jobstate_worker \S+ started:")
 
 
 @pytest.mark.slow
@@ -248,10 +245,12 @@ def test_the_script_ends_with_the_banner_and_ctrl_c_stops_everything(tmp_path: P
         # once the traffic and the worker have started (a worker stopped while it starts
         # dies by the signal before it can say so).
         log = root / "demo.log"
-        deadline = time.monotonic() + 60
-        while not (log.exists() and STARTED.search(log.read_text())):
-            assert time.monotonic() < deadline, "the traffic or the worker never started"
-            time.sleep(0.2)
+
+        def started() -> bool:
+            text = log.read_text() if log.exists() else ""
+            return "Demo traffic: a tick every" in text and bool(WORKER_STARTED.search(text))
+
+        wait_for(started, timeout=60, what="the traffic and the worker to start")
     finally:
         rest = ctrl_c(process)
     assert process.returncode == 130
