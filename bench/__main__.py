@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import tasks_command
+from bench.bytecode import byte_compile, describe
 from bench.contenders import CONTENDERS
 from bench.pg import (
     DEFAULT_SERVER,
+    ROOT,
     BenchError,
     connect,
     database_url,
@@ -52,6 +54,13 @@ def _prepare(url: str, *, django: bool = True) -> dict[str, Any]:
     call_command("migrate", verbosity=0, interactive=False)
     with connect(url) as conn:
         return manifest(conn)
+
+
+def _byte_compile() -> dict[str, Any]:
+    """Before any worker starts: see :mod:`bench.bytecode`."""
+    figures = byte_compile(ROOT)
+    print(describe(figures), flush=True)
+    return figures
 
 
 def _migrate_in_a_subprocess(url: str) -> None:
@@ -165,6 +174,7 @@ def _run_mysql(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"error: on a mysql:// server only drain runs, not {args.command}", file=sys.stderr)
         return 1
     result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}
+    result["bytecode"] = _byte_compile()
     try:
         _mysql_drain(args, url, result)
         result["load_average_at_end"] = load_average()
@@ -438,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         result: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv or sys.argv[1:])])}
+        result["bytecode"] = _byte_compile()
         result["manifest"] = _prepare(url, django=args.command != "profile")
         if args.command == "profile":
             _profile(args, url, result)

@@ -37,6 +37,9 @@ def test_every_contender_drains_every_task_and_the_database_is_dropped(tmp_path:
         *("--skip", "seed,floor,pause"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # The workers loaded jobstate compiled, as an installed jobstate is.
+    assert json.loads(out.read_text())["bytecode"]["byte_compiled"] == ["jobstate", "bench"]
+    assert result.stdout.startswith("bytecode: jobstate and bench compiled first")
     report = json.loads(out.read_text())["tasks"]
     assert [(run["contender"], run["threads"]) for run in report["drain"]] == [
         ("jobstate", 1),
