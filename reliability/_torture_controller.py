@@ -3,7 +3,9 @@ the run's duration, then stops everything gracefully and lets the end state sett
 
 Faults come at random intervals around ``kill_every`` seconds and are aimed at a
 worker that holds a job or a run at that moment (any live worker if none does within
-a second):
+a second). Until one kill has found its worker holding something, the faults are kills
+and wait for such a worker however long it takes: a short run on a loaded machine,
+whose few kills could all land between two jobs, still exercises a recovery.
 
 - **kill**: SIGKILL, then an immediate restart under a new worker id. Once the dead
   worker's database sessions are gone (so nothing it sent can still land), what it
@@ -80,6 +82,8 @@ class Controller:
         self.log = log
         self.rng = random.Random(options.seed)
         self.facts = RunFacts()
+        #: Whether a kill has found its worker holding a job or a run (see the module).
+        self.killed_a_holder = False
 
     def run(self) -> RunFacts:
         options = self.options
@@ -149,7 +153,9 @@ class Controller:
                     self.rng, probe, lambda worker: _wait_sessions_gone(probe, worker, SESSION_WAIT)
                 )
                 due = time.monotonic() + self._gap()
-            elif now >= due and self._fault(pool, probe, monitor, patient=now < due + 1.0):
+            elif now >= due and self._fault(
+                pool, probe, monitor, patient=now < due + 1.0 or not self.killed_a_holder
+            ):
                 due = time.monotonic() + self._gap()
             time.sleep(0.02)
 
@@ -165,7 +171,8 @@ class Controller:
             return False
         slot = self.rng.choice(targets)
         pausing = any(s.paused_until is not None for s in pool.slots)
-        if not pausing and self.rng.random() < self.options.pause_share:
+        may_pause = self.killed_a_holder and not pausing
+        if may_pause and self.rng.random() < self.options.pause_share:
             self._pause(pool, slot, probe, monitor)
         else:
             self._kill(pool, slot, probe, monitor, fault="kill")
@@ -191,7 +198,10 @@ class Controller:
         gone = _wait_sessions_gone(probe, worker, SESSION_WAIT)
         if not gone:
             self.facts.slow_session_exits += 1
-        monitor.track(self._holdings(probe, worker, fault, fault_at, sessions_gone=gone))
+        holdings = self._holdings(probe, worker, fault, fault_at, sessions_gone=gone)
+        if fault == "kill" and holdings:
+            self.killed_a_holder = True
+        monitor.track(holdings)
 
     def _pause(self, pool: WorkerPool, slot: Slot, probe: Connection, monitor: Monitor) -> None:
         fault_at = _db_now(probe)
