@@ -373,9 +373,11 @@ def test_an_expired_lease_makes_the_row_due_again(
     store: DatabaseStateStore, outbox: DatabaseNotificationOutbox
 ) -> None:
     row = pending_row(store)
-    [held] = outbox.claim_due(relay_id="crashed", limit=1, lease=timedelta(milliseconds=50))
+    # A lease a loaded machine cannot outrun between two claims; then its end is waited for.
+    [held] = outbox.claim_due(relay_id="crashed", limit=1, lease=timedelta(seconds=2))
     assert outbox.claim_due(relay_id="other", limit=1, lease=timedelta(minutes=1)) == []
-    time.sleep(0.1)
+    assert held.lease_until is not None
+    time.sleep(max(0.0, (held.lease_until - timezone.now()).total_seconds()) + 0.1)
     [again] = outbox.claim_due(relay_id="other", limit=1, lease=timedelta(minutes=1))
     assert again.id == row.id and again.attempts == 2 and again.relay_id == "other"
     assert again.last_error == LEASE_EXPIRED_ERROR
