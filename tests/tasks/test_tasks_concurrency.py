@@ -234,9 +234,12 @@ def test_eight_workers_never_run_three_of_a_key_at_once_even_when_killed(
     most = overlaps(_lines(notes), killed)
     assert set(most) == {"a", "b", "c"}
     assert max(most.values()) == 2, most  # the limit was reached, never passed
-    # Every task ran to its end once; a killed run was run again after recovery.
-    ends = [line for line in _lines(notes) if line.startswith("end ")]
-    assert len(ends) == 24
+    # Every task ran to its end once in a worker that lived; a killed run was run again
+    # after recovery. A run whose end the notes show in a killed worker (the task ended
+    # between the test reading the notes and the kill, before its report) runs again too.
+    ends = [line.split() for line in _lines(notes) if line.startswith("end ")]
+    assert len([end for end in ends if int(end[2]) not in killed]) == 24
+    assert len([end for end in ends if int(end[2]) in killed]) <= len(killed)
     assert Job.objects.filter(status=JobStatus.DONE).count() == 24
 
 
