@@ -4,10 +4,11 @@ Every worker the harness starts is a new Python process. The peers' code comes f
 wheels, whose modules pip compiled when it installed them; jobstate and the harness run
 from this checkout. Where nothing has compiled them yet (a fresh clone, or an
 environment with ``PYTHONDONTWRITEBYTECODE`` set, where Python compiles every module
-from source at every start and keeps nothing), each jobstate worker would spend a tenth
-of a second or more compiling its own modules before it could claim anything: a cost
-no host that installs jobstate pays, counted against jobstate alone. Compiling them
-first puts every contender on the footing a host has.
+from source at every start and keeps nothing), each worker would spend a tenth of a
+second or more compiling jobstate's modules before it could claim anything: a cost no
+host that installs jobstate pays. Compiling them first puts every contender on the
+footing a host has (the harness's settings install jobstate for every contender, so
+all of them paid it).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from jobstate.stores.database.notification_outbox import (
     backoff_delay,
     default_idempotency_key,
 )
+from tests.support.tasks_kit import sleep_past
 
 pytestmark = pytest.mark.django_db
 
@@ -377,7 +378,7 @@ def test_an_expired_lease_makes_the_row_due_again(
     [held] = outbox.claim_due(relay_id="crashed", limit=1, lease=timedelta(seconds=2))
     assert outbox.claim_due(relay_id="other", limit=1, lease=timedelta(minutes=1)) == []
     assert held.lease_until is not None
-    time.sleep(max(0.0, (held.lease_until - timezone.now()).total_seconds()) + 0.1)
+    sleep_past(held.lease_until)
     [again] = outbox.claim_due(relay_id="other", limit=1, lease=timedelta(minutes=1))
     assert again.id == row.id and again.attempts == 2 and again.relay_id == "other"
     assert again.last_error == LEASE_EXPIRED_ERROR

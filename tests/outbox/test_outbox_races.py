@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError, connections, transaction
-from django.utils import timezone
 
 from jobstate.models import AuditEntry, DeliveryAttempt, DeliveryReplay, Job, Notification
 from jobstate.outbox.channels import notification_handler
@@ -35,6 +34,7 @@ from jobstate.stores.base import (
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.notification_outbox import LEASE_EXPIRED_ERROR
 from tests.support.processes import database_url
+from tests.support.tasks_kit import sleep_past
 from tests.support.threads import in_parallel
 
 pytestmark = [
@@ -147,7 +147,7 @@ def test_a_crash_between_commit_and_send_loses_no_notification() -> None:
     assert (first.claimed, first.delivered) == (1, 1)  # the other row is still leased
     leased = Notification.objects.get(payload__job="claimed-then-crashed")
     assert leased.state == NotificationState.DELIVERING and leased.lease_until is not None
-    time.sleep(max(0.0, (leased.lease_until - timezone.now()).total_seconds()) + 0.1)
+    sleep_past(leased.lease_until)
     second = deliver_notifications(relay_id="after-lease")
     assert (second.claimed, second.delivered) == (1, 1)
     assert set(Notification.objects.values_list("state", flat=True)) == {

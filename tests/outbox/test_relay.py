@@ -36,6 +36,7 @@ from jobstate.stores.base import NotificationRequest, NotificationState
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.notification_outbox import LEASE_EXPIRED_ERROR
 from tests.support.receiver import Receiver
+from tests.support.tasks_kit import sleep_past
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=["jobstate"])
 
@@ -171,7 +172,7 @@ def test_a_relay_that_dies_after_claiming_loses_nothing(
     assert len(held) == 1
     assert relay(store).claimed == 0  # still leased to the dead relay
     [lease_until] = Notification.objects.values_list("lease_until", flat=True)
-    time.sleep(max(0.0, (lease_until - timezone.now()).total_seconds()) + 0.1)
+    sleep_past(lease_until)
     report = relay(store, relay_id="survivor")
     assert (report.claimed, report.delivered) == (1, 1)
     [request] = receiver.requests
@@ -478,7 +479,7 @@ def test_a_pass_stops_sending_when_half_the_lease_is_spent(store: DatabaseStateS
     assert len(handled) == 2
     left = Notification.objects.get(state=NotificationState.DELIVERING)
     assert left.lease_until is not None
-    time.sleep(max(0.0, (left.lease_until - timezone.now()).total_seconds()) + 0.1)
+    sleep_past(left.lease_until)
     later = relay(store, lease=timedelta(seconds=5))
     assert (later.claimed, later.delivered) == (1, 1)
     left.refresh_from_db()

@@ -5,7 +5,6 @@ The test that waits for a real minute boundary waits for one only, for both of i
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -19,6 +18,7 @@ from jobstate.schedules import enqueue_due
 from jobstate.stores.database.backends import instant_filter
 from tests.support.processes import database_url
 from tests.support.schedule_kit import declare, jobs_of, manage, row, slots_of
+from tests.support.tasks_kit import sleep_past
 
 pytestmark = [pytest.mark.mysql, pytest.mark.slow]
 
@@ -29,19 +29,13 @@ def next_minute(instant: datetime) -> datetime:
     return instant.replace(second=0, microsecond=0) + timedelta(minutes=1)
 
 
-def sleep_past(instant: datetime) -> None:
-    """Sleep until a little after ``instant`` on this machine's clock (the database's,
-    for SQLite and the local servers the tests run against)."""
-    time.sleep(max(0.0, (instant - timezone.now()).total_seconds()) + 0.3)
-
-
 def start_well_before_a_minute_boundary(margin: float = 15.0) -> None:
     """Sleep into the next minute when fewer than ``margin`` seconds are left of this
     one: what a test does before the boundary it waits for (a command in a process of
     its own, slow on a loaded machine) must end before that boundary."""
     now = timezone.now()
     if 60 - (now.second + now.microsecond / 1_000_000) < margin:
-        sleep_past(next_minute(now))
+        sleep_past(next_minute(now), margin=0.3)
 
 
 @pytest.mark.django_db
@@ -72,7 +66,7 @@ def test_an_every_minute_schedule_fires_at_the_next_minute_in_process_and_by_com
 
     with transaction.atomic():
         assert enqueue_due() == []
-        sleep_past(slot)
+        sleep_past(slot, margin=0.3)
         (item,) = enqueue_due()
         assert (item.schedule, item.slot) == ("minutely", slot)
         assert slots_of("minutely") == [slot]

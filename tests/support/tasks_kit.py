@@ -10,11 +10,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.utils import timezone
 
 from tests.support.processes import database_url, ignore_sigint
 
@@ -119,3 +120,10 @@ def wait_for(condition: Callable[[], Any], *, timeout: float = 30, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up after {timeout} s waiting for {what or condition}")
         time.sleep(0.05)
+
+
+def sleep_past(instant: datetime, margin: float = 0.1) -> None:
+    """Sleep until ``margin`` seconds after ``instant`` on this machine's clock (the
+    database's too, for SQLite and the local servers the tests run against): past a
+    lease's end, or a minute boundary."""
+    time.sleep(max(0.0, (instant - timezone.now()).total_seconds()) + margin)
