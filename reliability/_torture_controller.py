@@ -4,8 +4,10 @@ the run's duration, then stops everything gracefully and lets the end state sett
 Faults come at random intervals around ``kill_every`` seconds and are aimed at a
 worker that holds a job or a run at that moment (any live worker if none does within
 a second). Until one kill has found its worker holding something, the faults are kills
-and wait for such a worker however long it takes: a short run on a loaded machine,
-whose few kills could all land between two jobs, still exercises a recovery.
+and wait for such a worker, and the fault phase goes on past the run's duration (for
+at most :data:`HOLDER_GRACE` seconds more) until one has: a short run on a loaded
+machine, whose few kills could all land between two jobs or on a run that was skipped,
+still exercises a recovery.
 
 - **kill**: SIGKILL, then an immediate restart under a new worker id. Once the dead
   worker's database sessions are gone (so nothing it sent can still land), what it
@@ -33,6 +35,10 @@ from reliability._torture_tasks import TaskWorkers, drain_tasks
 
 #: How long the controller waits for a killed worker's sessions to end.
 SESSION_WAIT = 15.0
+
+#: How long the fault phase may run on past the run's duration while no kill has yet
+#: found its worker holding a job or a run.
+HOLDER_GRACE = 60.0
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,13 @@ class Controller:
         tasks: TaskWorkers,
     ) -> None:
         due = time.monotonic() + self._gap()
-        while (now := time.monotonic()) < end:
+        extended = False
+        while (now := time.monotonic()) < end or (
+            not self.killed_a_holder and now < end + HOLDER_GRACE
+        ):
+            if now >= end and not extended:
+                extended = True
+                self.log("no kill has found a worker holding a job or a run yet; running on")
             pool.resume_due()
             for exited in tasks.failures():
                 self.facts.task_failures.append(exited)
