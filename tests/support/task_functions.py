@@ -58,6 +58,15 @@ def returns_a_set() -> Any:
 
 
 @task
+def returns_a_deep_list() -> Any:
+    """A list nested deeper than Python's recursion limit lets JSON walk."""
+    value: list[Any] = []
+    for _ in range(5000):
+        value = [value]
+    return value
+
+
+@task
 async def async_add(a: int, b: int) -> int:
     await asyncio.sleep(0)
     return a + b

@@ -25,6 +25,7 @@ from tests.support.task_functions import (
     async_add,
     echo,
     fails_before,
+    returns_a_deep_list,
     returns_a_set,
     started_then_sleeps,
 )
@@ -193,15 +194,25 @@ def test_one_worker_runs_eight_tasks_at_once(settings: Any) -> None:
     assert time.monotonic() - began < 8  # eight 1-second tasks, side by side
 
 
-def test_a_return_value_that_is_not_json_fails_the_attempt(settings: Any) -> None:
+@pytest.mark.parametrize(
+    ("returning", "reason"),
+    [
+        (returns_a_set, "a value of type 'set' that cannot be stored: it is not JSON"),
+        (returns_a_deep_list, "a value of type 'list' that cannot be stored: it is nested"),
+    ],
+    ids=["set", "deep-list"],
+)
+def test_a_return_value_that_is_not_json_fails_the_attempt(
+    settings: Any, returning: Any, reason: str
+) -> None:
     options = use_options(settings)
-    queued = returns_a_set.enqueue()
+    queued = returning.enqueue()
     run_batch(options)
-    result = returns_a_set.get_result(queued.id)
+    result = returning.get_result(queued.id)
     assert result.status == FAILED
     (error,) = result.errors
     assert error.exception_class_path == "jobstate.exceptions.TaskReturnValueNotJSON"
-    assert "returned a set that cannot be stored" in error.traceback
+    assert f"the task returned {reason}" in error.traceback
 
 
 @pytest.mark.parametrize(

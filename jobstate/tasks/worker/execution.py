@@ -423,10 +423,19 @@ def _storable(value: Any) -> Any:
     :class:`~jobstate.exceptions.TaskReturnValueNotJSON` naming why it cannot be."""
     try:
         return ensure_json(normalize_json(value), field="the task's return value")
-    except (TypeError, ValueError) as exc:
-        reason = str(exc) if isinstance(exc, InvalidPayload) else f"it is not JSON ({exc})"
+    except (TypeError, ValueError, RecursionError) as exc:
+        # Django's normalize_json walks the value recursively: a value nested past
+        # Python's recursion limit (or a cycle) raises RecursionError there, which is as
+        # deterministic as any other value that cannot be stored.
+        if isinstance(exc, RecursionError):
+            reason = "it is nested too deeply (or holds a cycle)"
+        elif isinstance(exc, InvalidPayload):
+            reason = str(exc)
+        else:
+            reason = f"it is not JSON ({exc})"
         raise TaskReturnValueNotJSON(
-            f"the task returned a {type(value).__name__} that cannot be stored: {reason}"
+            f"the task returned a value of type {type(value).__name__!r} that cannot be "
+            f"stored: {reason}"
         ) from exc
 
 
