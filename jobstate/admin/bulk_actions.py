@@ -37,7 +37,7 @@ from django.utils.translation import gettext_lazy
 
 from jobstate.admin.action_log import log_console_action
 from jobstate.admin.common import ReadOnlyAdmin, RejectForm, ScaledAdmin, choice_badge
-from jobstate.admin.page_bases import moment_field
+from jobstate.admin.page_bases import moment_field, redirect_with_query
 from jobstate.console.bulk import (
     BulkOperationFinished,
     advance_bulk_operation,
@@ -167,7 +167,7 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
             request, _("Nothing was started: %(why)s") % {"why": exc}, messages.ERROR
         )
         # Back to the list as the operator filtered it, to correct the search there.
-        return HttpResponseRedirect(changelist + (f"?{query.urlencode()}" if query else ""))
+        return redirect_with_query(changelist, query.urlencode())
     form = RejectForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         reason = form.cleaned_data.get("reason", "") if action == BulkAction.REJECT else ""

@@ -19,6 +19,7 @@ from django.db.models import DateTimeField, Model, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.http import MAX_URL_REDIRECT_LENGTH
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -45,6 +46,7 @@ __all__ = [
     "moment_field",
     "permission_check",
     "redacted_field",
+    "redirect_with_query",
     "row_redactor",
     "with_database_now",
 ]
@@ -83,6 +85,15 @@ def database_now(row: Model) -> datetime:
 def admin_change_url(model: type[Model], pk: Any, site_name: str = "admin") -> str:
     opts = model._meta
     return reverse(f"{site_name}:{opts.app_label}_{opts.model_name}_change", args=[pk])
+
+
+def redirect_with_query(path: str, query: str) -> HttpResponseRedirect:
+    """A redirect to ``path?query``, or to ``path`` alone when that would be longer than
+    Django lets a redirect be (``MAX_URL_REDIRECT_LENGTH``; longer, it raises
+    ``DisallowedRedirect``): a query that long was pasted or forged, and the page then
+    opens without it. The caller's message says why the page was left."""
+    url = f"{path}?{query}" if query else path
+    return HttpResponseRedirect(url if len(url) <= MAX_URL_REDIRECT_LENGTH else path)
 
 
 def exact_search(
@@ -298,7 +309,7 @@ class ScaledAdmin(admin.ModelAdmin):
                     % {"action": refused[0]},
                     messages.ERROR,
                 )
-                return HttpResponseRedirect(request.get_full_path())
+                return redirect_with_query(request.path, request.META.get("QUERY_STRING", ""))
         return super().changelist_view(request, extra_context)
 
 

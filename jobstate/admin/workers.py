@@ -184,6 +184,16 @@ class WorkerAdmin(ReadOnlyAdmin):
         if request.method not in ("GET", "HEAD"):
             return HttpResponseNotAllowed(["GET", "HEAD"])
         worker_id = request.GET.get("id", "")
+        longest = Worker._meta.get_field("worker_id").max_length
+        if longest is not None and len(worker_id) > longest:
+            # No worker has such an id, and no job can name one: no query to make.
+            messages.warning(
+                request,
+                _("No worker id is longer than %(longest)d characters.") % {"longest": longest},
+            )
+            return HttpResponseRedirect(
+                reverse(f"{self.admin_site.name}:jobstate_worker_changelist")
+            )
         pk = Worker.objects.filter(worker_id=worker_id).values_list("pk", flat=True).first()
         if pk is not None:
             return HttpResponseRedirect(admin_change_url(Worker, pk, self.admin_site.name))

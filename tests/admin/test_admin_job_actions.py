@@ -12,7 +12,7 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.test import Client
 
 from jobstate.core.states import JobStatus
-from jobstate.models import AuditEntry, Job
+from jobstate.models import AuditEntry, BulkOperation, Job
 from jobstate.stores.base import StateStore
 from tests.support.admin_kit import (
     JOBS,
@@ -151,6 +151,20 @@ def test_a_bulk_action_with_a_bad_search_stays_on_the_filtered_list(
     shown = " ".join(shown_messages(response))
     assert "Nothing was started: input: NaN is not a JSON value" in shown
     assert response.context["cl"].query == "input:a=NaN"
+
+
+def test_a_bulk_action_with_a_search_too_long_to_send_back_opens_the_unfiltered_list(
+    admin_client: Client, store: StateStore
+) -> None:
+    # Longer than any redirect Django allows (16,384 characters): the list cannot be
+    # given the search back, so it opens unfiltered, with the reason.
+    query = "status__exact=queued&q=" + "A" * 100_000
+    response = admin_client.get(f"{JOBS}bulk/requeue/?{query}", follow=True)
+    assert response.status_code == 200
+    assert response.redirect_chain[-1][0] == JOBS
+    shown = " ".join(shown_messages(response))
+    assert "Nothing was started:" in shown
+    assert not BulkOperation.objects.exists()
 
 
 def test_pausing_and_resuming_a_queue_and_starting_a_bulk_operation_are_in_the_admin_log(

@@ -89,6 +89,18 @@ def test_an_unregistered_worker_id_leads_to_the_jobs_that_name_it(admin_client: 
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("worker_id", ["w" * 201, "[" * 20_000], ids=["over-the-column", "huge"])
+def test_a_worker_id_longer_than_any_worker_has_opens_the_workers_page(
+    admin_client: Client, worker_id: str
+) -> None:
+    followed = admin_client.get(find_url(worker_id), follow=True)
+    assert followed.status_code == 200
+    assert followed.redirect_chain[-1][0] == WORKERS
+    messages = [str(message) for message in followed.context["messages"]]
+    assert any("No worker id is longer than 200 characters" in message for message in messages)
+
+
+@pytest.mark.django_db
 def test_the_find_page_needs_the_view_permission(django_user_model: Any) -> None:
     nobody = django_user_model.objects.create_user("nobody", is_staff=True)
     client = Client()

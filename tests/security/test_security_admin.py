@@ -394,6 +394,22 @@ def test_an_action_of_another_model_or_an_unknown_one_is_refused(
     assert snapshot() == before
 
 
+def test_a_refused_action_posted_to_a_list_with_a_huge_query_returns_to_the_bare_list(
+    django_user_model: Any,
+) -> None:
+    # The refusal sends the user back to the list as it was filtered; a query longer
+    # than any redirect Django allows is dropped rather than answered with an error.
+    pk = _failed_job()
+    client = logged_in(staff(django_user_model, "mallory", list(jobstate_permissions())))
+    url = changelist_url(Job)
+    response = act(client, f"{url}?q={'A' * 20_000}", "no_such_action", [pk], confirm=True)
+    assert response.status_code == 200
+    assert response.redirect_chain[-1][0] == url
+    messages = [str(message) for message in response.context["messages"]]
+    assert messages == ["You may not run the action “no_such_action”; nothing was changed."]
+    assert _job_status(pk) == JobStatus.ERROR
+
+
 # --- with the permission ------------------------------------------------------------------
 
 
