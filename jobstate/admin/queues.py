@@ -33,6 +33,7 @@ from django.utils.translation import gettext as _
 
 from jobstate.admin.action_log import log_console_action
 from jobstate.admin.common import ReadOnlyAdmin, permission_check, short_duration
+from jobstate.admin.list_cells import breakable
 from jobstate.console.queue_stats import QueueRow, keys_at_limit, queue_rows
 from jobstate.core.states import NO_QUEUE
 from jobstate.exceptions import InvalidJobState
@@ -176,6 +177,8 @@ def _shown(row: QueueRow) -> dict[str, Any]:
     return {
         "row": row,
         "label": _queue_label(row.target, row.queue),
-        "queue": row.queue or "—",
+        # On a phone a name wraps after its dots and colons before anywhere else.
+        "target": breakable(row.target),
+        "queue": breakable(row.queue) if row.queue else "—",
         "oldest": short_duration(row.oldest_ready_seconds) if row.oldest_ready_at else "—",
     }

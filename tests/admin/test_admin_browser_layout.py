@@ -11,7 +11,9 @@ measured from the elements' boxes:
 - the ids one list shows are distinct;
 - the app's own pages have the breadcrumbs of a stock change list, in the running
   Django version's markup;
-- instants are shown in the viewer's zone, with seconds, and copy buttons copy.
+- instants are shown in the viewer's zone, with seconds, and copy buttons copy;
+- a worker's page and a job's page with long names fit a phone, and the Queues page's
+  and a confirmation's words break between words, not inside them.
 
 Screenshots of every page at both sizes go to ``artifacts/screenshots/``. All rows
 are written before the browser starts (Playwright's loop refuses ORM calls).
@@ -92,6 +94,21 @@ def _rows() -> None:
     for n in range(12):
         status = statuses[n % len(statuses)]
         claimed = status in (JobStatus.RUNNING, JobStatus.DISPATCHED)
+        finished = status in (JobStatus.DONE, JobStatus.ERROR)
+        # A finished job's attempt by the long-named worker: its page lists the job
+        # under "Finished lately", and the job's page shows the attempt.
+        attempt = {
+            "worker_id": LONG_WORKER,
+            "started_at": (now - timedelta(seconds=3)).isoformat(),
+            "finished_at": now.isoformat(),
+            "outcome": "successful" if status == JobStatus.DONE else "failed",
+        }
+        if status == JobStatus.ERROR:
+            attempt.update(
+                exception_class_path="project.billing.errors.InvoiceReconciliationFailed",
+                message="invoice INV-2026-000123 does not balance",
+                traceback="Traceback (most recent call last):\n  ...",
+            )
         # Request ids as hosts make them: a bare time-ordered id, or a prefixed one.
         request_id = str(time_ordered_uuid()) if n % 2 else f"invoice-run-{uuid.uuid4()}"
         jobs.append(
@@ -106,6 +123,7 @@ def _rows() -> None:
                 lease_until=now + timedelta(minutes=5) if claimed else None,
                 thread_id=9_000_000_000 + n,
                 source="billing-reconciliation-service",
+                attempt_log=[attempt] if finished else [],
             )
         )
     Worker.objects.create(
@@ -117,6 +135,8 @@ def _rows() -> None:
         queues=["invoices-eu-west-1-priority", "reports", "emails"],
         concurrency=16,
         lease=timedelta(minutes=1),
+        # Started before the jobs above finished, which its page lists.
+        started_at=now - timedelta(hours=2),
     )
     # The newest jobs (first on the list) have notifications.
     for n, job in enumerate(jobs[4:]):
@@ -249,6 +269,79 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
     page.goto(base + LISTS["jobs"])
     shown = [header["text"].lower() for header in _headers(page) if header["shown"]]
     assert {"status", "task / target", "age / lease"} <= set(shown), shown
+
+
+#: The words of the elements ``selector`` picks that wrapped in the middle: a word
+#: drawn on more than one line has more than one box.
+_BROKEN_WORDS = """els => els.flatMap(e => {
+    const broken = [];
+    const walker = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        for (const match of node.textContent.matchAll(/\\S+/g)) {
+            const range = document.createRange();
+            range.setStart(node, match.index);
+            range.setEnd(node, match.index + match[0].length);
+            const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+            if (lines.size > 1) broken.push(match[0]);
+        }
+    }
+    return broken;
+})"""
+
+
+def test_a_workers_page_and_a_jobs_page_with_long_names_fit_a_phone(
+    console: tuple[Page, str],
+) -> None:
+    """The worker's "Finished lately" and the job's attempts named a long task path that
+    did not wrap, and pushed the page past a phone's edge."""
+    page, base = console
+    page.set_viewport_size(PHONE)
+    page.goto(f"{base}/admin/jobstate/worker/find/?id={LONG_WORKER}")
+    page.wait_for_selector("#jobstate-worker-recent table.jobstate-trail")
+    _shoot(page, "worker-page", "phone")
+    assert LONG_TASK in page.locator("#jobstate-worker-recent").inner_text()
+    scroll = page.evaluate("document.documentElement.scrollWidth")
+    assert scroll <= PHONE["width"], ("worker page", scroll)
+    page.locator("#jobstate-worker-recent table.jobstate-trail a").first.click()
+    page.wait_for_selector("ol.jobstate-timeline")
+    _shoot(page, "finished-job-page", "phone")
+    assert LONG_TASK in page.locator("ol.jobstate-timeline").inner_text()
+    # The page's own content; Django's breadcrumbs are the stock admin's to lay out.
+    widest = page.eval_on_selector_all(
+        "#content-main *",
+        """els => els.map(e => [e.getBoundingClientRect().right, e.tagName + '.' + e.className])
+            .reduce((a, b) => (b[0] > a[0] ? b : a), [0, ''])""",
+    )
+    assert widest[0] <= PHONE["width"], ("job page", widest)
+
+
+def test_the_queues_and_a_confirmations_words_are_not_broken_on_a_phone(
+    console: tuple[Page, str],
+) -> None:
+    """On a phone the Queues page read "acti/ve", "REA/DY" and a confirmation's reason
+    "alread/y queue/d": every cell could break anywhere, not only the long names."""
+    page, base = console
+    page.set_viewport_size(PHONE)
+    page.goto(base + OTHER_PAGES["queues"])
+    page.wait_for_selector("#jobstate-queues")
+    _shoot(page, "queues-words", "phone")
+    broken = page.eval_on_selector_all(
+        "#jobstate-queues th, #jobstate-queues .jobstate-badge, #jobstate-queues .button,"
+        " #jobstate-queues td.jobstate-number",
+        _BROKEN_WORDS,
+    )
+    assert broken == [], broken
+    scroll = page.evaluate("document.documentElement.scrollWidth")
+    assert scroll <= PHONE["width"], scroll
+    # A discard of a finished job: it is skipped, and says why.
+    page.goto(f"{base}/admin/jobstate/job/?status__exact=done")
+    page.locator("#result_list tbody input.action-select").first.check()
+    page.select_option("select[name=action]", "discard_jobs")
+    page.locator("button[name=index]").click()
+    page.wait_for_selector("td.jobstate-reason")
+    _shoot(page, "requeue-skipped", "phone")
+    broken = page.eval_on_selector_all("td.jobstate-reason, th", _BROKEN_WORDS)
+    assert broken == [], broken
 
 
 def test_the_status_badge_is_visible_on_a_phone(console: tuple[Page, str]) -> None:
