@@ -7,6 +7,7 @@ missing exits before it claims anything."""
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -84,6 +85,25 @@ def test_a_worker_whose_first_claim_took_a_task_does_not_count_the_backlog_by_qu
     reads = [sql for sql in statements if sql.lstrip().upper().startswith("SELECT")]
     assert not [sql for sql in reads if "queues" in sql.split("FROM")[0]], statements
     assert Job.objects.filter(queue_name="emails", status=JobStatus.QUEUED).count() == 2
+
+
+def test_a_batch_workers_banner_speaks_of_listen_only_where_it_could_listen(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``--batch`` worker never LISTENs; the banner says why only on a database where
+    another worker would (PostgreSQL): on SQLite or MariaDB the remark was noise."""
+    use_options(settings)
+    settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), "LISTEN_NOTIFY": True}
+    add.enqueue(1, 1)
+    backend = task_backends["default"]
+    assert isinstance(backend, JobStateBackend)
+    config = WorkerConfig(batch=True, schedules=False, interval=1, worker_id="start-4")
+    caplog.set_level(logging.INFO, logger="jobstate.worker")
+    assert TaskWorker(config, backend).run().succeeded == 1
+    (banner,) = [line for line in caplog.messages if " started: backend " in line]
+    assert "wake-up by polling every 1 s" in banner
+    said = "(--batch: it stops once nothing is ready, so it does not LISTEN)" in banner
+    assert said == (connection.vendor == "postgresql"), banner
 
 
 @pytest.mark.only_on("mysql")

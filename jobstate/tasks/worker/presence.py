@@ -16,6 +16,7 @@ from jobstate.stores.errors import translated_database_errors
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.worker.config import WorkerConfig
 from jobstate.tasks.worker.coverage import unserved_queues_warning
+from jobstate.tasks.worker.waiter import listen_notify_available
 
 __all__ = ["WorkerPresence"]
 
@@ -85,8 +86,13 @@ class WorkerPresence:
             wake = f"LISTEN/NOTIFY, polling every {self.config.interval:g} s as a fallback"
         else:
             wake = f"polling every {self.config.interval:g} s"
+            could_listen = jobstate_settings.LISTEN_NOTIFY and listen_notify_available(
+                self.config.using
+            )
             if self.config.batch:
-                wake += " (--batch: it stops once nothing is ready, so it does not LISTEN)"
+                # Said only where another worker would LISTEN: elsewhere it is noise.
+                if could_listen:
+                    wake += " (--batch: it stops once nothing is ready, so it does not LISTEN)"
             elif jobstate_settings.LISTEN_NOTIFY and jobstate_settings.CONNECTION_POOLER:
                 wake += (
                     " (no LISTEN/NOTIFY: JOBSTATE['CONNECTION_POOLER'] is "
