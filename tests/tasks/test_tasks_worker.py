@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.utils import timezone
 
 from jobstate.core.states import JobStatus
@@ -69,8 +70,11 @@ def test_a_worker_runs_tasks_and_their_results_are_faithful(settings: Any) -> No
 
     assert "jobstate_worker worker-a started: backend 'default', queues default" in log
     assert "concurrency 2" in log
-    # A --batch worker ends once nothing is ready: it says why it only polls.
-    assert "polling every 1 s (--batch: it stops once nothing is ready" in log
+    # A --batch worker ends once nothing is ready: it only polls, and says why where
+    # another worker would LISTEN (PostgreSQL).
+    assert "wake-up by polling every 1 s" in log
+    said = "polling every 1 s (--batch: it stops once nothing is ready" in log
+    assert said == (connection.vendor == "postgresql"), log
     assert log.count("Task tests.support.task_functions.") == 5  # one line per attempt
     assert f"Task tests.support.task_functions.add {summed.id} attempt 1/3 successful in" in log
     assert "attempt 1/3 failed (tests.support.task_functions.Boom: attempt 1 fails)" in log

@@ -424,18 +424,13 @@ def _storable(value: Any) -> Any:
     try:
         return ensure_json(normalize_json(value), field="the task's return value")
     except (TypeError, ValueError, RecursionError) as exc:
-        # Django's normalize_json walks the value recursively: a value nested past
-        # Python's recursion limit (or a cycle) raises RecursionError there, which is as
-        # deterministic as any other value that cannot be stored.
-        if isinstance(exc, RecursionError):
+        if isinstance(exc, RecursionError):  # Django's normalize_json recurses
             reason = "it is nested too deeply (or holds a cycle)"
-        elif isinstance(exc, InvalidPayload):
-            reason = str(exc)
         else:
-            reason = f"it is not JSON ({exc})"
+            reason = str(exc) if isinstance(exc, InvalidPayload) else f"it is not JSON ({exc})"
+        kind = type(value).__name__
         raise TaskReturnValueNotJSON(
-            f"the task returned a value of type {type(value).__name__!r} that cannot be "
-            f"stored: {reason}"
+            f"the task returned a value of type {kind!r} that cannot be stored: {reason}"
         ) from exc
 
 
