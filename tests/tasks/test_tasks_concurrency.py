@@ -234,12 +234,14 @@ def test_eight_workers_never_run_three_of_a_key_at_once_even_when_killed(
     most = overlaps(_lines(notes), killed)
     assert set(most) == {"a", "b", "c"}
     assert max(most.values()) == 2, most  # the limit was reached, never passed
-    # Every task ran to its end once in a worker that lived; a killed run was run again
-    # after recovery. A run whose end the notes show in a killed worker (the task ended
-    # between the test reading the notes and the kill, before its report) runs again too.
-    ends = [line.split() for line in _lines(notes) if line.startswith("end ")]
-    assert len([end for end in ends if int(end[2]) not in killed]) == 24
-    assert len([end for end in ends if int(end[2]) in killed]) <= len(killed)
+    # Every task ran to its end at least once, and a task ran to its end twice only
+    # because of a kill: each killed worker (one task at a time) held at most one task
+    # whose end its report did not carry to the database, either cut short (no end
+    # noted: it ran again after recovery) or ended between the test reading the notes
+    # and the kill (its end noted, and noted again where it ran again). A task that
+    # ended and was reported before its worker was killed ran once, in that worker.
+    ends = [line for line in _lines(notes) if line.startswith("end ")]
+    assert 24 <= len(ends) <= 24 + len(killed), ends
     assert Job.objects.filter(status=JobStatus.DONE).count() == 24
 
 
