@@ -153,6 +153,7 @@ class ScaledAdmin(admin.ModelAdmin):
     facet counts, no date hierarchy."""
 
     paginator = EstimatedCountPaginator
+    object_history_template = "admin/jobstate/object_history.html"
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     date_hierarchy = None
