@@ -15,9 +15,13 @@ from typing import Any, TypeVar
 from jobstate.stores.base import JobStatus, StateStore
 from jobstate.stores.contracts.validation import JOB_CLAIM_FIELDS
 
-#: How long cases let an instant age on the store's clock, and the age they ask about.
-AGE = timedelta(milliseconds=100)
-SETTLE = 0.2
+#: The age cases ask about, and how long they let an instant age on the store's clock
+#: past it. A case writes a row, lets it age, writes a second one and asks for rows
+#: older than ``AGE``: the second must not be among them, so the few calls between its
+#: write and the question must take less than ``AGE``, even on a loaded machine (at
+#: 100 ms they once took longer on a 2-core machine running four test passes).
+AGE = timedelta(seconds=1)
+SETTLE = 1.1
 HOUR = timedelta(hours=1)
 
 _T = TypeVar("_T")
