@@ -674,15 +674,19 @@ def test_heartbeats_advance_the_watermark_during_a_long_body(reg: Registry) -> N
     @operations_job("billing.close-day", registry=reg)
     def body(ctx: RunContext, input: None) -> None:
         watermarks.append(JobRun.objects.get(id=ctx.run_id).heartbeat_at)
-        time.sleep(0.4)
+        # A long body: it runs until the heartbeat thread has beaten a few times (at a
+        # 0.05 s interval), however slow the machine, rather than for a guessed time.
+        deadline = time.monotonic() + 30
+        while len(store.heartbeat_calls) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
         watermarks.append(JobRun.objects.get(id=ctx.run_id).heartbeat_at)
 
     store = RecordingStore()
     result = runner(reg, store=store).execute("billing.close-day")
     assert result.status == JobRunStatus.SUCCEEDED
-    assert watermarks[1] > watermarks[0]
     beats = len(store.heartbeat_calls)
-    assert beats >= 4  # 0.4 s at a 0.05 s interval, with room for a slow machine
+    assert beats >= 4, "the heartbeat thread did not beat during the body"
+    assert watermarks[1] > watermarks[0]
     time.sleep(0.2)
     assert len(store.heartbeat_calls) == beats, "heartbeats continued after the run settled"
 
