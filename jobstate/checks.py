@@ -3,6 +3,7 @@ configured database cannot give jobstate's guarantees."""
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from typing import Any
 
 from django.conf import settings
@@ -347,11 +348,25 @@ def check_task_backends(**kwargs: Any) -> list[CheckMessage]:
         )
         return [Error(str(exc), id="jobstate.E023")] if named else []
     messages: list[CheckMessage] = []
-    for alias in tasks:
+    for alias, params in tasks.items():
         try:
             backend = task_backends[alias]
-        except ImproperlyConfigured:
-            continue  # not a backend that loads: Django's own check of TASKS says so
+        except ImproperlyConfigured as exc:
+            # Django's own check of TASKS reports a backend that does not load, but the
+            # readiness probe runs jobstate's checks only: a misspelt path of jobstate's
+            # backend is reported here too, so the probe does not say ready while no
+            # worker can start.
+            path = params.get("BACKEND") if isinstance(params, dict) else None
+            if isinstance(path, str) and path.startswith("jobstate."):
+                close = get_close_matches(path, sorted(TASK_BACKEND_PATHS), n=1)
+                messages.append(
+                    Error(
+                        f"TASKS[{alias!r}]['BACKEND'] names {path!r}, which does not load: {exc}",
+                        hint=f"Did you mean {close[0]!r}?" if close else None,
+                        id="jobstate.E025",
+                    )
+                )
+            continue
         if isinstance(backend, JobStateBackend):
             messages += backend.configuration_messages()
     return messages

@@ -17,6 +17,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+#: The values of ``REAP_SCOPE`` (see :mod:`jobstate.operations.runner_options`).
+REAP_SCOPES = ("overlap-key", "all", "off")
+
 DEFAULTS: dict[str, Any] = {
     # Dotted paths of the store classes returned by get_run_store() / get_state_store().
     "RUN_STORE": "jobstate.stores.database.DatabaseJobRunStore",
@@ -278,6 +281,17 @@ def _check_shape(name: str, value: Any) -> None:
         raise ImproperlyConfigured(
             "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string, got "
             f"{type(value).__name__}."
+        )
+    if name in ("STATE_STORE", "RUN_STORE") and not (
+        isinstance(value, str) and "." in value.strip(".")
+    ):
+        raise ImproperlyConfigured(
+            f"JOBSTATE[{name!r}] must be the dotted path of a store class "
+            f"('package.module.ClassName'), got {value!r}."
+        )
+    if name == "REAP_SCOPE" and value not in REAP_SCOPES:
+        raise ImproperlyConfigured(
+            f"JOBSTATE['REAP_SCOPE'] must be 'overlap-key', 'all' or 'off', got {value!r}."
         )
     if name == "LISTEN_NOTIFY" and not isinstance(value, bool):
         raise ImproperlyConfigured(

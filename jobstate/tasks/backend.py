@@ -67,6 +67,8 @@ class JobStateBackend(BaseTaskBackend):
         super().__init__(alias, params)
         #: The ``target`` of this backend's jobs.
         self.target = task_target(alias)
+        # ``QUEUES`` as declared: Django keeps ``set(QUEUES)``, the letters of a string.
+        self._declared_queues = params.get("QUEUES")
 
     @cached_property
     def task_options(self) -> TaskOptions:
@@ -163,10 +165,16 @@ class JobStateBackend(BaseTaskBackend):
             Error(f"{where}: {problem}", id="jobstate.E020")
             for problem in option_problems(self.options)
         ]
-        messages += [
-            Error(f"{where}: {problem}", id="jobstate.E021")
-            for problem in queue_problems(sorted(self.queues, key=str))
-        ]
+        declared = self._declared_queues
+        problems = (
+            [
+                f"QUEUES is the string {declared!r}; it must be a list of queue names, "
+                f"such as [{declared!r}]."
+            ]
+            if isinstance(declared, str)
+            else queue_problems(sorted(self.queues, key=str))
+        )
+        messages += [Error(f"{where}: {problem}", id="jobstate.E021") for problem in problems]
         return messages
 
     def _store_messages(self, where: str) -> list[CheckMessage]:

@@ -45,6 +45,9 @@ def test_the_default_settings_pass() -> None:
         ({"PREPARED_STATEMENTS": 0}, "PREPARED_STATEMENTS"),
         ({"CONNECTION_POOLER": "pgbouncer"}, "CONNECTION_POOLER"),
         ({"CONNECTION_POOLER": True}, "CONNECTION_POOLER"),
+        ({"STATE_STORE": 5}, "STATE_STORE"),
+        ({"RUN_STORE": "DatabaseJobRunStore"}, "RUN_STORE"),
+        ({"REAP_SCOPE": "everything"}, "REAP_SCOPE"),
     ],
 )
 def test_a_bad_setting_fails_the_check_at_start_up(

@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
+from jobstate.checks import JOBSTATE_CHECKS
 from jobstate.core.states import JobStatus, NewTask
 from jobstate.exceptions import InvalidPayload, StoreError
 from jobstate.models import Job
@@ -300,6 +301,27 @@ def test_the_system_check_names_every_bad_option_and_queue(settings: Any) -> Non
     ):
         assert fragment in text
     assert all(message.msg.startswith("TASKS['default']: ") for message in messages)
+
+
+def test_queues_given_as_one_string_fail_the_check(settings: Any) -> None:
+    """Django makes a set of whatever QUEUES holds: a string became its letters, and the
+    worker then refused 'default' as not among (a, d, e, f, l, t, u)."""
+    settings.TASKS = {"default": {"BACKEND": "jobstate.tasks.JobStateBackend", "QUEUES": "default"}}
+    messages = [m for m in checks.run_checks(tags=JOBSTATE_CHECKS) if m.id == "jobstate.E021"]
+    assert [m.msg for m in messages] == [
+        "TASKS['default']: QUEUES is the string 'default'; it must be a list of queue "
+        "names, such as ['default']."
+    ]
+
+
+def test_a_misspelt_jobstate_backend_fails_jobstates_own_check(settings: Any) -> None:
+    """Django's own check of TASKS does not run in the readiness probe, which then said
+    ready while no worker could start."""
+    settings.TASKS = {"default": {"BACKEND": "jobstate.tasks.JobStateBackned"}}
+    messages = [m for m in checks.run_checks(tags=JOBSTATE_CHECKS) if m.id == "jobstate.E025"]
+    assert len(messages) == 1, messages
+    assert "TASKS['default']['BACKEND'] names 'jobstate.tasks.JobStateBackned'" in messages[0].msg
+    assert messages[0].hint == "Did you mean 'jobstate.tasks.JobStateBackend'?"
 
 
 def test_a_state_store_without_tasks_fails_the_check(settings: Any) -> None:
