@@ -65,3 +65,20 @@ def test_a_tuple_of_queues_is_checked_once_and_a_bad_one_every_time() -> None:
             store.claim_tasks(queues=("emails", 7), **claim)  # type: ignore[arg-type]
         with pytest.raises(InvalidJobState, match="queue name"):
             store.claim_tasks(queues=("emails", " "), **claim)
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        ("x" * 2001, "reason must be at most 2000 characters."),
+        ("nul\x00", "reason contains a NUL character, which cannot be stored."),
+        ("\ud800", "reason is not valid Unicode (it holds a lone surrogate)."),
+    ],
+    ids=["long", "nul", "surrogate"],
+)
+def test_a_bad_reason_is_refused_saying_what_is_wrong_with_it(reason: str, said: str) -> None:
+    store = MemoryStateStore()
+    job = store.create_job(request_id="r")
+    with pytest.raises(InvalidJobState) as refused:
+        store.reject_queued_job(job.id, by="ops", reason=reason)
+    assert str(refused.value) == said

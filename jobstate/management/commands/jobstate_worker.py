@@ -27,7 +27,8 @@ Exit status: 0 the worker stopped as asked (``--batch``, ``--max-tasks``, a sign
 1 the database or the store failed in a way retrying cannot cure; 2 invalid options or
 settings; 4 a task ran past ``TIMEOUT`` and its thread did not stop within ``--grace``
 of the interrupt, so the worker stopped for its supervisor to restart it (a thread
-cannot be killed, only its process).
+cannot be killed, only its process); 128 + the signal's number (130 for SIGINT, 143
+for SIGTERM) a second signal made it exit at once.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class Command(JobStateCommand):
         "run in threads, retry, time out, recover crashed workers' tasks. The first "
         "SIGTERM/SIGINT finishes the running tasks (up to --grace) and exits 0; a second "
         "exits at once. Exit status: 0 stopped as asked, 1 database or store failure, "
-        "2 invalid options or settings, 4 a timed-out task's thread did not stop."
+        "2 invalid options or settings, 4 a timed-out task's thread did not stop, "
+        "128 + the signal's number (130 SIGINT, 143 SIGTERM) a second signal."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -94,8 +94,11 @@ def optional_text(value: Any, *, field: str, limit: int) -> None:
     a text column can hold."""
     if not isinstance(value, str):
         raise InvalidJobState(f"{field} must be a string, got {type(value).__name__}.")
-    if len(value) > limit or text_problem(value):
-        raise InvalidJobState(f"{field} must be at most {limit} characters, without NUL.")
+    if len(value) > limit:
+        raise InvalidJobState(f"{field} must be at most {limit} characters.")
+    problem = text_problem(value)
+    if problem:
+        raise InvalidJobState(f"{field} {problem}.")
 
 
 def validate_audit_text(*, title: str, summary: str) -> None:
