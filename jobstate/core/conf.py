@@ -227,12 +227,29 @@ class JobStateSettings:
                 checked_value(name, user.get(name, default))
             except ImproperlyConfigured as exc:
                 problems.append(str(exc))
+        if not problems:
+            problems += _pair_problems(user)
         return problems
 
     def reload(self) -> None:
         for name in list(self._cache):
             self.__dict__.pop(name, None)
         self._cache.clear()
+
+
+def _pair_problems(user: dict[Any, Any]) -> list[str]:
+    """Settings valid alone that contradict each other: a run's liveness budget below
+    two heartbeats, which the runner refuses at its start (every ``manage.py`` command
+    that runs an operations job would fail), is reported by the check instead."""
+    beat = user.get("HEARTBEAT_INTERVAL", DEFAULTS["HEARTBEAT_INTERVAL"])
+    stale = user.get("STALE_RUN_AFTER", DEFAULTS["STALE_RUN_AFTER"])
+    if stale < 2 * beat:
+        return [
+            f"JOBSTATE['STALE_RUN_AFTER'] ({stale}) must be at least twice "
+            f"JOBSTATE['HEARTBEAT_INTERVAL'] ({beat}), or a live run whose heartbeat is "
+            "a little late would be reaped."
+        ]
+    return []
 
 
 def unknown_setting_problems(user: dict[Any, Any]) -> list[str]:

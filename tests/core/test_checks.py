@@ -48,6 +48,7 @@ def test_the_default_settings_pass() -> None:
         ({"STATE_STORE": 5}, "STATE_STORE"),
         ({"RUN_STORE": "DatabaseJobRunStore"}, "RUN_STORE"),
         ({"REAP_SCOPE": "everything"}, "REAP_SCOPE"),
+        ({"STALE_RUN_AFTER": timedelta(seconds=10)}, "at least twice"),
     ],
 )
 def test_a_bad_setting_fails_the_check_at_start_up(
