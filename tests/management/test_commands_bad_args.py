@@ -49,6 +49,7 @@ CASES: list[tuple[list[str], str]] = [
     (["prune_jobstate", "--older-than", "0"], "--older-than"),
     (["prune_jobstate", "--older-than", "forever"], "--older-than"),
     (["prune_jobstate", "--older-than", "1e-13"], "--older-than"),
+    (["prune_jobstate", "--older-than", "1e30"], "above 0 and at most 100000, got 1e30"),
     (["prune_jobstate", "--dry-run", "--batch-size", "-1"], "--batch-size"),
     (["deliver_notifications", "--interval", "5"], "--interval needs --loop"),
     (["deliver_notifications", "--loop", "--interval", "1e12"], "--interval"),

@@ -72,7 +72,9 @@ def positive_days(text: str) -> timedelta:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
     if not days > 0 or days > 100_000:
-        raise argparse.ArgumentTypeError(f"must be a number of days above 0, got {text}")
+        raise argparse.ArgumentTypeError(
+            f"must be a number of days above 0 and at most 100000, got {text}"
+        )
     duration = timedelta(days=days)
     if not duration:
         raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {text}")
