@@ -7,7 +7,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -228,3 +228,17 @@ def test_a_remote_job_the_executor_crashed_on_expires_while_it_works_on_others()
     renewed = dict(Job.objects.filter(lease_until__gt=timezone.now()).values_list("id", "status"))
     assert renewed == {busy.id: JobStatus.DISPATCHED}
     assert [item.job.id for item in held] == [busy.id]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--iterations", "-5"], "argument --iterations: must be at least 1, got -5"),
+        (["--iterations", "0"], "argument --iterations: must be at least 1, got 0"),
+        (["--tick", "1e30"], "argument --tick: must be a number of seconds above 0 and under"),
+    ],
+)
+def test_demo_traffic_refuses_a_count_or_a_tick_it_cannot_run(args: list[str], said: str) -> None:
+    with pytest.raises(CommandError, match=said):
+        call_command("demo_traffic", *args, stdout=StringIO())
+    assert not Job.objects.exists()

@@ -89,7 +89,19 @@ def _seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value < 86_400:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and under 86400, got {text}"
+        )
+    return value
+
+
+def _ticks(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
@@ -123,7 +135,7 @@ class Command(BaseCommand):
             help="Seconds between runs of the reaping sweeps.",
         )
         parser.add_argument(
-            "--iterations", type=int, default=None, help="Stop after this many ticks."
+            "--iterations", type=_ticks, default=None, help="Stop after this many ticks."
         )
         parser.add_argument("--seed", type=int, default=None, help="Random seed (repeatable).")
         parser.add_argument(
