@@ -267,6 +267,20 @@ def test_a_state_store_without_tasks_is_refused(settings: Any) -> None:
     assert raised.value.returncode == 2
 
 
+def test_a_bad_jobstate_setting_stops_the_process_with_the_usage_status(settings: Any) -> None:
+    """Status 2 is the worker's for invalid options or settings; a ``JOBSTATE`` value the
+    system check refuses exited 1, the status of a database failure."""
+    options = use_options(settings)
+    worker = start_worker("--batch", options=options, JOBSTATE_TEST_MAX_PAYLOAD_BYTES="0")
+    try:
+        code, _out, err = finish(worker)
+    finally:
+        stop(worker)
+    assert code == 2, err
+    assert "jobstate.E001" in err and "MAX_PAYLOAD_BYTES" in err, err
+    assert "Traceback" not in err, err
+
+
 def test_invalid_numbers_are_refused_by_the_process(settings: Any) -> None:
     options = use_options(settings)
     for args in (["--concurrency", "0"], ["--grace", "-1"], ["--max-tasks", "x"]):

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    OutputWrapper,
+    SystemCheckError,
+)
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.checks import MAINTENANCE_CHECKS
@@ -295,6 +301,11 @@ class JobStateCommand(BaseCommand):
         alias = options.get("database") or DEFAULT_DB_ALIAS
         try:
             return super().execute(*args, **options)
+        except SystemCheckError as exc:
+            # A setting the checks refuse is a usage error, like a bad option: status 2
+            # (Django's own status for it is 1, which jobstate's commands keep for a
+            # database or store that failed).
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except (CommandError, DatabaseError, StoreError) as exc:
             if not _database_failure(exc) or alias not in connections:
                 raise
