@@ -489,3 +489,62 @@ def test_a_batch_claim_takes_a_thread_s_oldest_job_when_its_first_read_brings_tw
     waiting = Job.objects.get(request_id="t7-younger")
     assert waiting.status == JobStatus.QUEUED
     assert store.claim_next_inhub_jobs(["batch"], "worker", limit=3) == []
+
+
+@pytest.mark.mysql
+@pytest.mark.only_on("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_loses_a_deadlock_runs_again_instead_of_failing() -> None:
+    """A claim creates a thread's gate row with an INSERT that waits for a concurrent
+    transaction inserting the same row; when that transaction then waits for the job
+    row the claim holds, InnoDB rolls the claim back (the lighter of the two) with a
+    deadlock. The claim, rolled back whole, runs again rather than raise
+    ``StoreConflict``: here it then finds the job held by the other and claims nothing."""
+    from jobstate.stores.database.backends.mysql import THREAD_GATE_TABLE
+
+    store = DatabaseStateStore()
+    job = store.create_job(request_id="gated", target="deadlock", thread_id=4242)
+    Job.objects.bulk_create(Job(request_id=f"filler-{n}", target="filler") for n in range(300))
+    other = connections.create_connection("default")
+    outcome: dict[str, Any] = {}
+
+    def claim() -> None:
+        try:
+            outcome["claimed"] = store.claim_next_inhub_job(["deadlock"], "claimer")
+        except StoreError as exc:
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    try:
+        with other.cursor() as cursor:
+            other.set_autocommit(False)
+            # The other transaction: the thread's gate row (not committed) and enough
+            # written that InnoDB picks the claim as the deadlock's victim.
+            cursor.execute(f"INSERT INTO {THREAD_GATE_TABLE} (thread_id) VALUES (4242)")
+            cursor.execute("UPDATE jobstate_job SET source = 'heavy' WHERE target = 'filler'")
+            claimer = threading.Thread(target=claim)
+            claimer.start()
+            # The claim waits at its INSERT of the gate row the other transaction holds.
+            waiting = (
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                f"WHERE INFO LIKE 'INSERT IGNORE INTO {THREAD_GATE_TABLE}%%'"
+            )
+            with connections.create_connection("default").cursor() as probe:
+                for _ in range(1000):
+                    probe.execute(waiting)
+                    if probe.fetchone()[0]:
+                        break
+                    threading.Event().wait(0.01)
+                else:
+                    pytest.fail(f"the claim never reached the gate row: {outcome}")
+            # The job row the claim holds: a cycle, which InnoDB breaks at once.
+            cursor.execute("SELECT id FROM jobstate_job WHERE request_id = 'gated' FOR UPDATE")
+            claimer.join(timeout=30)
+            other.rollback()
+    finally:
+        other.close()
+    assert "error" not in outcome, outcome
+    assert outcome["claimed"] is None  # the job was the other transaction's by then
+    again = store.claim_next_inhub_job(["deadlock"], "claimer")
+    assert again is not None and again.id == job.id

@@ -43,6 +43,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import OperationalError, connections
 from django.db.models import Exists
 from django.db.models.functions import Now
 
@@ -63,7 +64,25 @@ def claim(
     using: str, scope: list[str], owner: str, lease: timedelta, status: JobStatus, limit: int
 ) -> list[Job]:
     """Claim up to ``limit`` ready jobs of ``scope`` that pass the per-thread gate, each
-    moved to ``status``; at most one job of a thread. Oldest first."""
+    moved to ``status``; at most one job of a thread. Oldest first. A claim that lost a
+    deadlock was rolled back whole and runs again (``claim_rounds``), unless it ran
+    inside the caller's transaction, which the rollback took too."""
+    ops = database_ops(using)
+    connection = connections[using]
+    own = not connection.in_atomic_block and connection.get_autocommit()
+    rounds = ops.claim_rounds if own else 1
+    for round_ in range(1, rounds + 1):
+        try:
+            return _claim_once(using, scope, owner, lease, status, limit)
+        except OperationalError as exc:
+            if round_ == rounds or not ops.deadlocked(exc):
+                raise
+    raise AssertionError("unreachable: the last round returns or raises")
+
+
+def _claim_once(
+    using: str, scope: list[str], owner: str, lease: timedelta, status: JobStatus, limit: int
+) -> list[Job]:
     ops = database_ops(using)
     taken: list[Job] = []
     clocks: list[datetime] = []

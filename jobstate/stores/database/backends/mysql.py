@@ -71,6 +71,12 @@ class MySQLOperations(BackendOperations):
     # loser's whole transaction back, and the batch can simply run again.
     delete_rounds = 5
 
+    # A claim creates the gate rows of threads never gated before with one INSERT, which
+    # waits for a concurrent claim inserting the same thread's row; if that claim waits
+    # for a row this one holds, InnoDB rolls one of them back whole, and it can simply
+    # run again.
+    claim_rounds = 3
+
     # A locking read whose order no index serves (a sort) locks every candidate it reads
     # before the limit applies, so a second sweeper would find all of them held.
     locks_every_row_read = True

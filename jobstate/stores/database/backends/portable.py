@@ -79,6 +79,9 @@ class BackendOperations:
     #: How often a batched delete runs before it gives up on a deadlock
     #: (:meth:`deadlocked`).
     delete_rounds = 1
+    #: How often a claim in sets (:mod:`..set_claims`) runs before it gives up on a
+    #: deadlock.
+    claim_rounds = 1
 
     #: Whether a locking read locks every row it reads, not just those it returns, when
     #: no index serves its order (then a batched delete locks its candidates by key).
