@@ -73,14 +73,21 @@ HOLD_LIMIT = 5
 DEMO_STALE_RUN_AFTER = timedelta(minutes=1)
 
 
-def _attempts(text: str) -> int:
+def _integer(text: str, *, most: int | None = None) -> int:
+    """A count option: an integer of at least 1 (and at most ``most``)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 100, got {value}")
+    if most is not None and not 1 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {most}, got {value}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _attempts(text: str) -> int:
+    return _integer(text, most=100)
 
 
 def _seconds(text: str) -> float:
@@ -92,16 +99,6 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"must be a number of seconds above 0 and under 86400, got {text}"
         )
-    return value
-
-
-def _ticks(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
@@ -135,7 +132,7 @@ class Command(BaseCommand):
             help="Seconds between runs of the reaping sweeps.",
         )
         parser.add_argument(
-            "--iterations", type=_ticks, default=None, help="Stop after this many ticks."
+            "--iterations", type=_integer, default=None, help="Stop after this many ticks."
         )
         parser.add_argument("--seed", type=int, default=None, help="Random seed (repeatable).")
         parser.add_argument(
