@@ -131,9 +131,12 @@ def kills_then_fails(pid: int) -> None:
 
 
 @task
-def floods_the_log(lines: int) -> None:
+def floods_the_log(lines: int, marker: str | None = None) -> None:
     """Logs ``lines`` warnings of a kilobyte each: more than a pipe holds, so a worker
-    whose stderr nobody reads blocks in the middle of writing them."""
+    whose stderr nobody reads blocks in the middle of writing them. Creates the file
+    ``marker`` first, when given, to tell a test it has started."""
+    if marker is not None:
+        Path(marker).touch()
     flood = logging.getLogger("tests.flood")
     for number in range(lines):
         flood.warning("line %d of the flood: %s", number, "x" * 1000)

@@ -133,12 +133,17 @@ def signal_twice(worker: subprocess.Popen[str]) -> None:
     worker.send_signal(signal.SIGTERM)
 
 
-def test_a_second_signal_exits_at_once_and_the_lease_brings_the_task_back(settings: Any) -> None:
+def test_a_second_signal_exits_at_once_and_the_lease_brings_the_task_back(
+    settings: Any, tmp_path: Path
+) -> None:
     options = use_options(settings, MAX_ATTEMPTS=2, LEASE=1.0)
-    slow = started_then_sleeps.enqueue(30)
+    marker = tmp_path / "started"
+    slow = started_then_sleeps.enqueue(30, str(marker))
     worker = start_worker("--grace", "60", "--worker-id", "impatient", options=options)
     try:
-        wait_for(lambda: running(slow.id), what="the task to start")
+        # The task's own start, not its claim: a graceful stop hands back a task claimed
+        # but not yet started and the worker exits before the second signal comes.
+        wait_for(marker.exists, what="the task to start")
         signal_twice(worker)
         code, _out, err = finish(worker, timeout=10)
     finally:
@@ -152,16 +157,19 @@ def test_a_second_signal_exits_at_once_and_the_lease_brings_the_task_back(settin
     assert result.status == READY and result.worker_ids == ["impatient"]
 
 
-def test_a_second_signal_exits_at_once_even_when_the_log_blocks(settings: Any) -> None:
+def test_a_second_signal_exits_at_once_even_when_the_log_blocks(
+    settings: Any, tmp_path: Path
+) -> None:
     # The worker's stderr is a pipe nobody reads (a supervisor that stopped reading it):
     # a task logging a lot fills it and blocks while writing, holding the stream. The
     # worker's own log lines, and the flush before it exits, then block too; the second
     # signal must still end the process.
     options = use_options(settings, MAX_ATTEMPTS=1, LEASE=1.0)
-    flood = floods_the_log.enqueue(2000)
+    marker = tmp_path / "started"
+    floods_the_log.enqueue(2000, str(marker))
     worker = start_worker("--grace", "60", options=options)
     try:
-        wait_for(lambda: running(flood.id), what="the flooding task to start")
+        wait_for(marker.exists, what="the flooding task to start")
         time.sleep(1)  # the pipe fills
         signal_twice(worker)
         try:
