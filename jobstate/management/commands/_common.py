@@ -298,6 +298,7 @@ class JobStateCommand(BaseCommand):
     requires_system_checks = MAINTENANCE_CHECKS
 
     def execute(self, *args: Any, **options: Any) -> Any:
+        options = self._typed_options(options)
         alias = options.get("database") or DEFAULT_DB_ALIAS
         try:
             return super().execute(*args, **options)
@@ -313,6 +314,27 @@ class JobStateCommand(BaseCommand):
             if unmigrated is None:
                 raise
             raise unmigrated from exc
+
+    def _typed_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The options with every text or number put through its option's type, as
+        the command line would have. ``call_command(name, interval=-1)`` hands its
+        keyword values to the command as they are, past argparse's types: without this
+        a wrong value fails deep in the command with a bare ``AttributeError`` or
+        ``TypeError``, where from the command line it is refused with status 2. A value
+        of the type an option produces (a ``timedelta``, a list) is the caller's own and
+        left to the command's checks; parsed values pass through again unchanged."""
+        name = type(self).__module__.rsplit(".", 1)[-1]
+        typed = dict(options)
+        for action in self.create_parser("manage.py", name)._actions:
+            value = typed.get(action.dest)
+            if not callable(action.type) or not isinstance(value, str | int | float):
+                continue
+            try:
+                typed[action.dest] = action.type(str(value))
+            except argparse.ArgumentTypeError as exc:
+                flag = max(action.option_strings, key=len, default=action.dest)
+                raise CommandError(f"argument {flag}: {exc}", returncode=EXIT_USAGE) from exc
+        return typed
 
 
 class SweepCommand(JobStateCommand):
