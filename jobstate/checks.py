@@ -25,6 +25,7 @@ class JobStateTags:
     tasks = "jobstate_tasks"
     schedules = "jobstate_schedules"
     operations = "jobstate_operations"
+    outbox = "jobstate_outbox"
 
 
 #: The checks a maintenance command or a worker runs before it starts: the ``JOBSTATE``
@@ -40,6 +41,7 @@ JOBSTATE_CHECKS = [
     JobStateTags.tasks,
     JobStateTags.schedules,
     JobStateTags.operations,
+    JobStateTags.outbox,
 ]
 
 
@@ -131,6 +133,38 @@ def check_operations_modules(**kwargs: Any) -> list[CheckMessage]:
         )
         for problem in problems
     ]
+
+
+@register(JobStateTags.outbox)
+def check_channels(**kwargs: Any) -> list[CheckMessage]:
+    """Each channel of ``JOBSTATE["CHANNELS"]`` imports to a class (``jobstate.E003``): a
+    misspelt path would otherwise fail every notification of that channel at its send.
+    No command requires this check: the relay goes on delivering the other channels."""
+    from django.utils.module_loading import import_string
+
+    try:
+        channels = jobstate_settings.CHANNELS
+    except ImproperlyConfigured:
+        return []  # jobstate.E001 says what is wrong with the setting
+    messages: list[CheckMessage] = []
+    for name, path in channels.items():
+        try:
+            loaded = import_string(path)
+        except ImportError as exc:
+            problem = f"does not import ({exc})"
+        else:
+            if isinstance(loaded, type):
+                continue
+            problem = f"is a {type(loaded).__name__}, not a class"
+        messages.append(
+            Error(
+                f"JOBSTATE['CHANNELS'][{name!r}] = {path!r} {problem}: every notification "
+                "sent through it would fail.",
+                hint="Name the channel's class by its dotted path; see docs/outbox.md.",
+                id="jobstate.E003",
+            )
+        )
+    return messages
 
 
 #: How a host accepts a weaker guarantee knowingly: Django's own list of silenced checks.

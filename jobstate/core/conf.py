@@ -319,6 +319,16 @@ def _check_shape(name: str, value: Any) -> None:
             "JOBSTATE['CONNECTION_POOLER'] must be None or 'transaction' (a pooler in "
             f"transaction mode, such as PgBouncer's default), got {value!r}."
         )
+    # Each path is imported by the outbox's own check (jobstate.E003); here the shape.
+    if name == "CHANNELS" and not (
+        isinstance(value, dict)
+        and all(isinstance(key, str) and key for key in value)
+        and all(isinstance(path, str) and "." in path.strip(".") for path in value.values())
+    ):
+        raise ImproperlyConfigured(
+            "JOBSTATE['CHANNELS'] must be a dict of channel name -> dotted path of a "
+            f"channel class ('package.module.ClassName'), got {value!r}."
+        )
     # Each schedule's own keys are checked by jobstate.schedules (jobstate.E030), one
     # message per problem; here only what every reader relies on.
     if name == "SCHEDULES" and not isinstance(value, dict):

@@ -19,12 +19,14 @@ from django.core.management.base import SystemCheckError
 from django.db import connections
 
 from jobstate.checks import (
+    check_channels,
     check_database_guarantees,
     check_operations_modules,
     check_pooler_settings,
     check_schedules,
     check_settings,
 )
+from jobstate.management.commands.jobstate_ready import check_readiness
 
 
 def test_the_default_settings_pass() -> None:
@@ -49,6 +51,9 @@ def test_the_default_settings_pass() -> None:
         ({"RUN_STORE": "DatabaseJobRunStore"}, "RUN_STORE"),
         ({"REAP_SCOPE": "everything"}, "REAP_SCOPE"),
         ({"STALE_RUN_AFTER": timedelta(seconds=10)}, "at least twice"),
+        ({"CHANNELS": "webhook"}, "CHANNELS"),
+        ({"CHANNELS": {"webhook": "WebhookChannel"}}, "CHANNELS"),
+        ({"CHANNELS": {"": "jobstate.outbox.channels.WebhookChannel"}}, "CHANNELS"),
     ],
 )
 def test_a_bad_setting_fails_the_check_at_start_up(
@@ -242,6 +247,32 @@ def test_schedule_arguments_the_job_table_cannot_hold_fail_the_check(
     [message] = check_schedules()
     assert message.id == "jobstate.E030"
     assert "['nightly']['kwargs']" in message.msg and says in message.msg
+
+
+@pytest.mark.django_db
+def test_a_channel_that_does_not_import_to_a_class_fails_the_check(settings: Any) -> None:
+    # The relay would fail every notification of these channels at its send.
+    settings.JOBSTATE = {
+        "CHANNELS": {
+            "webhook": "jobstate.outbox.channels.WebhookChanel",
+            "email": "jobstate.outbox.relay.deliver_notifications",
+            "callable": "jobstate.outbox.channels.CallableChannel",
+        }
+    }
+
+    misspelt, not_a_class = check_channels()
+
+    assert {misspelt.id, not_a_class.id} == {"jobstate.E003"}
+    assert "['webhook'] = 'jobstate.outbox.channels.WebhookChanel' does not import" in (
+        misspelt.msg
+    )
+    assert "['email']" in not_a_class.msg and "is a function, not a class" in not_a_class.msg
+    with pytest.raises(SystemCheckError, match=r"jobstate\.E003"):
+        call_command("check")
+    # The readiness probe says so; the maintenance commands do not stop for it.
+    readiness = check_readiness("default")
+    assert not readiness.ready and "jobstate.E003" in readiness.detail
+    call_command("reap_stale", verbosity=0)
 
 
 @pytest.mark.django_db
