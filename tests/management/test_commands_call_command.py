@@ -52,3 +52,30 @@ def test_a_number_or_a_text_is_read_as_the_command_line_reads_it() -> None:
     call_command("prune_jobstate", "--older-than", "30", "--dry-run", "--json", stdout=as_arguments)
     assert as_keywords.getvalue() == as_arguments.getvalue()
     assert '"dry_run": true' in as_keywords.getvalue()
+
+
+#: A value of 100 kB, as a file pasted by mistake.
+PASTED = "9" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("command", "options"),
+    [
+        ("reap_stale", {"limit": PASTED}),
+        ("reap_stale", {"stale_after": PASTED}),
+        ("reap_stale", {"database": PASTED}),
+        ("prune_jobstate", {"older_than": PASTED}),
+        ("jobstate_worker", {"concurrency": PASTED, "batch": True}),
+        ("jobstate_worker", {"queue_name": f"{PASTED},", "batch": True}),
+        ("jobstate_worker", {"backend": PASTED, "batch": True}),
+    ],
+)
+def test_a_refused_value_of_100_kb_is_shown_cut_to_its_start_and_its_length(
+    command: str, options: dict[str, Any]
+) -> None:
+    with pytest.raises(CommandError) as refused:
+        call_command(command, **options)
+    message = str(refused.value)
+    assert len(message) < 400, message[:400]
+    assert "99999" in message
+    assert "characters)" in message

@@ -38,6 +38,26 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
+#: The most characters of a refused option value an error message repeats: a value of
+#: 100 kB (a file pasted by mistake) would otherwise fill the terminal or the cron mail.
+SHOWN_LIMIT = 80
+
+
+def quoted(text: str) -> str:
+    """``text`` quoted for an error message, cut after :data:`SHOWN_LIMIT` characters."""
+    if len(text) <= SHOWN_LIMIT:
+        return repr(text)
+    return f"{text[:SHOWN_LIMIT]!r}... ({len(text)} characters)"
+
+
+def plain(value: object) -> str:
+    """``value`` as an error message repeats it unquoted (a number), cut the same way."""
+    text = str(value)
+    if len(text) <= SHOWN_LIMIT:
+        return text
+    return f"{text[:SHOWN_LIMIT]}... ({len(text)} characters)"
+
+
 #: Longest ``--interval`` of a relay loop: a wait longer than a day is a typo, and
 #: ``threading.Event.wait`` refuses timeouts past ``threading.TIMEOUT_MAX``.
 INTERVAL_LIMIT = timedelta(days=1)
@@ -47,16 +67,16 @@ def _seconds(text: str, *, limit: timedelta) -> timedelta:
     try:
         seconds = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number of seconds") from None
     if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {plain(text)}")
     if seconds > limit.total_seconds():
         raise argparse.ArgumentTypeError(
-            f"must be at most {limit.total_seconds():.0f} seconds, got {text}"
+            f"must be at most {limit.total_seconds():.0f} seconds, got {plain(text)}"
         )
     duration = timedelta(seconds=seconds)
     if not duration:
-        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {text}")
+        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {plain(text)}")
     return duration
 
 
@@ -76,14 +96,14 @@ def positive_days(text: str) -> timedelta:
     try:
         days = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number of days") from None
     if not days > 0 or days > 100_000:
         raise argparse.ArgumentTypeError(
-            f"must be a number of days above 0 and at most 100000, got {text}"
+            f"must be a number of days above 0 and at most 100000, got {plain(text)}"
         )
     duration = timedelta(days=days)
     if not duration:
-        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {text}")
+        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {plain(text)}")
     return duration
 
 
@@ -93,11 +113,11 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not an integer") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {plain(value)}")
     if value > BIGINT_MAX:
-        raise argparse.ArgumentTypeError(f"must be at most {BIGINT_MAX}, got {value}")
+        raise argparse.ArgumentTypeError(f"must be at most {BIGINT_MAX}, got {plain(value)}")
     return value
 
 
@@ -115,7 +135,8 @@ def known_database(alias: str) -> str:
     """``--database``: an alias from ``settings.DATABASES``, else exit status 2."""
     if alias not in connections:
         raise CommandError(
-            f"--database {alias!r} is not in settings.DATABASES (known: {', '.join(connections)}).",
+            f"--database {quoted(alias)} is not in settings.DATABASES "
+            f"(known: {', '.join(connections)}).",
             returncode=EXIT_USAGE,
         )
     return alias
@@ -129,7 +150,8 @@ def backend_named(alias: str) -> Any:
     known = list(task_backends.settings)
     if alias not in known:
         raise CommandError(
-            f"--backend {alias!r} is not in settings.TASKS (known: {', '.join(known) or 'none'}).",
+            f"--backend {quoted(alias)} is not in settings.TASKS "
+            f"(known: {', '.join(known) or 'none'}).",
             returncode=EXIT_USAGE,
         )
     try:

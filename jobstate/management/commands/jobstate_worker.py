@@ -55,6 +55,8 @@ from ._common import (
     checked_name,
     command_error,
     interval_seconds,
+    plain,
+    quoted,
     require_migrated,
 )
 
@@ -76,9 +78,11 @@ def _concurrency(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not an integer") from None
     if not 1 <= value <= CONCURRENCY_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be from 1 to {CONCURRENCY_LIMIT}, got {value}")
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {CONCURRENCY_LIMIT}, got {plain(value)}"
+        )
     return value
 
 
@@ -86,9 +90,9 @@ def _max_tasks(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not an integer") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {plain(value)}")
     return value
 
 
@@ -96,10 +100,10 @@ def _grace(text: str) -> float:
     try:
         seconds = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number of seconds") from None
     if not 0 <= seconds <= GRACE_LIMIT_SECONDS:
         raise argparse.ArgumentTypeError(
-            f"must be from 0 to {GRACE_LIMIT_SECONDS:g} seconds, got {text}"
+            f"must be from 0 to {GRACE_LIMIT_SECONDS:g} seconds, got {plain(text)}"
         )
     return seconds
 
@@ -110,7 +114,7 @@ def _queue_names(text: str) -> list[str] | None:
     names = [name.strip() for name in text.split(",")]
     if not all(names):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of queue names (or '*')"
+            f"{quoted(text)} is not a comma-separated list of queue names (or '*')"
         )
     return list(dict.fromkeys(names))
 
@@ -270,7 +274,7 @@ class Command(JobStateCommand):
         unknown = [name for name in queues or () if backend.queues and name not in backend.queues]
         if unknown:
             raise CommandError(
-                f"--queue-name names {', '.join(map(repr, unknown))}, not in "
+                f"--queue-name names {', '.join(map(quoted, unknown))}, not in "
                 f"TASKS[{backend.alias!r}]['QUEUES'] ({', '.join(sorted(backend.queues))}).",
                 returncode=EXIT_USAGE,
             )
