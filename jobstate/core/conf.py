@@ -240,16 +240,27 @@ class JobStateSettings:
 def _pair_problems(user: dict[Any, Any]) -> list[str]:
     """Settings valid alone that contradict each other: a run's liveness budget below
     two heartbeats, which the runner refuses at its start (every ``manage.py`` command
-    that runs an operations job would fail), is reported by the check instead."""
+    that runs an operations job would fail), is reported by the check instead; so is a
+    first retry delay of the outbox longer than its longest, which would leave the
+    backoff no room to grow (every retry would wait the longest delay)."""
+    problems = []
     beat = user.get("HEARTBEAT_INTERVAL", DEFAULTS["HEARTBEAT_INTERVAL"])
     stale = user.get("STALE_RUN_AFTER", DEFAULTS["STALE_RUN_AFTER"])
     if stale < 2 * beat:
-        return [
+        problems.append(
             f"JOBSTATE['STALE_RUN_AFTER'] ({stale}) must be at least twice "
             f"JOBSTATE['HEARTBEAT_INTERVAL'] ({beat}), or a live run whose heartbeat is "
             "a little late would be reaped."
-        ]
-    return []
+        )
+    base = user.get("OUTBOX_BACKOFF_BASE", DEFAULTS["OUTBOX_BACKOFF_BASE"])
+    longest = user.get("OUTBOX_BACKOFF_MAX", DEFAULTS["OUTBOX_BACKOFF_MAX"])
+    if base > longest:
+        problems.append(
+            f"JOBSTATE['OUTBOX_BACKOFF_BASE'] ({base}), the first retry's delay, must not "
+            f"be longer than JOBSTATE['OUTBOX_BACKOFF_MAX'] ({longest}), the longest: "
+            "every retry would wait the longest delay."
+        )
+    return problems
 
 
 def unknown_setting_problems(user: dict[Any, Any]) -> list[str]:

@@ -51,6 +51,7 @@ def test_the_default_settings_pass() -> None:
         ({"RUN_STORE": "DatabaseJobRunStore"}, "RUN_STORE"),
         ({"REAP_SCOPE": "everything"}, "REAP_SCOPE"),
         ({"STALE_RUN_AFTER": timedelta(seconds=10)}, "at least twice"),
+        ({"OUTBOX_BACKOFF_BASE": timedelta(hours=2)}, "OUTBOX_BACKOFF_BASE"),
         ({"CHANNELS": "webhook"}, "CHANNELS"),
         ({"CHANNELS": {"webhook": "WebhookChannel"}}, "CHANNELS"),
         ({"CHANNELS": {"": "jobstate.outbox.channels.WebhookChannel"}}, "CHANNELS"),
