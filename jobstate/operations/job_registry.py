@@ -25,6 +25,7 @@ from jobstate.exceptions import (
     OperationsJobInputError,
     UnknownOperationsJob,
 )
+from jobstate.stores.contracts.validation import DURATION_LIMIT
 
 # The context module imports neither this module nor the runner, so the body's type
 # needs no import back from the runner that executes it.
@@ -110,6 +111,14 @@ class OperationsJob:
             raise InvalidOperationsJob(
                 f"{self.key}: timeout must be a positive datetime.timedelta or None, "
                 f"got {self.timeout!r}."
+            )
+        # A run's deadline is its start plus the timeout: past the longest duration a
+        # store accepts it would not be a date at all, and a run would fail after its
+        # row was written.
+        if self.timeout is not None and self.timeout > DURATION_LIMIT:
+            raise InvalidOperationsJob(
+                f"{self.key}: timeout must be at most {DURATION_LIMIT.days} days, "
+                f"got {self.timeout}."
             )
         schema = self.input_schema
         if schema is not None and not (

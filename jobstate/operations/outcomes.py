@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
+from jobstate.core.attempt_log import storable_text
 from jobstate.core.jsonvalues import ensure_json
 from jobstate.exceptions import InvalidPayload
 from jobstate.stores.base import JobRunStatus
@@ -146,10 +147,12 @@ def abort_verdict(reason: RunReason, *, timeout: timedelta, stale_run_after: tim
 
 
 def truncate_error_text(text: str, limit: int) -> str:
-    """``text`` as a run row can hold it: NUL made visible, at most ``limit`` characters,
-    a cut marked at the end."""
+    """``text`` as a run row can hold it: NUL made visible, a lone surrogate (an
+    undecodable file name in a message) replaced, at most ``limit`` characters, a cut
+    marked at the end."""
     # PostgreSQL text cannot hold NUL; keep the character visible instead of failing.
-    text = text.replace("\x00", "\\x00")
+    # No database holds a lone surrogate: the store would refuse the run's last write.
+    text = storable_text(text.replace("\x00", "\\x00"))
     if len(text) <= limit:
         return text
     if limit <= len(_ERROR_TRUNCATION_MARK):

@@ -63,6 +63,9 @@ _PATH_LIMIT = 300
 _QUEUE_LIMIT = 100
 _CRON_LIMIT = 200
 _PRIORITY_RANGE = (-100, 100)
+#: The most characters of a declared value a problem repeats: a value of 100 kB would
+#: make one line of ``manage.py check`` that long.
+_SHOWN_LIMIT = 80
 
 # How far back an evaluation looks for the latest missed slots before it reads the
 # whole span since the watermark: each window is read only when the one before held
@@ -194,10 +197,19 @@ def _json_problem(value: Any, field: str) -> str | None:
     return None
 
 
+def _shown(value: object) -> str:
+    """``value`` as a problem repeats it: its ``repr``, cut after :data:`_SHOWN_LIMIT`
+    characters with the length of the whole."""
+    text = repr(value)
+    if len(text) <= _SHOWN_LIMIT:
+        return text
+    return f"{text[:_SHOWN_LIMIT]}... ({len(text)} characters)"
+
+
 def declaration_problems(key: Any, declared: Any) -> list[str]:
     """Every problem of one ``SCHEDULES`` entry, one sentence each, naming the schedule
     and the key at fault; ``[]`` when it is good."""
-    where = f"JOBSTATE['SCHEDULES'][{key!r}]"
+    where = f"JOBSTATE['SCHEDULES'][{_shown(key)}]"
     if not isinstance(key, str) or len(key) > _KEY_LIMIT or not SCHEDULE_KEY_PATTERN.fullmatch(key):
         return [
             f"{where}: a schedule key is 1 to {_KEY_LIMIT} letters, digits, '.', '_', ':' or "
@@ -222,21 +234,21 @@ def declaration_problems(key: Any, declared: Any) -> list[str]:
     if "task" in declared and (
         _text(declared["task"], _PATH_LIMIT) is None or "." not in declared["task"]
     ):
-        problems.append(f"{where}['task'] must be a dotted path, got {declared['task']!r}.")
+        problems.append(f"{where}['task'] must be a dotted path, got {_shown(declared['task'])}.")
     if "operations_job" in declared and _text(declared["operations_job"], _PATH_LIMIT) is None:
         problems.append(
             f"{where}['operations_job'] must be an operations job's key, got "
-            f"{declared['operations_job']!r}."
+            f"{_shown(declared['operations_job'])}."
         )
     problems += _cron_problems(where, declared)
     problems += _argument_problems(where, declared)
     catch_up = declared.get("catch_up", CatchUp.LATEST.value)
     if catch_up not in CatchUp.values:
-        problems.append(f"{where}['catch_up'] must be 'latest' or 'all', got {catch_up!r}.")
+        problems.append(f"{where}['catch_up'] must be 'latest' or 'all', got {_shown(catch_up)}.")
     if "queue_name" in declared and _text(declared["queue_name"], _QUEUE_LIMIT) is None:
         problems.append(
             f"{where}['queue_name'] must be a queue name (a non-empty string of at most "
-            f"{_QUEUE_LIMIT} characters), got {declared['queue_name']!r}."
+            f"{_QUEUE_LIMIT} characters), got {_shown(declared['queue_name'])}."
         )
     priority = declared.get("priority")
     low, high = _PRIORITY_RANGE
@@ -244,10 +256,12 @@ def declaration_problems(key: Any, declared: Any) -> list[str]:
         isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high
     ):
         problems.append(
-            f"{where}['priority'] must be an int from {low} to {high}, got {priority!r}."
+            f"{where}['priority'] must be an int from {low} to {high}, got {_shown(priority)}."
         )
     if "backend" in declared and _text(declared["backend"], _QUEUE_LIMIT) is None:
-        problems.append(f"{where}['backend'] must be a TASKS alias, got {declared['backend']!r}.")
+        problems.append(
+            f"{where}['backend'] must be a TASKS alias, got {_shown(declared['backend'])}."
+        )
     return problems
 
 
@@ -256,24 +270,24 @@ def _cron_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
     zone: ZoneInfo | None = None
     name = declared.get("timezone", DEFAULT_TIMEZONE)
     if _text(name, 100) is None:
-        problems.append(f"{where}['timezone'] must be an IANA time zone name, got {name!r}.")
+        problems.append(f"{where}['timezone'] must be an IANA time zone name, got {_shown(name)}.")
     else:
         try:
             zone = ZoneInfo(name)
         except (ZoneInfoNotFoundError, ValueError):
             problems.append(
-                f"{where}['timezone'] {name!r} is not a time zone this system knows "
+                f"{where}['timezone'] {_shown(name)} is not a time zone this system knows "
                 "(an IANA name such as 'Europe/Berlin' or 'UTC')."
             )
     if "cron" not in declared:
         return [*problems, f"{where} has no 'cron' expression."]
     cron = declared["cron"]
     if _text(cron, _CRON_LIMIT) is None:
-        return [*problems, f"{where}['cron'] must be a cron expression, got {cron!r}."]
+        return [*problems, f"{where}['cron'] must be a cron expression, got {_shown(cron)}."]
     if len(cron.split()) != 5:
         return [
             *problems,
-            f"{where}['cron'] {cron!r} must have 5 fields (minute hour day-of-month month "
+            f"{where}['cron'] {_shown(cron)} must have 5 fields (minute hour day-of-month month "
             "day-of-week); neither seconds nor a year are supported.",
         ]
     try:
@@ -281,7 +295,7 @@ def _cron_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
     except ValueError as exc:
         return [*problems, f"{where}['cron'] is not a valid cron expression: {exc.__cause__}."]
     if first is None:
-        problems.append(f"{where}['cron'] {cron!r} names no instant in the next 50 years.")
+        problems.append(f"{where}['cron'] {_shown(cron)} names no instant in the next 50 years.")
     return problems
 
 
@@ -298,7 +312,7 @@ def _argument_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
         )
     kwargs = declared.get("kwargs", {})
     if not isinstance(kwargs, Mapping) or not all(isinstance(name, str) for name in kwargs):
-        problems.append(f"{where}['kwargs'] must be a dict with string keys, got {kwargs!r}.")
+        problems.append(f"{where}['kwargs'] must be a dict with string keys, got {_shown(kwargs)}.")
     elif problem := _json_problem(dict(kwargs), f"{where}['kwargs']"):
         problems.append(problem)
     return problems

@@ -250,6 +250,18 @@ def test_schedule_arguments_the_job_table_cannot_hold_fail_the_check(
     assert "['nightly']['kwargs']" in message.msg and says in message.msg
 
 
+def test_a_cron_of_100_kb_is_shown_cut_to_its_start_and_its_length(settings: Any) -> None:
+    # One line of `manage.py check` would otherwise be 100 kB long.
+    pasted = "1," * 50_000 + "2 * * * *"
+    settings.JOBSTATE = {
+        "SCHEDULES": {"pasted": {"task": "project.demo.tasks.send_welcome_email", "cron": pasted}}
+    }
+    [message] = check_schedules()
+    assert message.id == "jobstate.E030"
+    assert "['cron'] must be a cron expression, got '1,1,1," in message.msg
+    assert f"({len(repr(pasted))} characters)" in message.msg and len(message.msg) < 300
+
+
 @pytest.mark.django_db
 def test_a_channel_that_does_not_import_to_a_class_fails_the_check(settings: Any) -> None:
     # The relay would fail every notification of these channels at its send.

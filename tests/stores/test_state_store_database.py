@@ -15,7 +15,7 @@ from django.db.models.signals import post_init, pre_init
 from django.test.utils import CaptureQueriesContext
 
 from jobstate.core.conf import jobstate_settings
-from jobstate.exceptions import DuplicateRequestId, ImproperlyConfiguredStore
+from jobstate.exceptions import DuplicateRequestId, ImproperlyConfiguredStore, LockHeld
 from jobstate.models import (
     JOB_UNIQUE_REQUEST_ID,
     AuditEntry,
@@ -24,7 +24,7 @@ from jobstate.models import (
     time_ordered_uuid,
 )
 from jobstate.stores import get_state_store
-from jobstate.stores.base import JobStatus
+from jobstate.stores.base import JobStatus, StateStore, runtime_lock
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 
@@ -242,6 +242,20 @@ def test_lock_expiry_follows_the_database_clock(store) -> None:
     assert RuntimeLock.objects.get(lock_key="k").owner == "b"
     store.release_runtime_lock("k", "b")
     assert not RuntimeLock.objects.exists()
+
+
+def test_a_nested_block_of_the_same_owner_leaves_the_lock_to_the_outer_one(
+    any_store: StateStore,
+) -> None:
+    held = any_store
+    with runtime_lock(held, "nightly", "alice", timedelta(minutes=5)):
+        with runtime_lock(held, "nightly", "alice", timedelta(minutes=5)):
+            pass
+        # Still inside alice's outer block: the key is not free for bob.
+        assert not held.acquire_runtime_lock("nightly", "bob", timedelta(minutes=5))
+        with pytest.raises(LockHeld), runtime_lock(held, "nightly", "bob", timedelta(minutes=5)):
+            pass
+    assert held.acquire_runtime_lock("nightly", "bob", timedelta(minutes=5))
 
 
 # --- PostgreSQL: SKIP LOCKED -------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 
 from jobstate.exceptions import LockHeld
@@ -87,6 +88,11 @@ class StateStore(
     """
 
 
+#: The runtime locks the ``runtime_lock`` blocks of this thread (or task) hold, each
+#: with how many blocks hold it: (the store's database or the store, key, owner).
+_HELD: ContextVar[dict[tuple[object, str, str], int]] = ContextVar("jobstate_runtime_locks")
+
+
 @contextmanager
 def runtime_lock(store: StateStore, lock_key: str, owner: str, ttl: timedelta) -> Iterator[None]:
     """Hold a runtime lock for the ``with`` block and release it afterwards.
@@ -94,10 +100,20 @@ def runtime_lock(store: StateStore, lock_key: str, owner: str, ttl: timedelta) -
     Raises :class:`~jobstate.exceptions.LockHeld` (and runs nothing) when another owner
     holds the key. The lock is not renewed while the block runs: pick a ``ttl`` longer
     than the block, or renew with ``acquire_runtime_lock`` from inside it.
+
+    A block for the same key and owner nested inside one of this thread renews the lock
+    and leaves it held when it ends: only the outermost block releases it (the inner
+    block's release would otherwise free the key while the outer one still relies on
+    it). Blocks of other threads or processes are not counted: give each its own owner.
     """
     if not store.acquire_runtime_lock(lock_key, owner, ttl):
         raise LockHeld(f"runtime lock {lock_key!r} is held by another owner.", lock_key=lock_key)
+    held = _HELD.get({})
+    entry = (getattr(store, "using", store), lock_key, owner)
+    token = _HELD.set({**held, entry: held.get(entry, 0) + 1})
     try:
         yield
     finally:
-        store.release_runtime_lock(lock_key, owner)
+        _HELD.reset(token)
+        if entry not in held:
+            store.release_runtime_lock(lock_key, owner)

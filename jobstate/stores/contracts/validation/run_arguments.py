@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import TERMINAL_RUN_STATUSES, JobRunStatus, Trigger
 from jobstate.exceptions import InvalidJobState, InvalidRunnerConfiguration
 from jobstate.stores.contracts.validation.values import (
@@ -103,8 +104,9 @@ def validate_reap_limit(limit: int | None) -> int | None:
 
 
 def validate_error_text(error: str | None) -> str | None:
-    """Error text is stored as given; it must be a string without NUL characters (which
-    PostgreSQL text columns cannot hold)."""
+    """Error text is stored cut to ``JOBSTATE["ERROR_TEXT_LIMIT"]`` characters; it must
+    be a string without NUL characters (which PostgreSQL text columns cannot hold) or
+    lone surrogates."""
 
     if error is None:
         return None
@@ -113,7 +115,7 @@ def validate_error_text(error: str | None) -> str | None:
     problem = text_problem(error)
     if problem:
         raise InvalidJobState(f"error {problem}.")
-    return error
+    return error[: jobstate_settings.ERROR_TEXT_LIMIT]
 
 
 def validate_skip_reason(reason: str) -> str:
