@@ -21,6 +21,7 @@ any process. The options are described in :mod:`jobstate.tasks.options`.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 from functools import cached_property
 from typing import Any, cast
 
@@ -36,6 +37,7 @@ from jobstate.stores.base import StateStore
 from jobstate.stores.contracts.validation import parse_uuid
 from jobstate.tasks.compat import (
     BaseTaskBackend,
+    InvalidTask,
     Task,
     TaskResult,
     TaskResultDoesNotExist,
@@ -86,6 +88,20 @@ class JobStateBackend(BaseTaskBackend):
         return get_state_store()
 
     # --- Django's interface -------------------------------------------------------------
+
+    def validate_task(self, task: Task[Any, Any]) -> None:
+        """Django's checks of a task, with a ``run_after`` that is not a datetime and a
+        ``priority`` that is not a number refused by name first: Django's own checks
+        fail on them with a bare ``AttributeError`` or ``TypeError``."""
+        if task.run_after is not None and not isinstance(task.run_after, datetime):
+            raise InvalidTask(
+                f"run_after must be an aware datetime, got {type(task.run_after).__name__}."
+            )
+        if isinstance(task.priority, bool) or not isinstance(task.priority, int | float):
+            raise InvalidTask(
+                f"priority must be a whole number, got {type(task.priority).__name__}."
+            )
+        super().validate_task(task)
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Queue ``task`` with ``args`` and ``kwargs`` (JSON: tuples become lists) and

@@ -149,6 +149,25 @@ def test_a_task_that_cannot_be_queued_raises_and_writes_nothing(make: Any, error
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"run_after": timedelta(days=1)}, "run_after must be an aware datetime, got timedelta."),
+        ({"run_after": "2027-01-01"}, "run_after must be an aware datetime, got str."),
+        ({"priority": "5"}, "priority must be a whole number, got str."),
+        ({"priority": True}, "priority must be a whole number, got bool."),
+    ],
+)
+def test_a_run_after_or_priority_of_the_wrong_type_is_refused_by_name(
+    options: dict[str, Any], says: str
+) -> None:
+    # Django's own checks failed on these with a bare AttributeError or TypeError.
+    with pytest.raises(InvalidTask) as refused:
+        add.using(**options).enqueue(1, 2)
+    assert str(refused.value) == says
+    assert not Job.objects.exists()
+
+
 def test_an_enqueue_on_a_database_jobstate_is_not_migrated_on_says_to_migrate(
     settings: Any,
 ) -> None:
