@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 from difflib import get_close_matches
-from typing import Any
+from typing import Any, Literal, get_args
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-#: The values of ``REAP_SCOPE`` (see :mod:`jobstate.operations.runner_options`).
-REAP_SCOPES = ("overlap-key", "all", "off")
+#: What the runner's reap before a claim sweeps (``REAP_SCOPE``; see
+#: :mod:`jobstate.operations.runner_options`).
+ReapScope = Literal["overlap-key", "all", "off"]
+REAP_SCOPES: tuple[str, ...] = get_args(ReapScope)
 
 DEFAULTS: dict[str, Any] = {
     # Dotted paths of the store classes returned by get_run_store() / get_state_store().

@@ -6,9 +6,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal, cast, get_args
+from typing import cast
 
-from jobstate.core.conf import jobstate_settings
+from jobstate.core.conf import REAP_SCOPES, ReapScope, jobstate_settings
 from jobstate.exceptions import InvalidJobState, InvalidRunnerConfiguration
 from jobstate.stores.contracts.validation import (
     validate_duration,
@@ -17,8 +17,6 @@ from jobstate.stores.contracts.validation import (
 )
 
 __all__ = ["FROM_SETTINGS", "FromSettings", "ReapScope", "RunnerOptions", "runner_options"]
-
-ReapScope = Literal["overlap-key", "all", "off"]
 
 
 class FromSettings(enum.Enum):
@@ -68,7 +66,7 @@ def runner_options(
         "default_timeout",
     )
     scope = s.REAP_SCOPE if reap_scope is FROM_SETTINGS else reap_scope
-    if scope not in get_args(ReapScope):
+    if scope not in REAP_SCOPES:
         raise InvalidRunnerConfiguration(
             f"reap_scope must be 'overlap-key', 'all' or 'off', got {scope!r}."
         )

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from jobstate.core.jsonvalues import ensure_json
+from jobstate.core.messages import shown
 from jobstate.exceptions import InvalidPayload
 from jobstate.models.schedules import CatchUp, ScheduleKind
 
@@ -63,9 +64,6 @@ _PATH_LIMIT = 300
 _QUEUE_LIMIT = 100
 _CRON_LIMIT = 200
 _PRIORITY_RANGE = (-100, 100)
-#: The most characters of a declared value a problem repeats: a value of 100 kB would
-#: make one line of ``manage.py check`` that long.
-_SHOWN_LIMIT = 80
 
 # How far back an evaluation looks for the latest missed slots before it reads the
 # whole span since the watermark: each window is read only when the one before held
@@ -198,12 +196,8 @@ def _json_problem(value: Any, field: str) -> str | None:
 
 
 def _shown(value: object) -> str:
-    """``value`` as a problem repeats it: its ``repr``, cut after :data:`_SHOWN_LIMIT`
-    characters with the length of the whole."""
-    text = repr(value)
-    if len(text) <= _SHOWN_LIMIT:
-        return text
-    return f"{text[:_SHOWN_LIMIT]}... ({len(text)} characters)"
+    """``value`` as a problem repeats it: its ``repr``, cut when it is long."""
+    return shown(repr(value))
 
 
 def declaration_problems(key: Any, declared: Any) -> list[str]:

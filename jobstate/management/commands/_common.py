@@ -21,6 +21,7 @@ from django.core.management.base import (
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.checks import MAINTENANCE_CHECKS
+from jobstate.core.messages import shown
 from jobstate.exceptions import (
     ImproperlyConfiguredStore,
     InvalidJobState,
@@ -38,24 +39,14 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-#: The most characters of a refused option value an error message repeats: a value of
-#: 100 kB (a file pasted by mistake) would otherwise fill the terminal or the cron mail.
-SHOWN_LIMIT = 80
-
-
 def quoted(text: str) -> str:
-    """``text`` quoted for an error message, cut after :data:`SHOWN_LIMIT` characters."""
-    if len(text) <= SHOWN_LIMIT:
-        return repr(text)
-    return f"{text[:SHOWN_LIMIT]!r}... ({len(text)} characters)"
+    """``text`` quoted for an error message, cut when it is long (:func:`shown`)."""
+    return shown(repr(text))
 
 
 def plain(value: object) -> str:
     """``value`` as an error message repeats it unquoted (a number), cut the same way."""
-    text = str(value)
-    if len(text) <= SHOWN_LIMIT:
-        return text
-    return f"{text[:SHOWN_LIMIT]}... ({len(text)} characters)"
+    return shown(str(value))
 
 
 #: Longest ``--interval`` of a relay loop: a wait longer than a day is a typo, and
@@ -319,8 +310,17 @@ class JobStateCommand(BaseCommand):
 
     requires_system_checks = MAINTENANCE_CHECKS
 
+    #: Whether the options came from the command line, where argparse applied their
+    #: types already (:meth:`run_from_argv`); else they came from ``call_command``.
+    _parsed_from_argv = False
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self._parsed_from_argv = True
+        super().run_from_argv(argv)
+
     def execute(self, *args: Any, **options: Any) -> Any:
-        options = self._typed_options(options)
+        if not self._parsed_from_argv:
+            options = self._typed_options(options)
         alias = options.get("database") or DEFAULT_DB_ALIAS
         try:
             return super().execute(*args, **options)
@@ -344,7 +344,7 @@ class JobStateCommand(BaseCommand):
         a wrong value fails deep in the command with a bare ``AttributeError`` or
         ``TypeError``, where from the command line it is refused with status 2. A value
         of the type an option produces (a ``timedelta``, a list) is the caller's own and
-        left to the command's checks; parsed values pass through again unchanged."""
+        left to the command's checks."""
         name = type(self).__module__.rsplit(".", 1)[-1]
         typed = dict(options)
         for action in self.create_parser("manage.py", name)._actions:

@@ -71,13 +71,13 @@ def claim(
     connection = connections[using]
     own = not connection.in_atomic_block and connection.get_autocommit()
     rounds = ops.claim_rounds if own else 1
-    for round_ in range(1, rounds + 1):
+    for _ in range(rounds - 1):
         try:
             return _claim_once(using, scope, owner, lease, status, limit)
         except OperationalError as exc:
-            if round_ == rounds or not ops.deadlocked(exc):
+            if not ops.deadlocked(exc):
                 raise
-    raise AssertionError("unreachable: the last round returns or raises")
+    return _claim_once(using, scope, owner, lease, status, limit)
 
 
 def _claim_once(
