@@ -26,13 +26,15 @@ and order. A batch of reports is one fenced locking read, one ``UPDATE`` per sha
 patch (the values of each row given by ``CASE id``), and one read of the rows back; a
 single report is the fenced ``UPDATE`` and its row read back.
 
-What each statement is for, and why nothing more is sent: the transaction is
-``START TRANSACTION`` and ``COMMIT`` (:meth:`BackendOperations.short_transaction`), not
-Django's autocommit switches; the locking read is what hands each row to one claimer;
+What each statement is for, and why nothing more is sent: the transaction is a
+``COMMIT`` and a ``START TRANSACTION`` sent with its first statement
+(:meth:`BackendOperations.short_transaction`), not Django's autocommit switches; the
+locking read is what hands each row to one claimer;
 the ``UPDATE`` is the write; no row is read back after a claim, because the tokens are
 made here and the instants come from the read's clock; a report's rows are read back
 inside its transaction, while its locks hold, so the job handed back is the one the
-report wrote (there is no ``RETURNING`` to do it in the ``UPDATE``). Where the backend
+report wrote (there is no ``RETURNING`` to do it in the ``UPDATE``; a single report
+sends the ``UPDATE`` and the read in one text where the backend can). Where the backend
 can, the statements are SQL text rather than querysets (:mod:`.backends.mysql`): they
 run on every job, and building a queryset cost more than sending the statement.
 """
@@ -242,15 +244,14 @@ def complete_one(
     it."""
     ops = database_ops(using)
     with ops.short_transaction():
-        moved = ops.update_jobs(
-            [pk],
+        moved, job = ops.update_and_read(
+            pk,
             {**cleaned, **CLEARED_CLAIM, "status": status},
-            {},
             statuses=CLAIMED_JOB_STATUSES,
             token=token,
             stamped=["updated_at"],
         )
-        return moved > 0, ops.jobs_by_id([pk]).get(pk)
+        return moved > 0, job
 
 
 def complete_batch(using: str, parsed: list[ParsedReport]) -> list[Settled]:

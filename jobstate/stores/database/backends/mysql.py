@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, Error, models, transaction
+from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import BooleanField, CharField, F, Func, QuerySet, TextField, Value
 
@@ -27,6 +27,7 @@ from jobstate.models import (
 )
 from jobstate.models.claim_sql import CLAIM_ORDER_SQL, PAUSED_SQL, READY_SQL, THREAD_BLOCKERS_SQL
 from jobstate.stores.database.backends import mysql_statements as statements
+from jobstate.stores.database.backends import mysql_transaction
 from jobstate.stores.database.backends.mysql_statements import (
     job_field,
     marks,
@@ -279,40 +280,10 @@ class MySQLOperations(BackendOperations):
     # statements as SQL text built here: a claim or a report runs them on every job, and
     # building and compiling a queryset each time cost more than the statements did.
 
-    @contextmanager
-    def short_transaction(self) -> Iterator[None]:
-        """A claim's or report's transaction in two round trips, ``START TRANSACTION``
-        and ``COMMIT``, where Django's outermost ``atomic`` takes three (``SET autocommit
-        = 0``, ``COMMIT``, ``SET autocommit = 1``) and the connection stays in autocommit
-        between them. Inside the caller's transaction (an ``atomic`` block, or
-        autocommit turned off) this is ``atomic`` as before: a savepoint in it."""
-        connection = self.connection
-        if connection.in_atomic_block or not connection.get_autocommit():
-            with transaction.atomic(using=self.using):
-                yield
-            return
-        with connection.cursor() as cursor:
-            cursor.execute("START TRANSACTION")
-        # Django is told what the server now has, a transaction open as with autocommit
-        # off (what ``set_autocommit(False)`` records, without its round trip): so the
-        # ORM's locking reads are allowed in it, and an ``atomic`` block opened inside
-        # is a savepoint that leaves the commit to this one.
-        connection.autocommit = False
-        try:
-            yield
-        except BaseException:
-            _rolled_back(connection)
-            raise
-        else:
-            try:
-                connection.commit()
-            except DatabaseError:
-                # As Django's atomic does: roll back what the failed commit left open,
-                # and drop a connection that cannot even do that.
-                _rolled_back(connection)
-                raise
-        finally:
-            connection.autocommit = True
+    def short_transaction(self) -> AbstractContextManager[object]:
+        """A claim's or report's transaction in one round trip of its own, the
+        ``COMMIT`` (:mod:`.mysql_transaction`)."""
+        return mysql_transaction.short_transaction(self.connection, self.using)
 
     def update_jobs(
         self,
@@ -342,6 +313,44 @@ class MySQLOperations(BackendOperations):
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
+
+    def update_and_read(
+        self,
+        pk: uuid.UUID,
+        same: dict[str, Any],
+        *,
+        statuses: Collection[JobStatus],
+        token: uuid.UUID,
+        stamped: Sequence[str] = (),
+    ) -> tuple[int, Job | None]:
+        """The ``UPDATE`` and the read of the row in one text, one round trip, where the
+        connection sends several statements in one text; the server runs the read
+        after the ``UPDATE``, in its transaction."""
+        connection = self.connection
+        connection.ensure_connection()
+        if not mysql_transaction.several_statements(connection):
+            return super().update_and_read(
+                pk, same, statuses=statuses, token=token, stamped=stamped
+            )
+        update, params = statements.update_jobs(
+            connection,
+            self.now_sql,
+            [pk],
+            same,
+            {},
+            statuses=statuses,
+            token=token,
+            stamped=stamped,
+            attempt=False,
+        )
+        read = statements.select_jobs(connection, self.now_sql, 1)
+        with connection.cursor() as cursor:
+            cursor.execute(f"{update}; {read}", [*params, prep(connection)(Job._meta.pk, pk)])
+            moved = int(cursor.rowcount)
+            mysql_transaction.next_result(cursor)
+            rows = cursor.fetchall()
+        jobs = [job for job, _clock in self._converted(rows, clock=False)]
+        return moved, jobs[0] if jobs else None
 
     def lock_claims(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> set[uuid.UUID]:
         """One locking read in id order (two batches never wait on each other
@@ -442,11 +451,3 @@ class MySQLOperations(BackendOperations):
             .filter(**{alias: True})
             .exclude(**{f"{alias}_type": "ARRAY"})
         )
-
-
-def _rolled_back(connection: BaseDatabaseWrapper) -> None:
-    """Roll back; a connection that cannot is closed (Django's atomic does the same)."""
-    try:
-        connection.rollback()
-    except Error:
-        connection.close()

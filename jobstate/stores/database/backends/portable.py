@@ -314,6 +314,20 @@ class BackendOperations:
         ``attempt`` one more attempt. The rows matched."""
         raise self._no_statement()
 
+    def update_and_read(
+        self,
+        pk: uuid.UUID,
+        same: dict[str, Any],
+        *,
+        statuses: Collection[JobStatus],
+        token: uuid.UUID,
+        stamped: Sequence[str] = (),
+    ) -> tuple[int, Job | None]:
+        """:meth:`update_jobs` of the one job ``pk`` (fenced by ``token``), then the job
+        as stored: the rows matched and the job, or ``None`` if there is none."""
+        moved = self.update_jobs([pk], same, {}, statuses=statuses, token=token, stamped=stamped)
+        return moved, self.jobs_by_id([pk]).get(pk)
+
     def lock_claims(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> set[uuid.UUID]:
         """The ids of ``(id, claim token)`` pairs whose token is still the job's
         current claim, those rows locked until the transaction ends."""
