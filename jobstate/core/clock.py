@@ -12,10 +12,15 @@ the backend's operations object answers both (``instant_filter`` and
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock"]
+__all__ = ["DURATION_LIMIT", "Clock", "SystemClock"]
+
+#: Longest duration jobstate accepts, in a setting or a store. The database adds
+#: durations to its clock, and an instant past the year 9999 can be neither computed by
+#: every backend nor read back into a Python ``datetime``.
+DURATION_LIMIT = timedelta(days=365 * 1000)
 
 
 @runtime_checkable

@@ -17,6 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from jobstate.core.clock import DURATION_LIMIT
+
 #: What the runner's reap before a claim sweeps (``REAP_SCOPE``; see
 #: :mod:`jobstate.operations.runner_options`).
 ReapScope = Literal["overlap-key", "all", "off"]
@@ -285,6 +287,11 @@ def checked_value(name: str, value: Any) -> Any:
     if name in _DURATIONS and not (isinstance(value, timedelta) and value > timedelta(0)):
         raise ImproperlyConfigured(
             f"JOBSTATE[{name!r}] must be a positive datetime.timedelta, got {value!r}."
+        )
+    if name in _DURATIONS and value > DURATION_LIMIT:
+        # Added to (or taken from) the clock, a longer one leaves the years 1-9999.
+        raise ImproperlyConfigured(
+            f"JOBSTATE[{name!r}] must be at most {DURATION_LIMIT.days} days, got {value}."
         )
     if (
         name in _POSITIVE_INTS

@@ -352,13 +352,18 @@ class JobRunner:
         return self._finalise(job, execution, beater, started_at, timeout)
 
     def _beat_until_settled(self, execution: RunExecution) -> None:
-        interval = self.heartbeat_interval.total_seconds()
+        interval = self._heartbeat_wait()
         try:
             while not execution.stop_heartbeats.wait(interval):
                 if not execution.beat(None):
                     return
         finally:
             connections.close_all()
+
+    def _heartbeat_wait(self) -> float:
+        """The heartbeat interval in seconds, no longer than a thread can wait (about
+        292 years, less than the longest interval the runner accepts)."""
+        return min(self.heartbeat_interval.total_seconds(), threading.TIMEOUT_MAX)
 
     def _finalise(
         self,
@@ -370,7 +375,7 @@ class JobRunner:
     ) -> JobExecutionResult:
         settlement = execution.settle()
         execution.stop_heartbeats.set()
-        beater.join(self.heartbeat_interval.total_seconds())
+        beater.join(self._heartbeat_wait())
 
         finished_at = self.clock.now()
         elapsed = finished_at - started_at

@@ -42,6 +42,9 @@ def test_the_default_settings_pass() -> None:
     [
         ({"OBSERVABILITY_TOKEN": ""}, "OBSERVABILITY_TOKEN"),
         ({"WORKER_LEASE": timedelta(0)}, "WORKER_LEASE"),
+        # Longer than any instant can be moved by (every claim would be refused).
+        ({"WORKER_LEASE": timedelta(days=10**6)}, "at most 365000 days"),
+        ({"FINISHED_JOB_RETENTION": timedelta.max}, "FINISHED_JOB_RETENTION"),
         ({"NO_SUCH_SETTING": 1}, "NO_SUCH_SETTING"),
         ({"PREPARED_STATEMENTS": "off"}, "PREPARED_STATEMENTS"),
         ({"PREPARED_STATEMENTS": 0}, "PREPARED_STATEMENTS"),

@@ -78,3 +78,23 @@ def test_the_run_store_keeps_an_error_text_cut_to_the_limit(settings: Any) -> No
         error="e" * 1_000_000,
     )
     assert JobRun.objects.get(id=run_id).error == "e" * 100
+
+
+@db
+def test_a_heartbeat_interval_longer_than_a_thread_can_wait_still_settles_the_run(
+    reg: Registry,
+) -> None:
+    # 150,000 days is within the longest duration, but past the longest wait a thread
+    # can be given (threading.TIMEOUT_MAX, about 292 years).
+    @operations_job("billing.slow-beat", registry=reg)
+    def body(ctx: RunContext, input: None) -> str:
+        return "done"
+
+    runner = JobRunner(
+        registry=reg,
+        heartbeat_interval=timedelta(days=150_000),
+        stale_run_after=timedelta(days=300_000),
+    )
+    result = runner.execute("billing.slow-beat")
+    assert result.status == JobRunStatus.SUCCEEDED
+    assert JobRun.objects.get(id=result.run_id).status == JobRunStatus.SUCCEEDED

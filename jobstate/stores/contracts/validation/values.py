@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from django.apps import apps
 from django.db import models
 
+from jobstate.core.clock import DURATION_LIMIT
 from jobstate.core.states import JobStatus
 from jobstate.exceptions import InvalidJobState
 
@@ -39,10 +40,6 @@ __all__ = [
 
 _Choice = TypeVar("_Choice", bound=models.TextChoices)
 
-#: Longest duration a store accepts. The database adds durations to its clock, and an
-#: instant past the year 9999 can be neither computed by every backend nor read back
-#: into a Python ``datetime``.
-DURATION_LIMIT = timedelta(days=365 * 1000)
 
 #: Largest count or size a store passes to the database (a signed 64-bit ``LIMIT``).
 BIGINT_MAX = 2**63 - 1
