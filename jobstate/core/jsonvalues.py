@@ -40,6 +40,27 @@ def _exact_float(literal: str) -> float:
     return value
 
 
+#: The most levels of lists and objects a stored value may have. MariaDB's JSON check
+#: (``JSON_VALID``, the ``CHECK`` on every JSON column there) refuses a document nested
+#: deeper, which would fail its write inside the database; the limit holds on every
+#: database, so a value one of them stores, all of them store.
+JSON_DEPTH_LIMIT = 31
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` (strict JSON) has more than ``limit`` levels of lists and
+    objects, walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
 #: What ``json.dumps(value, allow_nan=False, ensure_ascii=False)`` and ``json.loads(text,
 #: parse_float=_exact_float)`` do, without building an encoder and a decoder per call
 #: (both are stateless between calls; a task's report checks its value and its log).
@@ -61,8 +82,9 @@ def ensure_json(value: Any, *, field: str) -> Any:
     Rejected: NaN and infinities, cyclic structures, objects JSON cannot encode, values
     that would come back different (tuples, non-string keys, floats of magnitude 1e16
     or more and negative zero, which PostgreSQL's ``jsonb`` turns into other numbers),
-    NUL characters (PostgreSQL ``jsonb`` cannot hold them), lone surrogates and
-    encodings larger than ``MAX_PAYLOAD_BYTES``.
+    NUL characters (PostgreSQL ``jsonb`` cannot hold them), lone surrogates, encodings
+    larger than ``MAX_PAYLOAD_BYTES`` and values nested more than
+    :data:`JSON_DEPTH_LIMIT` levels deep (MariaDB cannot store them).
     """
     if value is None or value is True or value is False:
         # What most tasks return: nothing to round-trip, only the size to check.
@@ -95,6 +117,17 @@ def ensure_json(value: Any, *, field: str) -> Any:
         raise InvalidPayload(
             f"{field} does not survive a JSON round trip unchanged "
             "(tuples, non-string keys or other values JSON cannot represent exactly)."
+        )
+    # Only a text with more opening brackets than the limit can nest deeper (counting
+    # them is cheap; walking a large value is not).
+    if (
+        isinstance(value, dict | list)
+        and encoded.count("[") + encoded.count("{") > JSON_DEPTH_LIMIT
+        and _deeper_than(value, JSON_DEPTH_LIMIT)
+    ):
+        raise InvalidPayload(
+            f"{field} is nested more than {JSON_DEPTH_LIMIT} levels deep (lists and "
+            "objects), which MariaDB cannot store."
         )
     return value
 

@@ -309,7 +309,22 @@ def _argument_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
         problems.append(f"{where}['kwargs'] must be a dict with string keys, got {_shown(kwargs)}.")
     elif problem := _json_problem(dict(kwargs), f"{where}['kwargs']"):
         problems.append(problem)
+    elif problem := _json_problem(
+        _stored_input(list(args), dict(kwargs), operations="operations_job" in declared),
+        f"{where}['args'] and ['kwargs'], as the job's input {{'args': [...], 'kwargs': {{...}}}},",
+    ):
+        # Each alone can be storable and still nest too deeply inside the job's input.
+        problems.append(problem)
     return problems
+
+
+def _stored_input(args: list[Any], kwargs: dict[str, Any], *, operations: bool) -> Any:
+    """The input of the job a slot enqueues (:func:`~jobstate.schedules.targets.
+    enqueue_target`): a task's arguments as they are; an operations job's kwargs as the
+    second argument of the task that runs it (its other arguments are text)."""
+    if operations:
+        return {"args": ["", kwargs or None, "", ""], "kwargs": {}}
+    return {"args": args, "kwargs": kwargs}
 
 
 def parse_declaration(key: str, declared: Mapping[str, Any]) -> ScheduleDefinition:

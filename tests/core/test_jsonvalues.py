@@ -26,3 +26,28 @@ def test_a_scalar_is_measured_as_its_json(settings: Any, value: Any, size: int) 
     assert str(refused.value) == (
         f"result is {size} bytes of JSON; the limit is {size - 1} (JOBSTATE['MAX_PAYLOAD_BYTES'])."
     )
+
+
+def _nested(levels: int, kind: type) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value] if kind is list else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("kind", [list, dict])
+def test_a_value_31_levels_deep_is_kept_and_32_refused(kind: type) -> None:
+    # MariaDB's JSON check refuses 32 levels of lists or objects: the write would fail
+    # inside the database, so every database refuses it here, by name.
+    deepest = _nested(31, kind)
+    assert ensure_json(deepest, field="result") is deepest
+    with pytest.raises(InvalidPayload) as refused:
+        ensure_json(_nested(32, kind), field="result")
+    assert str(refused.value) == (
+        "result is nested more than 31 levels deep (lists and objects), which MariaDB cannot store."
+    )
+
+
+def test_many_brackets_side_by_side_are_not_depth() -> None:
+    wide = {"rows": [[n] for n in range(100)], "text": "[" * 100}
+    assert ensure_json(wide, field="input") is wide

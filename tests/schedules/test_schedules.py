@@ -24,6 +24,7 @@ from jobstate.schedules import (
 )
 from jobstate.schedules.targets import OPERATIONS_TASK_PATH
 from tests.support.schedule_kit import T0, declare, jobs_of, row, slots_of, utc
+from tests.support.task_functions import nested
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
 
@@ -378,6 +379,26 @@ def test_the_check_names_each_bad_declaration(settings: Any) -> None:
     ):
         assert expected in text, expected
     assert messages(settings, **{"bad key!": {"task": ADD, "cron": "* * * * *"}})
+
+
+def test_arguments_that_nest_too_deeply_inside_the_jobs_input_fail_the_check(
+    settings: Any,
+) -> None:
+    # Each argument is storable alone; inside the job's input ({"args": [...]}) the first
+    # would be 32 levels deep, which MariaDB cannot store: each slot's enqueue would fail.
+    found = messages(
+        settings,
+        deep={"task": ADD, "cron": "* * * * *", "args": [nested(30)]},
+        fits={"task": ADD, "cron": "* * * * *", "args": [nested(29)]},
+    )
+    assert [kind for kind, _ in found] == ["jobstate.E030"]
+    assert "['deep']['args'] and ['kwargs'], as the job's input" in found[0][1]
+    assert "is nested more than 31 levels deep" in found[0][1]
+    # The deepest that fits is enqueued and stored as it is, on every database.
+    declare(settings, fits={"task": ADD, "cron": "*/5 * * * *", "args": [nested(29)]})
+    sync_schedules(now=T0)
+    (item,) = enqueue_due(now=T0 + timedelta(minutes=5))
+    assert Job.objects.get(id=item.result_id).input == {"args": [nested(29)], "kwargs": {}}
 
 
 def test_the_check_names_what_a_schedule_cannot_run(settings: Any) -> None:

@@ -66,6 +66,25 @@ def returns_a_deep_list() -> Any:
     return value
 
 
+def nested(levels: int) -> list[Any]:
+    """A list ``levels`` lists deep, holding 1 at the bottom."""
+    value: list[Any] = [1]
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@task
+def returns_a_list_32_deep() -> Any:
+    """One level deeper than MariaDB's JSON check lets a column hold."""
+    return nested(32)
+
+
+@task
+def returns_a_list_31_deep() -> Any:
+    return nested(31)
+
+
 @task
 async def async_add(a: int, b: int) -> int:
     await asyncio.sleep(0)

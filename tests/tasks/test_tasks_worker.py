@@ -26,7 +26,10 @@ from tests.support.task_functions import (
     async_add,
     echo,
     fails_before,
+    nested,
     returns_a_deep_list,
+    returns_a_list_31_deep,
+    returns_a_list_32_deep,
     returns_a_set,
     started_then_sleeps,
 )
@@ -203,8 +206,15 @@ def test_one_worker_runs_eight_tasks_at_once(settings: Any) -> None:
     [
         (returns_a_set, "a value of type 'set' that cannot be stored: it is not JSON"),
         (returns_a_deep_list, "a value of type 'list' that cannot be stored: it is nested"),
+        # Within Python's limits, but deeper than MariaDB's JSON check lets a column
+        # hold: the worker's report failed inside the database and the worker stopped.
+        (
+            returns_a_list_32_deep,
+            "a value of type 'list' that cannot be stored: the task's return value is "
+            "nested more than 31 levels deep",
+        ),
     ],
-    ids=["set", "deep-list"],
+    ids=["set", "deep-list", "32-levels"],
 )
 def test_a_return_value_that_is_not_json_fails_the_attempt(
     settings: Any, returning: Any, reason: str
@@ -217,6 +227,14 @@ def test_a_return_value_that_is_not_json_fails_the_attempt(
     (error,) = result.errors
     assert error.exception_class_path == "jobstate.exceptions.TaskReturnValueNotJSON"
     assert f"the task returned {reason}" in error.traceback
+
+
+def test_a_return_value_31_levels_deep_is_kept(settings: Any) -> None:
+    options = use_options(settings)
+    queued = returns_a_list_31_deep.enqueue()
+    run_batch(options)
+    result = returns_a_list_31_deep.get_result(queued.id)
+    assert result.status == SUCCESSFUL and result.return_value == nested(31)
 
 
 @pytest.mark.parametrize(

@@ -207,7 +207,8 @@ class Command(JobStateCommand):
             default=30.0,
             metavar="SECONDS",
             help="On SIGTERM/SIGINT, how long the running tasks may take to finish before "
-            "they are handed back (default: 30). Keep it below your supervisor's stop "
+            "they are handed back, or failed when no attempt is left (default: 30). Keep "
+            "it below your supervisor's stop "
             "timeout. Also how long a task interrupted past TIMEOUT has to stop before the "
             "worker exits with status 4.",
         )
