@@ -88,9 +88,9 @@ class StateStore(
     """
 
 
-#: The runtime locks the ``runtime_lock`` blocks of this thread (or task) hold, each
-#: with how many blocks hold it: (the store's database or the store, key, owner).
-_HELD: ContextVar[dict[tuple[object, str, str], int]] = ContextVar("jobstate_runtime_locks")
+#: The runtime locks the ``runtime_lock`` blocks of this thread (or task) hold: (the
+#: store's database or the store, key, owner).
+_HELD: ContextVar[frozenset[tuple[object, str, str]]] = ContextVar("jobstate_runtime_locks")
 
 
 @contextmanager
@@ -108,9 +108,9 @@ def runtime_lock(store: StateStore, lock_key: str, owner: str, ttl: timedelta) -
     """
     if not store.acquire_runtime_lock(lock_key, owner, ttl):
         raise LockHeld(f"runtime lock {lock_key!r} is held by another owner.", lock_key=lock_key)
-    held = _HELD.get({})
+    held = _HELD.get(frozenset())
     entry = (getattr(store, "using", store), lock_key, owner)
-    token = _HELD.set({**held, entry: held.get(entry, 0) + 1})
+    token = _HELD.set(held | {entry})
     try:
         yield
     finally:
