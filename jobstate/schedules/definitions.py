@@ -259,6 +259,10 @@ def declaration_problems(key: Any, declared: Any) -> list[str]:
     return problems
 
 
+#: The name the system's zone database gives the machine's own zone (``/etc/localtime``).
+_MACHINE_ZONE = "localtime"
+
+
 def _cron_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
     problems = []
     zone: ZoneInfo | None = None
@@ -273,6 +277,16 @@ def _cron_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
                 f"{where}['timezone'] {_shown(name)} is not a time zone this system knows "
                 "(an IANA name such as 'Europe/Berlin' or 'UTC')."
             )
+        else:
+            if name == _MACHINE_ZONE:
+                # Machines set to different zones would compute different slots of one
+                # schedule, and each would enqueue its own.
+                zone = None
+                problems.append(
+                    f"{where}['timezone'] 'localtime' is this machine's own time zone, which "
+                    "can differ between the machines that run schedules: name the zone "
+                    "(an IANA name such as 'Europe/Berlin' or 'UTC')."
+                )
     if "cron" not in declared:
         return [*problems, f"{where} has no 'cron' expression."]
     cron = declared["cron"]

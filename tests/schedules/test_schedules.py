@@ -381,6 +381,16 @@ def test_the_check_names_each_bad_declaration(settings: Any) -> None:
     assert messages(settings, **{"bad key!": {"task": ADD, "cron": "* * * * *"}})
 
 
+def test_the_machines_own_time_zone_fails_the_check(settings: Any) -> None:
+    # "localtime" names whatever zone each machine is set to: two machines set to
+    # different zones would compute different slots of one schedule, and each enqueue its
+    # own, so the task would run twice.
+    found = messages(settings, local={"task": ADD, "cron": "0 9 * * *", "timezone": "localtime"})
+    assert [kind for kind, _ in found] == ["jobstate.E030"]
+    assert "['local']['timezone'] 'localtime' is this machine's own time zone" in found[0][1]
+    assert not messages(settings, utc={"task": ADD, "cron": "0 9 * * *", "timezone": "UTC"})
+
+
 def test_arguments_that_nest_too_deeply_inside_the_jobs_input_fail_the_check(
     settings: Any,
 ) -> None:
