@@ -82,3 +82,29 @@ def test_a_bad_reason_is_refused_saying_what_is_wrong_with_it(reason: str, said:
     with pytest.raises(InvalidJobState) as refused:
         store.reject_queued_job(job.id, by="ops", reason=reason)
     assert str(refused.value) == said
+
+
+@pytest.mark.parametrize("name", ["error", "input_preview"])
+def test_text_fields_without_a_limit_are_held_to_the_payload_limit(settings, name) -> None:
+    """In bytes of UTF-8, as JSON values are: a row is never larger for its text."""
+    settings.JOBSTATE = {"MAX_PAYLOAD_BYTES": 64}
+    store = MemoryStateStore()
+    with pytest.raises(InvalidPatch, match=r"66 bytes of UTF-8; the limit is 64 \(JOBSTATE"):
+        store.create_job(**{"request_id": "r", name: "é" * 33})
+    job = store.create_job(**{"request_id": "ok", name: "é" * 32})
+    assert getattr(job, name) == "é" * 32
+
+
+@pytest.mark.django_db
+def test_a_report_with_too_long_an_error_changes_nothing(settings) -> None:
+    from jobstate.stores.database import DatabaseStateStore
+
+    settings.JOBSTATE = {"MAX_PAYLOAD_BYTES": 1024}
+    store = DatabaseStateStore()
+    store.create_job(request_id="big-error", target="t")
+    job = store.claim_next_inhub_job(["t"], "w")
+    assert job is not None
+    with pytest.raises(InvalidPatch, match="error is 1025 bytes"):
+        store.complete_job_with_notifications(job, {"status": "error", "error": "x" * 1025}, [])
+    stored = Job.objects.get(id=job.id)
+    assert (stored.status, stored.error, stored.claim_token) == ("running", None, job.claim_token)

@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+from jobstate.core.conf import jobstate_settings
 from jobstate.core.jsonvalues import ensure_json
 from jobstate.core.states import (
     RELEASE_JOB_STATUSES,
@@ -204,6 +205,22 @@ def clean_job_fields(
     return {name: clean_job_value(name, value) for name, value in fields.items()}
 
 
+def _check_text_size(name: str, value: str) -> None:
+    """A text column without a length of its own (``error``, ``input_preview``) holds at
+    most ``JOBSTATE['MAX_PAYLOAD_BYTES']`` bytes of UTF-8, as a JSON value does."""
+    most = jobstate_settings.MAX_PAYLOAD_BYTES
+    # A character is 1 to 4 bytes of UTF-8: a short text is never encoded.
+    if len(value) * 4 <= most:
+        return
+    size = len(value.encode("utf-8"))
+    if size > most:
+        raise InvalidPatch(
+            f"{name} is {size} bytes of UTF-8; the limit is {most} "
+            "(JOBSTATE['MAX_PAYLOAD_BYTES']).",
+            field=name,
+        )
+
+
 def clean_job_value(name: str, value: Any) -> Any:
     """Validate one job field value; see :func:`clean_job_fields`."""
 
@@ -222,6 +239,8 @@ def clean_job_value(name: str, value: Any) -> Any:
         limit = column_limit("Job", name)
         if limit is not None and len(value) > limit:
             raise InvalidPatch(f"{name} is longer than {limit} characters.", field=name)
+        if limit is None:
+            _check_text_size(name, value)
         if name == "request_id" and not value.strip():
             raise InvalidPatch("request_id must be a non-empty string.", field=name)
         return value
