@@ -97,6 +97,11 @@ def list_filters(query: QueryDict) -> tuple[dict[str, str], str]:
     search = ""
     for name in query:
         value = query.get(name, "")
+        if len(query.getlist(name)) > 1 and name not in _NOT_FILTERS:
+            # The list refuses it too: both must act on one set of jobs.
+            raise SearchError(
+                _("The filter “%(name)s” is given more than once.") % {"name": name[:50]}
+            )
         if name == SEARCH_PARAMETER:
             search = value
         elif name in FILTER_PARAMETERS:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.admin import helpers
+from django.contrib.admin import FieldListFilter, SimpleListFilter, helpers
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.admin.views.main import ERROR_FLAG, SEARCH_VAR
 from django.core.exceptions import ValidationError
 from django.db.models import Field
@@ -16,7 +17,13 @@ from django.utils.translation import gettext as _
 
 from jobstate.console.job_search import unreadable_text
 
-__all__ = ["unapplied", "unreadable_parameter"]
+__all__ = [
+    "filter_parameters",
+    "repeated_parameter",
+    "unapplied",
+    "unreadable_parameter",
+    "unusable_find_value",
+]
 
 
 def unreadable_parameter(request: HttpRequest, pk: Field[Any, Any] | None = None) -> str | None:
@@ -47,6 +54,18 @@ def unreadable_parameter(request: HttpRequest, pk: Field[Any, Any] | None = None
     return None
 
 
+def unusable_find_value(value: str, what: str) -> str | None:
+    """Why a find link's ``value`` (a worker id, a schedule key: ``what``) matches no
+    row, said before any query (PostgreSQL refuses a NUL in a query's text), or
+    ``None``."""
+    if not value:
+        return _("The link names no %(what)s.") % {"what": what}
+    why = unreadable_text(value)
+    if why is None:
+        return None
+    return _("The %(what)s cannot be used: %(why)s.") % {"what": what, "why": why}
+
+
 def _not_an_id(pk: Field[Any, Any], value: str) -> str | None:
     """Why ``value`` is no value of the primary key ``pk``, or ``None``."""
     try:
@@ -71,3 +90,42 @@ def unapplied(request: HttpRequest, exc: IncorrectLookupParameters) -> str:
     if why:
         message += " " + why
     return message + " " + _("The whole list is shown.")
+
+
+def filter_parameters(model_admin: Any, request: HttpRequest) -> set[str]:
+    """The parameters the list's own filters read (``status__exact``, ``target``...):
+    the only lookups its URL may carry. Django's admin would take any lookup on a field
+    of the model, ``?input__password__startswith=h`` among them, which spells out a
+    redacted value a character at a time (and scans the whole table)."""
+    names: set[str] = set()
+    for item in model_admin.get_list_filter(request):
+        if isinstance(item, type) and issubclass(item, SimpleListFilter):
+            names.add(str(item.parameter_name))
+            continue
+        field_path, filter_class = item if isinstance(item, list | tuple) else (item, None)
+        field = get_fields_from_path(model_admin.model, field_path)[-1]
+        if filter_class is None:
+            spec = FieldListFilter.create(
+                field, request, {}, model_admin.model, model_admin, field_path=field_path
+            )
+        else:
+            spec = filter_class(
+                field, request, {}, model_admin.model, model_admin, field_path=field_path
+            )
+        # The field itself (``?kind=relay``) is its exact lookup, which links use.
+        names.add(field_path)
+        names.update(name for name in spec.expected_parameters() if name is not None)
+    return names
+
+
+def repeated_parameter(request: HttpRequest) -> str | None:
+    """Why a list cannot use its URL when it gives a parameter more than once, or
+    ``None``. Django's filters would match any of the values while a bulk action over
+    the same URL reads one: the list and what the action changes would differ."""
+    for name, values in request.GET.lists():
+        if name != ERROR_FLAG and len(values) > 1:
+            return _(
+                "The filter “%(name)s” is given more than once; give it one value. The "
+                "whole list is shown."
+            ) % {"name": name[:50]}
+    return None

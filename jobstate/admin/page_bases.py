@@ -12,6 +12,7 @@ from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
 from django.core.exceptions import PermissionDenied
@@ -25,7 +26,12 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from jobstate.admin.display import json_block, moment, text_block
-from jobstate.admin.list_input import unapplied, unreadable_parameter
+from jobstate.admin.list_input import (
+    filter_parameters,
+    repeated_parameter,
+    unapplied,
+    unreadable_parameter,
+)
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.admin.redaction import Redactor
 from jobstate.admin.redaction import redactor as make_redactor
@@ -262,11 +268,30 @@ class ScaledAdmin(admin.ModelAdmin):
             return None
         return super().get_object(request, object_id, from_field)
 
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """Only the parameters of the list's own filters (see
+        :func:`~jobstate.admin.list_input.filter_parameters`)."""
+        if request is None:
+            return False
+        return lookup in filter_parameters(self, request)
+
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         """The list; when a filter, the ordering or the page cannot be applied, Django
-        shows the whole list (``?e=1``), and this says which parameters and why."""
+        shows the whole list (``?e=1``), and this says which parameters and why. A
+        lookup that is none of the list's filters is such a parameter too, rather than
+        Django's "Bad Request"."""
         try:
             return super().get_changelist_instance(request)
+        except DisallowedModelAdminLookup as exc:
+            if ERROR_FLAG not in request.GET:
+                named = str(exc).removeprefix("Filtering by ").removesuffix(" not allowed")
+                self.message_user(
+                    request,
+                    _("The list has no filter “%(name)s”. The whole list is shown.")
+                    % {"name": named[:50]},
+                    messages.ERROR,
+                )
+            raise IncorrectLookupParameters from exc
         except IncorrectLookupParameters as exc:
             if ERROR_FLAG not in request.GET:
                 self.message_user(request, unapplied(request, exc), messages.ERROR)
@@ -285,7 +310,7 @@ class ScaledAdmin(admin.ModelAdmin):
         Django alone would answer "No action selected" (or just the list, when the
         user may run no action at all), which reads like an operator's slip rather
         than a refusal. Each action also checks its permission again when it runs."""
-        unreadable = unreadable_parameter(request, self.opts.pk)
+        unreadable = unreadable_parameter(request, self.opts.pk) or repeated_parameter(request)
         if unreadable is not None:
             self.message_user(request, unreadable, messages.ERROR)
             return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")

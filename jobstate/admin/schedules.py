@@ -38,6 +38,7 @@ from jobstate.admin.common import (
 )
 from jobstate.admin.display import moment
 from jobstate.admin.list_cells import breakable
+from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.schedule_page import next_run_text, recent_runs_table, schedule_buttons
 from jobstate.exceptions import ScheduleError, UnknownSchedule
 from jobstate.models import Job, Schedule, ScheduleOccurrence
@@ -151,11 +152,16 @@ class ScheduleAdmin(ReadOnlyAdmin):
         if request.method not in ("GET", "HEAD"):
             return HttpResponseNotAllowed(["GET", "HEAD"])
         key = request.GET.get("key", "")
+        schedules = reverse(f"{self.admin_site.name}:jobstate_schedule_changelist")
+        unusable = unusable_find_value(key, _("schedule key"))
+        if unusable is not None:
+            messages.warning(request, unusable)
+            return HttpResponseRedirect(schedules)
         pk = Schedule.objects.filter(key=key).values_list("pk", flat=True).first()
         if pk is not None:
             return HttpResponseRedirect(admin_change_url(Schedule, pk, self.admin_site.name))
         messages.info(request, _("No schedule has the key %(key)s.") % {"key": key})
-        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:jobstate_schedule_changelist"))
+        return HttpResponseRedirect(schedules)
 
     def render_change_form(
         self,

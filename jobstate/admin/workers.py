@@ -44,6 +44,7 @@ from jobstate.admin.common import (
 )
 from jobstate.admin.display import moment
 from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
+from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.worker_page import worker_jobs
 from jobstate.core.states import CLAIMED_JOB_STATUSES
 from jobstate.models import Job, Worker
@@ -184,6 +185,11 @@ class WorkerAdmin(ReadOnlyAdmin):
         if request.method not in ("GET", "HEAD"):
             return HttpResponseNotAllowed(["GET", "HEAD"])
         worker_id = request.GET.get("id", "")
+        workers = reverse(f"{self.admin_site.name}:jobstate_worker_changelist")
+        unusable = unusable_find_value(worker_id, _("worker id"))
+        if unusable is not None:
+            messages.warning(request, unusable)
+            return HttpResponseRedirect(workers)
         longest = Worker._meta.get_field("worker_id").max_length
         if longest is not None and len(worker_id) > longest:
             # No worker has such an id, and no job can name one: no query to make.
@@ -191,9 +197,7 @@ class WorkerAdmin(ReadOnlyAdmin):
                 request,
                 _("No worker id is longer than %(longest)d characters.") % {"longest": longest},
             )
-            return HttpResponseRedirect(
-                reverse(f"{self.admin_site.name}:jobstate_worker_changelist")
-            )
+            return HttpResponseRedirect(workers)
         pk = Worker.objects.filter(worker_id=worker_id).values_list("pk", flat=True).first()
         if pk is not None:
             return HttpResponseRedirect(admin_change_url(Worker, pk, self.admin_site.name))

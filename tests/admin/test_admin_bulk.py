@@ -171,6 +171,27 @@ def test_a_malformed_filter_is_refused_with_a_message(django_user_model: Any) ->
         )
 
 
+def test_a_filter_given_twice_is_refused_by_the_list_and_by_the_bulk_pages(
+    django_user_model: Any,
+) -> None:
+    """The list matched any of the values, the bulk page the last: a bulk delete of
+    ``status=done&status=error`` from a list of both would have deleted one."""
+    store = DatabaseStateStore()
+    failed_jobs(store, 2)
+    client = logged_in(operator(django_user_model, "ops", "view_job", "delete_finished_job"))
+    query = "status__exact=done&status__exact=error"
+    listed = client.get(f"/admin/jobstate/job/?{query}", follow=True)
+    assert listed.redirect_chain[-1][0] == "/admin/jobstate/job/?e=1"
+    said = shown_messages(listed)
+    assert any("“status__exact” is given more than once" in message for message in said), said
+    bulk = client.get(f"{BULK}delete/?{query}", follow=True)
+    said = shown_messages(bulk)
+    assert any("“status__exact” is given more than once" in message for message in said), said
+    client.post(f"{BULK}delete/", {"_filter": query})
+    assert not BulkOperation.objects.exists()
+    assert Job.objects.count() == 2
+
+
 def test_batches_follow_the_list_order_and_jobs_created_later_are_left_out() -> None:
     store = DatabaseStateStore()
     jobs = failed_jobs(store, 7)

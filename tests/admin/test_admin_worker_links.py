@@ -101,6 +101,32 @@ def test_a_worker_id_longer_than_any_worker_has_opens_the_workers_page(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("url", "listed", "said"),
+    [
+        (f"{FIND}?id=%00", WORKERS, "The worker id cannot be used: it holds a NUL character"),
+        (f"{FIND}?id=", WORKERS, "The link names no worker"),
+        (
+            "/admin/jobstate/schedule/find/?key=w%00",
+            "/admin/jobstate/schedule/",
+            "The schedule key cannot be used: it holds a NUL character",
+        ),
+        ("/admin/jobstate/schedule/find/", "/admin/jobstate/schedule/", "The link names no"),
+    ],
+    ids=["worker-nul", "worker-none", "schedule-nul", "schedule-none"],
+)
+def test_a_find_link_no_row_can_match_opens_the_list_saying_why(
+    admin_client: Client, url: str, listed: str, said: str
+) -> None:
+    """A NUL was a server error on PostgreSQL, which refuses it in a query's text."""
+    followed = admin_client.get(url, follow=True)
+    assert followed.status_code == 200
+    assert followed.redirect_chain[-1][0] == listed
+    messages = [str(message) for message in followed.context["messages"]]
+    assert any(said in message for message in messages), messages
+
+
+@pytest.mark.django_db
 def test_the_find_page_needs_the_view_permission(django_user_model: Any) -> None:
     nobody = django_user_model.objects.create_user("nobody", is_staff=True)
     client = Client()
