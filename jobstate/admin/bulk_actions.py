@@ -20,6 +20,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import (
+    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseNotAllowed,
@@ -138,7 +139,8 @@ def _require(model_admin: ScaledAdmin, request: HttpRequest, action: str) -> Non
     the jobs matching any search, and the operation then acts on jobs the user would
     otherwise not see."""
     if action not in PERMISSIONS:
-        raise PermissionDenied
+        # No such page, for anyone: the actions' names are the console's, not secrets.
+        raise Http404(_("There is no bulk action “%(action)s”.") % {"action": action[:50]})
     model_admin.require(
         request,
         model_admin.has_view_permission(request),

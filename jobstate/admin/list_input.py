@@ -71,8 +71,14 @@ def _not_an_id(pk: Field[Any, Any], value: str) -> str | None:
     try:
         pk.run_validators(pk.to_python(value))
     except ValidationError as exc:
-        return " ".join(exc.messages).rstrip(".")
+        # Django's message quotes the value, which a forged form may make huge.
+        why = " ".join(exc.messages).rstrip(".")
+        return why if len(why) <= _QUOTED_AT_MOST else f"{why[:_QUOTED_AT_MOST]}…"
     return None
+
+
+#: The longest reason naming a refused value the console repeats.
+_QUOTED_AT_MOST = 200
 
 
 def unapplied(request: HttpRequest, exc: IncorrectLookupParameters) -> str:

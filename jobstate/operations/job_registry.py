@@ -249,7 +249,9 @@ def operations_module_problems() -> list[str]:
     for name in jobstate_settings.OPERATIONS_JOB_MODULES:
         try:
             import_module(name)
-        except ImportError as exc:
+        # Whatever a module raises as it runs means it does not import: an
+        # ImportError, or a declaration refused as it registers (InvalidJobKey...).
+        except Exception as exc:
             problems.append(
                 f"JOBSTATE['OPERATIONS_JOB_MODULES'] names {name!r}, which does not import: "
                 f"{type(exc).__name__}: {exc}."

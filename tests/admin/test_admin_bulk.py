@@ -171,6 +171,14 @@ def test_a_malformed_filter_is_refused_with_a_message(django_user_model: Any) ->
         )
 
 
+def test_a_bulk_action_that_does_not_exist_is_not_found(django_user_model: Any) -> None:
+    client = logged_in(operator(django_user_model, "ops", "view_job", "requeue_job"))
+    for action in ("bogus", "delete_selected", "%3Cscript%3E"):
+        assert client.get(f"{BULK}{action}/").status_code == 404
+        assert client.post(f"{BULK}{action}/", {"_filter": ""}).status_code == 404
+    assert not BulkOperation.objects.exists()
+
+
 def test_a_filter_given_twice_is_refused_by_the_list_and_by_the_bulk_pages(
     django_user_model: Any,
 ) -> None:

@@ -301,3 +301,11 @@ def test_a_selection_that_is_no_id_of_the_list_changes_nothing_and_says_so(
     assert "selection cannot be used" in message and "Nothing was changed" in message
     assert says in message, message
     assert not AuditEntry.objects.exists()
+
+
+def test_a_huge_selected_value_is_not_repeated_whole(admin_client: Client, jobs: None) -> None:
+    data = {"action": "requeue_jobs", "_selected_action": ["9" * 5000], "index": "0"}
+    response = admin_client.post("/admin/jobstate/job/", data, follow=True)
+    [message] = shown_messages(response)
+    assert "selection cannot be used" in message and "Nothing was changed" in message
+    assert len(message) < 400, len(message)

@@ -84,17 +84,27 @@ def test_an_unknown_backend_lists_the_tasks_aliases(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arguments", [["--list"], ["--list", "--json"], ["demo.report-build"]])
+@pytest.mark.parametrize(
+    ("module", "why"),
+    [
+        ("billing.operations", "ModuleNotFoundError"),
+        # Imports, and raises on a key its declaration gets wrong: a traceback before.
+        ("tests.support.bad_operations", "InvalidJobKey: Operations job key 'ops.<b>bold</b>'"),
+    ],
+    ids=["missing", "declared-wrongly"],
+)
 def test_an_operations_module_that_does_not_import_exits_2_naming_it(
-    arguments: list[str], tmp_path: Path
+    arguments: list[str], module: str, why: str, tmp_path: Path
 ) -> None:
     env = {
         **never_migrated(tmp_path),
         "DJANGO_SETTINGS_MODULE": "tests.support.operations_settings",
-        "JOBSTATE_TEST_OPERATIONS_MODULES": json.dumps(["billing.operations"]),
+        "JOBSTATE_TEST_OPERATIONS_MODULES": json.dumps([module]),
     }
     done = manage("run_operations_job", *arguments, env=env)
     assert done.returncode == 2, done.stderr
-    assert "JOBSTATE['OPERATIONS_JOB_MODULES'] names 'billing.operations'" in done.stderr
+    assert f"JOBSTATE['OPERATIONS_JOB_MODULES'] names {module!r}" in done.stderr
+    assert why in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     checked = manage("check", env=env)
     assert checked.returncode == 1 and "jobstate.E002" in checked.stderr

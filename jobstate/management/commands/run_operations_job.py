@@ -88,6 +88,16 @@ class Command(JobStateCommand):
         problems = operations_module_problems()
         if problems:
             raise CommandError(" ".join(problems), returncode=EXIT_USAGE)
+        try:
+            registry.autodiscover()
+        # An installed app's ``operations`` module that raises as it runs (a declaration
+        # refused as it registers, among others) does not import either.
+        except Exception as exc:
+            raise CommandError(
+                f"An installed app's operations module does not import: "
+                f"{type(exc).__name__}: {exc}",
+                returncode=EXIT_USAGE,
+            ) from exc
         if options["list"]:
             given = [
                 name
