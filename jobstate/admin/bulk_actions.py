@@ -44,6 +44,7 @@ from jobstate.console.bulk import (
     advance_bulk_operation,
     applicable_jobs,
     cancel_bulk_operation,
+    running_twin,
     start_bulk_operation,
 )
 from jobstate.console.job_search import (
@@ -178,17 +179,28 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
     form = RejectForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         reason = form.cleaned_data.get("reason", "") if action == BulkAction.REJECT else ""
+        asked: dict[str, Any] = {
+            "action": action,
+            "filters": filters,
+            "search": search,
+            "operator": model_admin.operator(request),
+            "reason": reason,
+        }
         with transaction.atomic():
-            operation = start_bulk_operation(
-                action=action,
-                filters=filters,
-                search=search,
-                operator=model_admin.operator(request),
-                reason=reason,
-            )
-            # One entry for the operation: its jobs are many, and its page lists them.
-            described = "; ".join(describe_filter(filters, search))
-            log_console_action(request, [operation], f"{TITLES[BulkAction(action)]}: {described}")
+            operation = running_twin(**asked)
+            if operation is not None:
+                model_admin.message_user(
+                    request,
+                    _("This operation is already running; nothing more was started."),
+                    messages.WARNING,
+                )
+            else:
+                operation = start_bulk_operation(**asked)
+                # One entry for the operation: its jobs are many, and its page lists them.
+                described = "; ".join(describe_filter(filters, search))
+                log_console_action(
+                    request, [operation], f"{TITLES[BulkAction(action)]}: {described}"
+                )
         return HttpResponseRedirect(
             reverse(
                 f"{model_admin.admin_site.name}:jobstate_job_bulk_progress", args=[operation.pk]

@@ -53,6 +53,7 @@ __all__ = [
     "applicable_jobs",
     "cancel_bulk_operation",
     "matching_jobs",
+    "running_twin",
     "start_bulk_operation",
 ]
 
@@ -93,6 +94,29 @@ def matching_jobs(operation: BulkOperation, using: str = "default") -> QuerySet[
     )
     cutoff = db_instant(using, operation.cutoff)
     return applicable_jobs(rows.filter(created_at__lte=cutoff), operation.action)
+
+
+def running_twin(
+    *,
+    action: str,
+    filters: Mapping[str, str],
+    search: str,
+    operator: str,
+    reason: str = "",
+    using: str = "default",
+) -> BulkOperation | None:
+    """The operation of ``operator`` still running with this action, filter, search and
+    reason, or ``None``: a confirmation sent twice (a double click, a reload) opens it
+    rather than starting a second one over the same jobs."""
+    candidates = BulkOperation.objects.using(using).filter(
+        state=BulkState.RUNNING,
+        action=action,
+        operator=operator,
+        search=search.strip(),
+        reason=reason,
+    )
+    wanted = dict(filters)
+    return next((operation for operation in candidates if operation.filters == wanted), None)
 
 
 def start_bulk_operation(

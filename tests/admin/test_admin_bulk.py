@@ -179,6 +179,21 @@ def test_a_bulk_action_that_does_not_exist_is_not_found(django_user_model: Any) 
     assert not BulkOperation.objects.exists()
 
 
+def test_a_confirmation_sent_twice_opens_the_running_operation(django_user_model: Any) -> None:
+    store = DatabaseStateStore()
+    failed_jobs(store, 3)
+    client = logged_in(operator(django_user_model, "ops", "view_job", "requeue_job"))
+    first = client.post(f"{BULK}requeue/", {"_filter": "target=mail"})
+    again = client.post(f"{BULK}requeue/", {"_filter": "target=mail"}, follow=True)
+    (operation,) = BulkOperation.objects.all()
+    assert first["Location"] == progress_url(operation.pk)
+    assert again.redirect_chain[-1][0] == progress_url(operation.pk)
+    assert any("already running" in message for message in shown_messages(again))
+    # Another filter is another operation.
+    client.post(f"{BULK}requeue/", {"_filter": "target=other"})
+    assert BulkOperation.objects.count() == 2
+
+
 def test_a_filter_given_twice_is_refused_by_the_list_and_by_the_bulk_pages(
     django_user_model: Any,
 ) -> None:
