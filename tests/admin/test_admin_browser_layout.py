@@ -35,6 +35,7 @@ from jobstate.models import (
     Job,
     JobRun,
     Notification,
+    QueuePause,
     Schedule,
     Worker,
     time_ordered_uuid,
@@ -508,3 +509,82 @@ def test_a_confirmation_page_fits_a_phone(console: tuple[Page, str]) -> None:
     assert scroll <= SIZES["phone"]["width"], scroll
     box = page.locator("#jobstate-confirm-form textarea").bounding_box()
     assert box is not None and box["x"] + box["width"] <= SIZES["phone"]["width"], box
+
+
+#: Names as long as their columns allow, without a dot, dash or colon to wrap after.
+LONGEST_TARGET = "tasks:" + "t" * 194
+LONGEST_QUEUE = "q" * 100
+LONGEST_KEY = "k" * 100
+
+
+@pytest.fixture
+def long_names(live_server: Any) -> Iterator[tuple[Page, str]]:
+    """The console with a target, a queue and a schedule key as long as they may be,
+    the target's queue paused."""
+    _rows()
+    now = datetime.now(UTC)
+    for n in range(3):
+        Job.objects.create(
+            request_id=f"long-{n}",
+            target=LONGEST_TARGET,
+            task_path=LONG_TASK,
+            queue_name=LONGEST_QUEUE,
+        )
+    QueuePause.objects.create(target=LONGEST_TARGET, queue_name=LONGEST_QUEUE, paused_by="ops")
+    Worker.objects.create(
+        worker_id="w-long-queues",
+        kind="tasks",
+        host="app-1",
+        pid=1,
+        backend="default",
+        queues=[LONGEST_QUEUE, "default", "q" * 99 + "x"],
+        concurrency=1,
+        lease=timedelta(minutes=1),
+        started_at=now,
+    )
+    definition = parse_declaration(
+        LONGEST_KEY, {"task": "tests.support.task_functions.add", "cron": "0 3 * * *"}
+    )
+    Schedule.objects.create(
+        key=definition.key,
+        kind=definition.kind,
+        target=definition.target,
+        cron=definition.cron,
+        timezone="UTC",
+        catch_up=definition.catch_up,
+        definition=definition.as_json(),
+        effective_from=now,
+        next_slot=now + timedelta(hours=3),
+    )
+    make_operator("view_job", "view_worker", "view_schedule", "view_queuepause")
+    base = str(live_server).rstrip("/")
+    with chromium_page() as page:
+        log_in(page, base)
+        yield page, base
+
+
+def test_names_as_long_as_allowed_fit_a_wide_screen_and_a_phone(
+    long_names: tuple[Page, str],
+) -> None:
+    """A 200-character target made the Overview 1,327 px wide on a phone and the Queues
+    page 2,731 px on a wide screen; a 100-character schedule key pushed the schedules'
+    other columns out of the list's box, and the workers' queues were cut off."""
+    page, base = long_names
+    pages = {
+        "overview": OTHER_PAGES["overview"],
+        "queues": OTHER_PAGES["queues"],
+        "schedules": LISTS["schedules"],
+        "workers": LISTS["workers"],
+    }
+    for size, viewport in SIZES.items():
+        page.set_viewport_size(viewport)
+        for name, path in pages.items():
+            page.goto(base + path)
+            _shoot(page, f"long-names-{name}", size)
+            scroll = page.evaluate("document.documentElement.scrollWidth")
+            assert scroll <= viewport["width"], (name, size, scroll)
+            if path in LISTS.values():
+                inner = page.locator("#changelist-form .results").evaluate(
+                    "e => [e.scrollWidth, e.clientWidth]"
+                )
+                assert inner[0] <= inner[1], (name, size, inner)
