@@ -105,3 +105,26 @@ def returns_a_generator() -> Any:
     generator = _raises_on_close()
     next(generator)
     return generator
+
+
+@task
+def leaves_a_transaction_open(request_id: str) -> str:
+    """Enters ``transaction.atomic()``, writes, and returns without leaving the block:
+    Django's connection of the thread stays marked inside it."""
+    from django.db import transaction
+
+    from jobstate.models import Job
+
+    transaction.atomic().__enter__()
+    Job.objects.filter(request_id=request_id).update(source="written in the open block")
+    return "left open"
+
+
+@task
+def reads_the_database() -> int:
+    """Needs the thread's connection: fails if a task before it broke it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        return int(cursor.fetchone()[0])

@@ -28,10 +28,12 @@ from tests.support.hostile_tasks import (
     MISBEHAVIOURS,
     drops_hostile_objects,
     hostile,
+    leaves_a_transaction_open,
+    reads_the_database,
     returns_a_generator,
 )
 from tests.support.task_functions import add, always_fails
-from tests.support.tasks_kit import start_worker, use_options, wait_for
+from tests.support.tasks_kit import run_batch, start_worker, use_options, wait_for
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -197,3 +199,24 @@ def test_a_long_log_does_not_stop_a_worker_recovering_its_lost_attempt(settings:
     job = store.get_job(task.id)
     assert job is not None
     assert [e.event for e in store.list_audit(job=job)].count("recovered") == 1
+
+
+def test_a_task_that_leaves_a_transaction_open_fails_alone(settings: Any) -> None:
+    """The task entered ``transaction.atomic()`` and never left it. Its thread's
+    connection was then closed inside the block and never opened again: every later task
+    of the thread that used the database failed ("the connection is closed"), for the
+    life of the worker, and the task itself was stored as a success, its writes lost."""
+    options = use_options(settings, MAX_ATTEMPTS=1)
+    DatabaseStateStore().create_job(request_id="marker", target="t")
+    open_block = leaves_a_transaction_open.enqueue("marker")
+    readers = [reads_the_database.enqueue() for _ in range(3)]
+    run_batch(options, "--concurrency", "1")
+    result = leaves_a_transaction_open.get_result(open_block.id)
+    assert result.status == FAILED
+    (error,) = result.errors
+    assert error.exception_class_path == "django.db.transaction.TransactionManagementError"
+    assert "left a transaction.atomic() block open" in error.traceback
+    # What it wrote in the block was rolled back, as the failure says.
+    assert Job.objects.get(request_id="marker").source == ""
+    for queued in readers:
+        assert reads_the_database.get_result(queued.id).status == SUCCESSFUL

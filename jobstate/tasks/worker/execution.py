@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction
-from django.db import close_old_connections, connections
+from django.db import connections
 from django.utils import timezone
 
 from jobstate.core.attempt_log import (
@@ -56,6 +56,7 @@ from jobstate.exceptions import (
 from jobstate.tasks.compat import TaskContext, normalize_json, task_started
 from jobstate.tasks.policies import StoredPolicy
 from jobstate.tasks.results import task_of, task_result
+from jobstate.tasks.worker.task_connections import release_task_connections
 
 if TYPE_CHECKING:
     from jobstate.models import Job
@@ -329,9 +330,10 @@ class Attempt:
         except BaseException as exc:
             return failure(self.worker_id, started_at, exc), None, exc
         finally:
-            # What a request's end does: give back the connections the task used, or
-            # drop them when CONN_MAX_AGE says so or they broke.
-            close_old_connections()
+            # What a request's end does to the task's connections (and an open block).
+            left_open = release_task_connections()
+        if left_open is not None:
+            return failure(self.worker_id, started_at, left_open), None, left_open
         record = TaskAttempt(
             worker_id=self.worker_id,
             started_at=started_at,
