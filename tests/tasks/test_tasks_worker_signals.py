@@ -24,7 +24,7 @@ from jobstate.core.attempt_log import read_attempt_log
 from jobstate.core.states import TASK_NOTIFY_CHANNEL, JobStatus
 from jobstate.models import Job
 from jobstate.tasks.compat import TaskResultStatus
-from tests.support.task_functions import add, floods_the_log, started_then_sleeps
+from tests.support.task_functions import add, async_sleeps, floods_the_log, started_then_sleeps
 from tests.support.tasks_kit import finish, start_worker, stop, use_options, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -124,6 +124,33 @@ def test_a_task_still_running_when_the_grace_ends_is_handed_back_with_its_attemp
     ran = re.search(r"attempt 1/2 worker lost .* in (\d+) ms", err)
     assert ran is not None, err
     assert int(ran.group(1)) >= 1000
+
+
+def test_a_worker_that_gave_up_on_an_async_task_exits_without_waiting_for_it(
+    settings: Any,
+) -> None:
+    """An ``async def`` task runs in an event loop's thread, which no interrupt reaches
+    and which Python waits for at exit: the worker had reported the attempt lost and
+    logged that it stopped, then lived on until the coroutine returned, while the
+    task's next attempt could start elsewhere once the lease ran out."""
+    options = use_options(settings, MAX_ATTEMPTS=2)
+    slow = async_sleeps.enqueue(60)
+    worker = start_worker("--grace", "1", "--worker-id", "gives-up", options=options)
+    try:
+        wait_for(lambda: running(slow.id), what="the task to start")
+        signalled = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        code, _out, err = finish(worker, timeout=30)
+        took = time.monotonic() - signalled
+    finally:
+        stop(worker)
+    assert code == 0, err
+    assert took < 15, (took, err)
+    assert "1 interrupted" in err
+    assert "Exiting without waiting for the threads of the 1 task the worker gave up on" in err
+    result = async_sleeps.get_result(slow.id)
+    assert result.status == READY and result.attempts == 1
+    assert result.errors[0].exception_class_path == "jobstate.exceptions.WorkerLost"
 
 
 def signal_twice(worker: subprocess.Popen[str]) -> None:

@@ -227,6 +227,28 @@ class Command(JobStateCommand):
             "development; --no-reload turns it off.",
         )
 
+    #: How many tasks the worker gave up on, once it ran: ``run_from_argv`` reads it.
+    _gave_up_on_tasks = 0
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """``manage.py jobstate_worker``: once the worker has stopped, a thread of a
+        task it gave up on no longer holds the process (see
+        :func:`~jobstate.tasks.worker.shutdown.exit_leaving_given_up_threads`)."""
+        try:
+            super().run_from_argv(argv)
+        except SystemExit as exc:
+            self._leave_given_up_threads(exc.code)
+            raise
+        self._leave_given_up_threads(0)
+
+    def _leave_given_up_threads(self, code: Any) -> None:
+        if not self._gave_up_on_tasks:
+            return
+        from jobstate.tasks.worker.shutdown import exit_leaving_given_up_threads
+
+        status = code if isinstance(code, int) else int(code is not None)
+        exit_leaving_given_up_threads(status, self._gave_up_on_tasks)
+
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here, so the other commands work on Django 5.2 without the backport;
         # the reloader only when asked for, the schedules once the first claim is made
@@ -304,6 +326,7 @@ class Command(JobStateCommand):
             )
             watcher = CodeWatcher(worker.request_stop) if reload else None
             summary = worker.run()
+            self._gave_up_on_tasks = summary.interrupted + summary.stuck
             if watcher is not None:
                 watcher.stop()
         except (InvalidJobState, ImproperlyConfigured, ImproperlyConfiguredStore) as exc:

@@ -22,7 +22,7 @@ from typing import Any
 
 from jobstate.core.stop_signals import STOP_SIGNALS, handled_stop_signals
 
-__all__ = ["STOP_SIGNALS", "stop_signals"]
+__all__ = ["STOP_SIGNALS", "exit_leaving_given_up_threads", "stop_signals"]
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -84,3 +84,32 @@ def _flush() -> None:
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+
+
+def exit_leaving_given_up_threads(status: int, tasks: int) -> None:
+    """End the process with ``status`` now, when threads are left after the worker gave
+    up on ``tasks`` tasks (their grace ran out, or a timed-out task did not stop); else
+    return, and the process exits as usual. The caller asks only when ``tasks`` > 0.
+
+    An ``async def`` task runs in an event loop's thread of its own, which no interrupt
+    reaches and which Python waits for at exit. The worker has reported such an attempt
+    as lost: its next attempt may start elsewhere once the lease runs out, and the two
+    must not overlap. Exiting this way skips ``atexit`` handlers, so it is done only
+    then; the log is written out first."""
+    # A daemon thread holds the process too when it is an executor's: Python joins
+    # those at exit, and asgiref runs each event loop in one.
+    waiting = [
+        thread
+        for thread in threading.enumerate()
+        if thread.is_alive() and thread is not threading.main_thread()
+    ]
+    if not waiting:
+        return
+    logger.info(
+        "Exiting without waiting for the thread%s of the %d task%s the worker gave up on",
+        "" if len(waiting) == 1 else "s",
+        tasks,
+        "" if tasks == 1 else "s",
+    )
+    _flush()
+    os._exit(status)
