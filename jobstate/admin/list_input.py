@@ -110,14 +110,9 @@ def filter_parameters(model_admin: Any, request: HttpRequest) -> set[str]:
             continue
         field_path, filter_class = item if isinstance(item, list | tuple) else (item, None)
         field = get_fields_from_path(model_admin.model, field_path)[-1]
-        if filter_class is None:
-            spec = FieldListFilter.create(
-                field, request, {}, model_admin.model, model_admin, field_path=field_path
-            )
-        else:
-            spec = filter_class(
-                field, request, {}, model_admin.model, model_admin, field_path=field_path
-            )
+        # Django's choice of filter for the field, unless the list names one.
+        make = filter_class or FieldListFilter.create
+        spec = make(field, request, {}, model_admin.model, model_admin, field_path=field_path)
         # The field itself (``?kind=relay``) is its exact lookup, which links use.
         names.add(field_path)
         names.update(name for name in spec.expected_parameters() if name is not None)
