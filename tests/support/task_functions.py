@@ -58,6 +58,11 @@ def returns_a_set() -> Any:
 
 
 @task
+def returns_bytes(text: str, encoding: str) -> Any:
+    return text.encode(encoding)
+
+
+@task
 def returns_a_deep_list() -> Any:
     """A list nested deeper than Python's recursion limit lets JSON walk."""
     value: list[Any] = []

@@ -31,6 +31,7 @@ from tests.support.task_functions import (
     returns_a_list_31_deep,
     returns_a_list_32_deep,
     returns_a_set,
+    returns_bytes,
     started_then_sleeps,
 )
 from tests.support.tasks_kit import finish, run_batch, start_worker, stop, use_options
@@ -227,6 +228,22 @@ def test_a_return_value_that_is_not_json_fails_the_attempt(
     (error,) = result.errors
     assert error.exception_class_path == "jobstate.exceptions.TaskReturnValueNotJSON"
     assert f"the task returned {reason}" in error.traceback
+
+
+def test_bytes_returned_are_kept_as_text_when_they_are_utf_8(settings: Any) -> None:
+    # As Django's own backends normalise a return value: UTF-8 bytes come back as text,
+    # other bytes fail the attempt with the reason.
+    options = use_options(settings)
+    text = returns_bytes.enqueue("café ✓", "utf-8")
+    latin = returns_bytes.enqueue("café", "latin-1")
+    run_batch(options)
+    kept = returns_bytes.get_result(text.id)
+    assert kept.status == SUCCESSFUL and kept.return_value == "café ✓"
+    refused = returns_bytes.get_result(latin.id)
+    assert refused.status == FAILED
+    (error,) = refused.errors
+    assert error.exception_class_path == "jobstate.exceptions.TaskReturnValueNotJSON"
+    assert "the task returned a value of type 'bytes' that cannot be stored" in error.traceback
 
 
 def test_a_return_value_31_levels_deep_is_kept(settings: Any) -> None:
