@@ -20,6 +20,7 @@ from django.utils.translation import ngettext
 
 from jobstate.admin.redaction import Redactor
 from jobstate.admin.redaction import redactor as make_redactor
+from jobstate.core.bidi import isolated
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.contracts.audit import AuditSeverity
 
@@ -87,7 +88,7 @@ def _folded(text: str, css_class: str, preview: str) -> SafeString:
     lines = text.count("\n") + 1
     if lines <= FOLD_LINES and len(text) <= FOLD_CHARS:
         return format_html('<pre class="{}">{}</pre>', css_class, text)
-    first = Truncator(preview).chars(80)
+    first = isolated(Truncator(preview).chars(80))
     size = ngettext(
         "%(lines)s line, %(chars)s characters",
         "%(lines)s lines, %(chars)s characters",

@@ -17,6 +17,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy
 
 from jobstate.admin.common import ReadOnlyAdmin, json_block
+from jobstate.core.bidi import isolated
 from jobstate.core.states import UNIQUE_STATE_BITS
 from jobstate.models import Job
 
@@ -70,7 +71,7 @@ def unique_text(job: Job) -> str | None:
     if job.unique_digest is None or not isinstance(key, str):
         return None
     states = [name for name, bit in UNIQUE_STATE_BITS.items() if (job.unique_states or 0) & bit]
-    return f"{key} ({gettext_lazy('held while')} {', '.join(states)})"
+    return f"{isolated(key)} ({gettext_lazy('held while')} {', '.join(states)})"
 
 
 def concurrency_text(job: Job) -> str | None:
@@ -79,9 +80,8 @@ def concurrency_text(job: Job) -> str | None:
     key = stored.get("concurrency_key")
     if job.concurrency_digest is None or not isinstance(key, str):
         return None
-    return (
-        f"{key} ({gettext_lazy('at most')} {job.concurrency_limit or 1} {gettext_lazy('at once')})"
-    )
+    limit = job.concurrency_limit or 1
+    return f"{isolated(key)} ({gettext_lazy('at most')} {limit} {gettext_lazy('at once')})"
 
 
 def _seconds(value: Any) -> str:

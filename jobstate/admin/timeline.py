@@ -27,6 +27,7 @@ from jobstate.admin.display import moment, worker_link
 from jobstate.admin.job_page import audit_summary, status_name
 from jobstate.admin.redaction import Redactor
 from jobstate.core.attempt_log import AttemptOutcome, LeftOut, TaskAttempt, attempt_history
+from jobstate.core.bidi import isolated
 from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.models import AuditEntry, Job
 
@@ -263,9 +264,10 @@ def _finished(job: Job) -> TimelineEvent:
 
 
 def _describe_source(job: Job) -> str:
-    parts = [job.target or "—"]
+    parts = [isolated(job.target) if job.target else "—"]
     if job.task_path:
-        parts.append(job.task_path + (f" · {job.queue_name}" if job.queue_name else ""))
+        queue = f" · {isolated(job.queue_name)}" if job.queue_name else ""
+        parts.append(isolated(job.task_path) + queue)
     if job.source:
-        parts.append(_("from %(source)s") % {"source": job.source})
+        parts.append(_("from %(source)s") % {"source": isolated(job.source)})
     return " · ".join(parts)

@@ -46,6 +46,7 @@ from jobstate.admin.display import moment
 from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
 from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.worker_page import worker_jobs
+from jobstate.core.bidi import isolated
 from jobstate.core.states import CLAIMED_JOB_STATUSES
 from jobstate.models import Job, Worker
 
@@ -257,7 +258,7 @@ class WorkerAdmin(ReadOnlyAdmin):
     def queues_display(self, worker: Worker) -> str:
         if worker.queues is None:
             return _("every queue") if worker.kind == "tasks" else "—"
-        return ", ".join(str(name) for name in worker.queues)
+        return ", ".join(isolated(str(name)) for name in worker.queues)
 
     @admin.display(description=gettext_lazy("worker"), ordering="worker_id")
     def worker_cell(self, worker: Worker) -> SafeString | str:

@@ -23,6 +23,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from jobstate.core.bidi import isolated
 from jobstate.core.states import NO_QUEUE, WorkerKind
 
 __all__ = [
@@ -111,7 +112,7 @@ class Worker(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.worker_id
+        return isolated(self.worker_id)
 
 
 class QueuePause(models.Model):
@@ -136,4 +137,4 @@ class QueuePause(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.target} / {self.queue_name or '—'}"
+        return f"{isolated(self.target)} / {isolated(self.queue_name or '—')}"

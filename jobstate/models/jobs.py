@@ -10,6 +10,7 @@ from django.db.models import Exists, F, OuterRef, Q, Value
 from django.db.models.functions import Coalesce, Now
 from django.utils.translation import gettext_lazy as _
 
+from jobstate.core.bidi import isolated
 from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
     INFLIGHT_JOB_STATUSES,
@@ -415,7 +416,7 @@ class Job(models.Model):
         # How the admin names a job in its breadcrumbs, messages and history: a task by
         # its task path, any other job by its request id; the id tells them apart. The
         # status is left out: the history keeps this text after the status has moved on.
-        return f"{self.task_path or self.request_id} ({self.id})"
+        return f"{isolated(self.task_path or self.request_id)} ({self.id})"
 
     @property
     def is_terminal(self) -> bool:

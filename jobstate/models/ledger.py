@@ -6,6 +6,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from jobstate.core.bidi import isolated
 from jobstate.core.states import (
     AuditSeverity,
     AuditStage,
@@ -72,7 +73,8 @@ class AuditEntry(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.event} {self.request_id or self.job_id or ''}".strip()
+        about = self.request_id or (str(self.job_id) if self.job_id else "")
+        return f"{isolated(self.event)} {isolated(about)}".strip()
 
 
 # --- runtime locks -----------------------------------------------------------------------
@@ -104,4 +106,4 @@ class RuntimeLock(models.Model):
         permissions = [("force_release_lock", _("Can force-release runtime locks"))]
 
     def __str__(self) -> str:
-        return f"{self.lock_key} ({self.owner})"
+        return f"{isolated(self.lock_key)} ({isolated(self.owner)})"

@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from jobstate.core.bidi import isolated
 from jobstate.core.states import (
     NotificationState,
 )
@@ -86,7 +87,7 @@ class Notification(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.channel} → {self.destination} ({self.state})"
+        return f"{isolated(self.channel)} → {isolated(self.destination)} ({self.state})"
 
 
 class DeliveryAttempt(models.Model):
@@ -144,7 +145,7 @@ class DeliveryReplay(models.Model):
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return self.dlq_key
+        return isolated(self.dlq_key)
 
 
 # --- approval continuation ---------------------------------------------------------------

@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from jobstate.core.bidi import isolated
 from jobstate.core.states import (
     JobRunStatus,
 )
@@ -87,4 +88,4 @@ class JobRun(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job_key} {self.status} ({self.id})"
+        return f"{isolated(self.job_key)} {self.status} ({self.id})"

@@ -14,6 +14,8 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from jobstate.core.bidi import isolated
+
 #: The unique key behind "each (schedule, slot) is enqueued once": an occurrence of a
 #: cron slot. Matched by name when an insert violates it (the slot was taken).
 ONCE_PER_SLOT = "jobstate_schedule_once_per_slot"
@@ -124,7 +126,7 @@ class Schedule(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.key
+        return isolated(self.key)
 
 
 class ScheduleOccurrence(models.Model):
