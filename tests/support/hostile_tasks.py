@@ -121,6 +121,18 @@ def leaves_a_transaction_open(request_id: str) -> str:
 
 
 @task
+def turns_autocommit_off(request_id: str) -> str:
+    """Turns autocommit off, writes, and returns without committing or turning it on."""
+    from django.db import transaction
+
+    from jobstate.models import Job
+
+    transaction.set_autocommit(False)
+    Job.objects.filter(request_id=request_id).update(source="written with autocommit off")
+    return "autocommit left off"
+
+
+@task
 def reads_the_database() -> int:
     """Needs the thread's connection: fails if a task before it broke it."""
     from django.db import connection

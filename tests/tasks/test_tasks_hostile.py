@@ -31,6 +31,7 @@ from tests.support.hostile_tasks import (
     leaves_a_transaction_open,
     reads_the_database,
     returns_a_generator,
+    turns_autocommit_off,
 )
 from tests.support.task_functions import add, always_fails
 from tests.support.tasks_kit import run_batch, start_worker, use_options, wait_for
@@ -220,3 +221,50 @@ def test_a_task_that_leaves_a_transaction_open_fails_alone(settings: Any) -> Non
     assert Job.objects.get(request_id="marker").source == ""
     for queued in readers:
         assert reads_the_database.get_result(queued.id).status == SUCCESSFUL
+
+
+def test_after_a_task_left_a_transaction_open_the_next_tasks_start_clean(settings: Any) -> None:
+    """After a task left a block open, the next tasks of its thread that did not use
+    the database failed with its error; and the next task that entered a block ran it
+    as if nested in the dead one, with autocommit on: stored as a success, its writes
+    committed although it never left the block."""
+    options = use_options(settings, MAX_ATTEMPTS=1)
+    store = DatabaseStateStore()
+    for marker in ("first", "second", "third"):
+        store.create_job(request_id=marker, target="t")
+    queued = [
+        leaves_a_transaction_open.enqueue("first"),
+        add.enqueue(1, 2),
+        add.enqueue(3, 4),
+        leaves_a_transaction_open.enqueue("second"),
+        turns_autocommit_off.enqueue("third"),
+        add.enqueue(5, 6),
+        reads_the_database.enqueue(),
+    ]
+    run_batch(options, "--concurrency", "1")
+    outcomes = [
+        (result.status, result.errors[-1].traceback.splitlines()[-1] if result.errors else "")
+        for result in (
+            task.get_result(q.id)
+            for task, q in zip(
+                [
+                    leaves_a_transaction_open,
+                    add,
+                    add,
+                    leaves_a_transaction_open,
+                    turns_autocommit_off,
+                    add,
+                    reads_the_database,
+                ],
+                queued,
+                strict=True,
+            )
+        )
+    ]
+    statuses = [status for status, _ in outcomes]
+    assert statuses == [FAILED, SUCCESSFUL, SUCCESSFUL, FAILED, FAILED, SUCCESSFUL, SUCCESSFUL]
+    assert "left a transaction.atomic() block open" in outcomes[3][1]
+    assert "turned autocommit off on database 'default'" in outcomes[4][1]
+    # Nothing the three wrote outside a committed transaction was kept.
+    sources = dict(Job.objects.filter(target="t").values_list("request_id", "source"))
+    assert sources == {"first": "", "second": "", "third": ""}
