@@ -317,7 +317,18 @@ def bulk_urls(model_admin: ScaledAdmin) -> list[Any]:
             site.admin_view(lambda request, pk: progress_view(model_admin, request, pk)),
             name="jobstate_job_bulk_progress",
         ),
+        # Anything else under it is no operation: a 404, rather than the admin's own
+        # fallback, which would look the text up as a job's id ("Job with ID
+        # “bulk-operation/abc” doesn't exist").
+        path(
+            "bulk-operation/<path:rest>",
+            site.admin_view(lambda request, rest: _no_such_operation(rest)),
+        ),
     ]
+
+
+def _no_such_operation(rest: str) -> HttpResponse:
+    raise Http404(_("There is no bulk operation “%(rest)s”.") % {"rest": rest[:40]})
 
 
 @admin.register(BulkOperation)

@@ -50,9 +50,10 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
     list_display = ["lock_key", "owner", "state_display", "expires", "updated"]
     phone_hidden_columns = ("expires", "updated")
     empty_list_text = gettext_lazy(
-        "No runtime locks are held. A lock appears while an operations job holds its "
-        "overlap key (so a second run of it waits or is skipped) or while a host's code "
-        "holds a lock through the store; it goes when released or expired."
+        "No runtime locks are held. A lock appears while application code holds one "
+        "through the state store (acquire_runtime_lock); it goes when released or expired. "
+        "Operations jobs keep their runs from overlapping through their runs, not these "
+        "locks: see Job runs."
     )
     expires = moment_field("expires_at", gettext_lazy("expires"))
     updated = moment_field("updated_at", gettext_lazy("updated"))

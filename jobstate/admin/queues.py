@@ -116,6 +116,15 @@ class QueuePauseAdmin(ReadOnlyAdmin):
             return HttpResponseNotAllowed(["GET", "POST"])
         queues_url = reverse(f"{self.admin_site.name}:jobstate_queuepause_changelist")
         given: QueryDict = request.POST if request.method == "POST" else request.GET
+        if not given.get("target"):
+            # A link or form that names no queue: say so in the operator's words rather
+            # than the store's argument check.
+            self.message_user(
+                request,
+                _("Nothing was changed: no queue was named. Use a queue's button on this page."),
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(queues_url)
         try:
             target, queue = parse_queue_key(given.get("target"), given.get("queue", NO_QUEUE))
         except InvalidJobState as exc:
@@ -163,6 +172,9 @@ class QueuePauseAdmin(ReadOnlyAdmin):
             "row": _shown(row),
             "label": label,
             "already": row.paused if action == "pause" else not row.paused,
+            # A queue no job of which is in the database: a typo in a hand-made link,
+            # or a queue paused before its first job.
+            "unknown": not matching,
             "queues_url": queues_url,
         }
         request.current_app = self.admin_site.name

@@ -179,6 +179,17 @@ def test_a_bulk_action_that_does_not_exist_is_not_found(django_user_model: Any) 
     assert not BulkOperation.objects.exists()
 
 
+def test_an_operation_address_that_names_no_operation_is_not_found(
+    django_user_model: Any,
+) -> None:
+    # "abc" and "-1" fell through to the admin's own fallback, which looked them up as a
+    # job's id and redirected to the index with "Job with ID “bulk-operation/abc”".
+    client = logged_in(operator(django_user_model, "ops", "view_job", "requeue_job"))
+    for rest in ("abc/", "-1/", "99999/", "1/extra/"):
+        response = client.get(f"/admin/jobstate/job/bulk-operation/{rest}")
+        assert response.status_code == 404, rest
+
+
 def test_a_confirmation_sent_twice_opens_the_running_operation(django_user_model: Any) -> None:
     store = DatabaseStateStore()
     failed_jobs(store, 3)

@@ -234,12 +234,26 @@ def test_a_queue_name_keeps_its_case_in_the_messages_shown(admin_client: Client)
 def test_a_bad_queue_is_refused_and_changes_nothing(
     admin_client: Client, store: DatabaseStateStore
 ) -> None:
-    response = admin_client.post(PAUSE, {"target": "", "post": "yes"}, follow=True)
-    assert any("Nothing was changed" in message for message in shown_messages(response))
+    for given in ({"target": "", "post": "yes"}, {"post": "yes"}):
+        response = admin_client.post(PAUSE, given, follow=True)
+        # In the operator's words, not the store's argument check ("got None").
+        assert "Nothing was changed: no queue was named." in shown_messages(response)[0]
+        assert "got" not in shown_messages(response)[0]
     response = admin_client.post(PAUSE, {"target": "x" * 300, "post": "yes"}, follow=True)
     assert any("Nothing was changed" in message for message in shown_messages(response))
     assert not QueuePause.objects.exists()
     assert not AuditEntry.objects.exists()
+
+
+def test_the_confirmation_page_of_a_queue_without_jobs_says_so(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    store.create_job(request_id="known", target="demo.inhub")
+    known = admin_client.get(PAUSE, {"target": "demo.inhub"}).content.decode()
+    assert 'id="jobstate-unknown-queue"' not in known
+    typo = admin_client.get(PAUSE, {"target": "demo.inhbu"}).content.decode()
+    assert "No job of this queue is in the database now. Check the name" in typo
+    assert 'id="jobstate-confirm-form"' in typo  # a queue may be paused before its jobs
 
 
 def test_the_confirmation_page_of_a_paused_queue_offers_nothing_to_confirm(

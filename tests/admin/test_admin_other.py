@@ -354,7 +354,7 @@ def test_decisions_and_replays_are_listed_read_only(
 @pytest.mark.parametrize(
     ("url", "says"),
     [
-        (LOCKS, "No runtime locks are held. A lock appears while an operations job holds"),
+        (LOCKS, "No runtime locks are held. A lock appears while application code holds"),
         ("/admin/jobstate/approvaldecision/", "A decision is recorded when an operator approves"),
         (RUNS, "A run is recorded each time an operations job starts"),
         (NOTIFICATIONS, "A notification is written with its job"),
@@ -373,4 +373,7 @@ def test_an_empty_search_says_nothing_matches(admin_client: Client, db: None) ->
     RuntimeLockFactory(lock_key="nightly-import")
     page = admin_client.get(LOCKS, {"q": "no-such-lock"}).content.decode()
     assert "No runtime locks match this search or these filters." in page
+    # The list is not empty, only the search's result: the empty list's text would say
+    # there are none.
+    assert "No runtime locks are held" not in page
     assert 'id="jobstate-empty"' not in admin_client.get(LOCKS).content.decode()
