@@ -38,6 +38,7 @@ from django.utils.translation import gettext_lazy
 
 from jobstate.admin.action_log import log_console_action
 from jobstate.admin.common import ReadOnlyAdmin, RejectForm, ScaledAdmin, choice_badge
+from jobstate.admin.display import moment
 from jobstate.admin.page_bases import moment_field, redirect_with_query
 from jobstate.console.bulk import (
     BulkOperationFinished,
@@ -266,6 +267,8 @@ def progress_view(model_admin: ScaledAdmin, request: HttpRequest, pk: int) -> Ht
         "operation": operation,
         "progress": _progress(operation),
         "filter_lines": describe_filter(operation.filters, operation.search),
+        # As every console page shows an instant: with seconds and its zone.
+        "cutoff": moment(operation.cutoff),
         "may_run": may_run,
         "changelist_url": reverse(f"{model_admin.admin_site.name}:jobstate_job_changelist"),
         "matching_url": _matching_url(model_admin, operation),

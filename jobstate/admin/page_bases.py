@@ -160,6 +160,8 @@ class ScaledAdmin(admin.ModelAdmin):
 
     paginator = EstimatedCountPaginator
     object_history_template = "admin/jobstate/object_history.html"
+    # An empty value as the console's own cells show one (Django's default is "-").
+    empty_value_display = "—"
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     date_hierarchy = None

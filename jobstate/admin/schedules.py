@@ -366,7 +366,9 @@ class ScheduleAdmin(ReadOnlyAdmin):
             confirm_label=_("Yes, run now"),
             done=counted(
                 ngettext_lazy(
-                    "Enqueued %(count)d schedule.", "Enqueued %(count)d schedules.", "count"
+                    "Enqueued a job of %(count)d schedule.",
+                    "Enqueued a job of each of %(count)d schedules.",
+                    "count",
                 )
             ),
             row=row,

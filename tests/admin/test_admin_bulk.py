@@ -63,6 +63,9 @@ def test_a_bulk_requeue_runs_to_the_end_and_audits_every_job(django_user_model: 
     assert operation.total == 5 and operation.operator == "ops"
     page = client.get(progress_url(operation.pk)).content.decode()
     assert 'id="jobstate-bulk-continue"' in page
+    # The cutoff as every instant of the console: with seconds and its zone.
+    cutoff = page.split('id="jobstate-bulk-cutoff">')[1].split("</td>")[0]
+    assert '<time class="jobstate-moment"' in cutoff and " UTC</time>" in cutoff, cutoff
     step = client.post(progress_url(operation.pk), {"step": "1"}, HTTP_ACCEPT="application/json")
     progress = json.loads(step.content)
     assert progress == {

@@ -77,7 +77,7 @@ def test_run_now_needs_its_permission_and_is_audited_with_the_user(
     selected = [schedules["nightly"].pk, schedules["old"].pk]
     done = act(runner, SCHEDULES, "run_schedules_now", selected, confirm=True)
     messages = shown_messages(done)
-    assert "Enqueued 1 schedule." in messages
+    assert "Enqueued a job of 1 schedule." in messages
     assert any("old (removed from settings)" in m for m in messages)
     occurrence = ScheduleOccurrence.objects.get(trigger="manual")
     assert (occurrence.schedule.key, occurrence.enqueued_by) == ("nightly", "rita")
