@@ -125,6 +125,8 @@ def repeated_parameter(request: HttpRequest) -> str | None:
     the same URL reads one: the list and what the action changes would differ."""
     for name, values in request.GET.lists():
         if name != ERROR_FLAG and len(values) > 1:
+            if name == SEARCH_VAR:
+                return _("The search is given more than once; give one. The whole list is shown.")
             return _(
                 "The filter “%(name)s” is given more than once; give it one value. The "
                 "whole list is shown."

@@ -43,8 +43,8 @@ __all__ = ["NotificationAdmin"]
 _DELIVERY_ATTEMPT_FIELDS: tuple[str, ...] = (
     "number",
     "relay_id",
-    "started_at",
-    "finished_at",
+    "started",
+    "finished",
     "succeeded",
     "error_text",
 )
@@ -61,6 +61,9 @@ class DeliveryAttemptInline(ReadOnlyInline):
     fields = _DELIVERY_ATTEMPT_FIELDS
     readonly_fields = _DELIVERY_ATTEMPT_FIELDS
     ordering = ["number"]
+    # Instants as every console page shows them (seconds, zone), not Django's default.
+    started = moment_field("started_at", gettext_lazy("started"))
+    finished = moment_field("finished_at", gettext_lazy("finished"))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[DeliveryAttempt]:
         # Each attempt's error is masked with its notification's redactor.
@@ -73,7 +76,7 @@ class DeliveryAttemptInline(ReadOnlyInline):
         return notification_redactor(attempt.notification).text(attempt.error)
 
 
-_DELIVERY_REPLAY_FIELDS: tuple[str, ...] = ("dlq_key", "requested_by", "created_at")
+_DELIVERY_REPLAY_FIELDS: tuple[str, ...] = ("dlq_key", "requested_by", "created")
 
 
 class DeliveryReplayInline(ReadOnlyInline):
@@ -82,6 +85,7 @@ class DeliveryReplayInline(ReadOnlyInline):
     readonly_fields = _DELIVERY_REPLAY_FIELDS
     ordering = ["created_at"]
     verbose_name_plural = gettext_lazy("replays")
+    created = moment_field("created_at", gettext_lazy("created"))
 
 
 def _label(notification: Notification) -> str:

@@ -227,6 +227,9 @@ def test_a_filter_given_twice_is_refused_by_the_list_and_by_the_bulk_pages(
     client.post(f"{BULK}delete/", {"_filter": query})
     assert not BulkOperation.objects.exists()
     assert Job.objects.count() == 2
+    # The search box is no filter, and is named as what it is.
+    said = shown_messages(client.get("/admin/jobstate/job/?q=a&q=b", follow=True))
+    assert any("The search is given more than once" in message for message in said), said
 
 
 def test_batches_follow_the_list_order_and_jobs_created_later_are_left_out() -> None:

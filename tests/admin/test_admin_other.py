@@ -235,6 +235,11 @@ def test_notification_page_shows_redacted_payload_and_attempts(
     assert "s-hidden" not in page and "••••" in page and "&quot;order&quot;: 7" in page
     assert "HTTP 503 from receiver" in page and "relay-1" in page
     assert 'name="_save"' not in page
+    # The attempt's start as every instant of the console (seconds and zone), not
+    # Django's "Dec. 6, 2026, 9:52 p.m.".
+    attempts = page.split('id="delivery_attempts-group"')[1].split("</table>")[0]
+    assert '<time class="jobstate-moment"' in attempts and " UTC</time>" in attempts
+    assert "p.m." not in attempts and "a.m." not in attempts
 
 
 def test_replay_sends_a_dead_letter_back_once_and_audits_the_operator(
