@@ -14,7 +14,7 @@ permission; a read-only user gets 403. The operations are listed (read-only) und
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -330,7 +330,7 @@ def bulk_urls(model_admin: ScaledAdmin) -> list[Any]:
     ]
 
 
-def _no_such_operation(rest: str) -> HttpResponse:
+def _no_such_operation(rest: str) -> NoReturn:
     raise Http404(_("There is no bulk operation “%(rest)s”.") % {"rest": rest[:40]})
 
 
