@@ -5,7 +5,9 @@
  *   HTTP on another host) the older selection-and-copy command is used;
  * - instants (<time class="jobstate-moment" datetime=ISO>) are shown in the viewer's
  *   time zone, "2026-12-02 15:30:12 CET", the server's text kept in the tooltip;
- * - a list's filter sidebar can be hidden, and stays as the operator left it.
+ * - a list's filter sidebar can be hidden, and stays as the operator left it;
+ * - on a phone, the columns a list leaves out can be shown ("All columns"), and stay
+ *   shown until the operator asks for fewer.
  *
  * Progressive enhancement: without the script the server's text stays (the server's
  * zone, named), ids are whole in their tooltip and the sidebar is shown. Parts of a
@@ -15,6 +17,7 @@
   "use strict";
 
   var FILTERS_KEY = "jobstate.console.filters-hidden";
+  var COLUMNS_KEY = "jobstate.console.all-columns";
 
   // --- copy buttons ---------------------------------------------------------------
 
@@ -128,17 +131,17 @@
 
   // --- the filter sidebar -----------------------------------------------------------
 
-  function remembered() {
+  function remembered(key) {
     try {
-      return window.localStorage.getItem(FILTERS_KEY) === "1";
+      return window.localStorage.getItem(key) === "1";
     } catch (error) {
-      return false; // storage disabled: the sidebar starts shown
+      return false; // storage disabled: the page starts as the server sent it
     }
   }
 
-  function remember(hidden) {
+  function remember(key, on) {
     try {
-      window.localStorage.setItem(FILTERS_KEY, hidden ? "1" : "0");
+      window.localStorage.setItem(key, on ? "1" : "0");
     } catch (error) {
       // storage disabled: the choice lasts for this page only
     }
@@ -159,16 +162,41 @@
     }
     button.addEventListener("click", function () {
       var hidden = !changelist.classList.contains("jobstate-filters-hidden");
-      remember(hidden);
+      remember(FILTERS_KEY, hidden);
       show(hidden);
     });
-    show(remembered());
+    show(remembered(FILTERS_KEY));
+    button.hidden = false;
+  }
+
+  // --- the columns a phone leaves out -----------------------------------------------
+
+  function columnsToggle() {
+    // The button is on the page (hidden) when the list leaves columns out on a phone;
+    // the stylesheet shows it on phones only.
+    var changelist = document.getElementById("changelist");
+    var button = document.getElementById("jobstate-columns-toggle");
+    if (!changelist || !button) {
+      return;
+    }
+    function show(all) {
+      changelist.classList.toggle("jobstate-all-columns", all);
+      button.textContent = button.getAttribute(all ? "data-label-fewer" : "data-label-all");
+      button.setAttribute("aria-pressed", all ? "true" : "false");
+    }
+    button.addEventListener("click", function () {
+      var all = !changelist.classList.contains("jobstate-all-columns");
+      remember(COLUMNS_KEY, all);
+      show(all);
+    });
+    show(remembered(COLUMNS_KEY));
     button.hidden = false;
   }
 
   function start() {
     showMoments(document);
     filterToggle();
+    columnsToggle();
     if (window.MutationObserver) {
       // live.js swaps whole regions of the page: their instants are shown again.
       new MutationObserver(function (records) {
