@@ -217,7 +217,11 @@ def test_the_demo_outlives_an_operator_at_the_console(demo: Demo) -> None:
             expect(console.resume_queue("demo.remote"), "success", "Resumed demo.remote")
             expect(console.resume_queue("tasks:default", "emails"), "success", "Resumed")
         if round_number % 5 == 2:
-            expect(console.run_schedule_now("demo-welcome-mail"), "success", "Enqueued 1")
+            expect(
+                console.run_schedule_now("demo-welcome-mail"),
+                "success",
+                "Enqueued a job of 1 schedule",
+            )
         for job_id in console.job_ids("status__exact=queued&delayed=no&target=demo.inhub")[:1]:
             console.reject_jobs([job_id], "operator cleanup")
         time.sleep(ROUND_SECONDS)
