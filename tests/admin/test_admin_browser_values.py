@@ -12,9 +12,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from django.db.models.functions import Now
 
 from jobstate.core.states import AuditSeverity, AuditStage, JobStatus
 from jobstate.models import AuditEntry, Job
@@ -59,8 +61,7 @@ _READS_LEFT_TO_RIGHT = """([selector, word]) =>
 @pytest.fixture
 def hostile_values(live_server: Any) -> Iterator[tuple[Page, str, Job]]:
     """A job whose request id, source, input and error start with a right-to-left
-    override, with an audit entry of a long detail; other jobs of ordinary queues
-    beside a target as long as allowed."""
+    override, with an audit entry of a long detail."""
     job = Job.objects.create(
         request_id=OVERRIDE + "evil-request",
         target="demo.remote",
@@ -78,15 +79,7 @@ def hostile_values(live_server: Any) -> Iterator[tuple[Page, str, Job]]:
         title="Requeued: executor lease expired",
         detail={"idempotency_key": LONG_KEY, "via": "executor-lease-expired"},
     )
-    for target, queue in ((LONG_TARGET, "default"), ("tasks:default", "default")):
-        for n in range(2):
-            Job.objects.create(
-                request_id=f"{queue}-{target[:10]}-{n}",
-                target=target,
-                task_path="tests.support.task_functions.add",
-                queue_name=("default", "emails")[n],
-            )
-    make_operator("view_job", "view_auditentry", "view_queuepause")
+    make_operator("view_job", "view_auditentry")
     base = str(live_server).rstrip("/")
     with chromium_page() as page:
         log_in(page, base)
@@ -111,7 +104,7 @@ def test_an_override_in_a_value_does_not_reverse_the_console_s_text(
         assert reads and all(reads), (selector, word, reads)
 
 
-def test_long_values_leave_the_short_words_of_other_columns_whole(
+def test_a_long_detail_leaves_the_short_words_of_other_columns_whole(
     hostile_values: tuple[Page, str, Job],
 ) -> None:
     page, base, job = hostile_values
@@ -122,6 +115,39 @@ def test_long_values_leave_the_short_words_of_other_columns_whole(
         "#jobstate-audit-trail td:not(.jobstate-long), #jobstate-audit-trail th", _BROKEN_WORDS
     )
     assert broken == [], broken
+
+
+@pytest.fixture(params=[True, False], ids=["with-a-long-target", "the-demo-s-names"])
+def queues_page(live_server: Any, request: pytest.FixtureRequest) -> Iterator[tuple[Page, str]]:
+    """The Queues page with the demo's queues (tasks in three queues, hub and executor
+    jobs without one), and with a target as long as allowed beside them or not."""
+    targets = [LONG_TARGET, "tasks:default"] if request.param else ["tasks:default"]
+    for target in targets:
+        for queue in ("default", "emails", "reports"):
+            Job.objects.create(
+                request_id=f"{queue}-{target[:10]}",
+                target=target,
+                task_path="tests.support.task_functions.add",
+                queue_name=queue,
+            )
+    # Two-digit counts and ages, as the demo shows them.
+    for target in ("demo.inhub", "demo.remote", "demo.setup"):
+        for n in range(11):
+            Job.objects.create(request_id=f"hub-{target}-{n}", target=target)
+        Job.objects.create(request_id=f"hub-{target}-run", target=target, status=JobStatus.RUNNING)
+    Job.objects.update(created_at=Now() - timedelta(seconds=41))
+    # With the pause permission, as the demo's admin: each row has its button.
+    make_operator("view_queuepause", "pause_queue")
+    base = str(live_server).rstrip("/")
+    with chromium_page() as page:
+        log_in(page, base)
+        yield page, base
+
+
+def test_queue_names_stay_whole_and_the_page_fits(queues_page: tuple[Page, str]) -> None:
+    """A long target broke "defa/ult"; with the demo's names alone the page was 402 px
+    wide on a 390 px phone."""
+    page, base = queues_page
     for size, viewport in SIZES.items():
         page.set_viewport_size(viewport)
         page.goto(f"{base}/admin/jobstate/queuepause/")
