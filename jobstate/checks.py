@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from jobstate.core.conf import jobstate_settings
+from jobstate.exceptions import ImproperlyConfiguredStore
 
 
 class JobStateTags:
@@ -51,6 +52,32 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     an empty observability token) stops ``runserver``, ``migrate`` and ``check``
     instead of the first request or job that needs it. One message per problem."""
     return [Error(problem, id="jobstate.E001") for problem in jobstate_settings.problems()]
+
+
+@register(JobStateTags.settings)
+def check_stores(**kwargs: Any) -> list[CheckMessage]:
+    """``STATE_STORE`` and ``RUN_STORE`` each import to a store class of their kind
+    (``jobstate.E004``): a wrong one would otherwise fail every job, run and command that
+    needs it, at its start."""
+    from jobstate.stores import store_class
+    from jobstate.stores.base import JobRunStore, StateStore
+
+    messages: list[CheckMessage] = []
+    for setting, base in (("STATE_STORE", StateStore), ("RUN_STORE", JobRunStore)):
+        try:
+            store_class(setting, base)
+        except ImproperlyConfigured:
+            return []  # jobstate.E001 says what is wrong with the setting
+        except ImproperlyConfiguredStore as exc:
+            messages.append(
+                Error(
+                    str(exc),
+                    hint=f"Name a {base.__name__} subclass by its dotted path, or leave "
+                    f"JOBSTATE[{setting!r}] out for the database store; see docs/settings.md.",
+                    id="jobstate.E004",
+                )
+            )
+    return messages
 
 
 @register(JobStateTags.settings)
@@ -152,6 +179,9 @@ def check_channels(**kwargs: Any) -> list[CheckMessage]:
             loaded = import_string(path)
         except ImportError as exc:
             problem = f"does not import ({exc})"
+        # Importing runs the module's code, which may raise anything.
+        except Exception as exc:
+            problem = f"does not import ({type(exc).__name__}: {exc})"
         else:
             if isinstance(loaded, type):
                 continue

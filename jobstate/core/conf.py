@@ -141,8 +141,14 @@ _POSITIVE_INTS = {
     "MAX_PAYLOAD_BYTES",
     "ERROR_TEXT_LIMIT",
     "SCHEDULE_CATCH_UP_LIMIT",
+    "REAP_LIMIT",
 }
-_OPTIONAL = {"THREAD_INFLIGHT_QUOTA", "METRICS_EXACT_LIMIT"}
+_OPTIONAL = {"THREAD_INFLIGHT_QUOTA", "METRICS_EXACT_LIMIT", "REAP_LIMIT"}
+#: The largest count a setting may hold: the stores pass counts to the database as
+#: 64-bit integers (a LIMIT, a batch size), and a larger one fails there at run time.
+COUNT_LIMIT = 2**63 - 1
+#: The longest ``SERVICE_REVISION`` a run may record (its column's length).
+SERVICE_REVISION_LENGTH = 100
 _BOOLEANS = {"PREPARED_STATEMENTS"}
 #: What ``CONNECTION_POOLER`` may say: nothing to know, or a pooler in transaction mode.
 CONNECTION_POOLERS = (None, "transaction")
@@ -300,6 +306,10 @@ def checked_value(name: str, value: Any) -> Any:
     ):
         allowed = "a positive int or None" if name in _OPTIONAL else "a positive int"
         raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be {allowed}, got {value!r}.")
+    if name in _POSITIVE_INTS and value is not None and value > COUNT_LIMIT:
+        raise ImproperlyConfigured(
+            f"JOBSTATE[{name!r}] must be at most {COUNT_LIMIT} (a 64-bit count), got {value}."
+        )
     if name in _BOOLEANS and not isinstance(value, bool):
         raise ImproperlyConfigured(f"JOBSTATE[{name!r}] must be True or False, got {value!r}.")
     _check_shape(name, value)
@@ -318,6 +328,21 @@ def _check_shape(name: str, value: Any) -> None:
         raise ImproperlyConfigured(
             "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string, got "
             f"{type(value).__name__}."
+        )
+    if name == "SERVICE_REVISION" and value is not None and not _storable_label(value):
+        raise ImproperlyConfigured(
+            "JOBSTATE['SERVICE_REVISION'] must be None or a non-empty string of at most "
+            f"{SERVICE_REVISION_LENGTH} characters, without NUL characters or lone "
+            f"surrogates (every run records it), got {_shown(value)}."
+        )
+    if (
+        name == "WEBHOOK_SECRET"
+        and value is not None
+        and not (isinstance(value, str | bytes) and value)
+    ):
+        raise ImproperlyConfigured(
+            "JOBSTATE['WEBHOOK_SECRET'] must be None or a non-empty str or bytes (the "
+            f"webhook channel's signing key), got {type(value).__name__}."
         )
     if name in ("STATE_STORE", "RUN_STORE") and not (
         isinstance(value, str) and "." in value.strip(".")
@@ -373,6 +398,25 @@ def _check_shape(name: str, value: Any) -> None:
         raise ImproperlyConfigured(
             f"JOBSTATE['ADMIN_REDACTED_KEYS'] must be a list of non-empty strings, got {value!r}."
         )
+
+
+def _storable_label(value: Any) -> bool:
+    """Whether ``value`` is text every database can store in a short column."""
+    if not isinstance(value, str) or not value or len(value) > SERVICE_REVISION_LENGTH:
+        return False
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
+def _shown(value: Any) -> str:
+    """A bad value in a message: its repr, cut (a setting may be any length)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 jobstate_settings = JobStateSettings()

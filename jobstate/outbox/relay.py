@@ -95,6 +95,12 @@ def load_channel(name: str) -> Channel:
         cls = import_string(path)
     except ImportError as exc:
         raise DeliveryFailed(f"cannot import channel {name!r} ({path}): {exc}") from exc
+    # Importing runs the module's code, which may raise anything: the channel fails
+    # its sends (replayable once fixed) instead of stopping the relay.
+    except Exception as exc:
+        raise DeliveryFailed(
+            f"cannot import channel {name!r} ({path}): {type(exc).__name__}: {exc}"
+        ) from exc
     channel: Channel = cls()
     return channel
 

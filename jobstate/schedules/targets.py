@@ -47,6 +47,13 @@ def _task(definition: ScheduleDefinition) -> Task[Any, Any]:
         found = import_string(path)
     except ImportError as exc:
         raise ScheduleError(f"{where}: the task {path!r} does not import: {exc}") from exc
+    # Importing runs the module's code, which may raise anything (a SyntaxError, a bad
+    # setting read at import, a task decorated for a queue its backend does not list):
+    # that too is a task that does not import, and stops only this schedule.
+    except Exception as exc:
+        raise ScheduleError(
+            f"{where}: the task {path!r} does not import: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(found, Task):
         raise ScheduleError(
             f"{where}: {path!r} is a {type(found).__name__}, not a django.tasks task "

@@ -14,29 +14,44 @@ from jobstate.exceptions import ImproperlyConfiguredStore
 if TYPE_CHECKING:
     from jobstate.stores.base import JobRunStore, StateStore
 
-__all__ = ["get_run_store", "get_state_store"]
+__all__ = ["get_run_store", "get_state_store", "store_class"]
 
 
 @cache
 def _load(path: str) -> type:
     try:
-        cls: type = import_string(path)
-        return cls
+        found = import_string(path)
     except ImportError as exc:
         raise ImproperlyConfiguredStore(f"Cannot import store {path!r}: {exc}") from exc
+    # Importing runs the module's code, which may raise anything: the store does not
+    # import either way.
+    except Exception as exc:
+        raise ImproperlyConfiguredStore(
+            f"Cannot import store {path!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(found, type):
+        raise ImproperlyConfiguredStore(f"Store {path!r} is a {type(found).__name__}, not a class.")
+    return found
+
+
+def store_class(setting: str, base: type) -> type:
+    """The class ``JOBSTATE[setting]`` names, checked to be a subclass of ``base``;
+    :class:`~jobstate.exceptions.ImproperlyConfiguredStore` saying why it is not."""
+    path = getattr(jobstate_settings, setting)
+    cls = _load(path)
+    if not issubclass(cls, base):
+        raise ImproperlyConfiguredStore(
+            f"JOBSTATE[{setting!r}] = {path!r} is not a {base.__name__}."
+        )
+    return cls
 
 
 def get_run_store(using: str = "default") -> JobRunStore:
     """Return an instance of the ``JOBSTATE['RUN_STORE']`` class for database ``using``."""
     from jobstate.stores.base import JobRunStore
 
-    cls = _load(jobstate_settings.RUN_STORE)
-    if not issubclass(cls, JobRunStore):
-        raise ImproperlyConfiguredStore(
-            f"JOBSTATE['RUN_STORE'] = {jobstate_settings.RUN_STORE!r} is not a JobRunStore."
-        )
     # Store classes take the database alias as their one keyword argument.
-    factory: Callable[..., JobRunStore] = cls
+    factory: Callable[..., JobRunStore] = store_class("RUN_STORE", JobRunStore)
     return factory(using=using)
 
 
@@ -44,10 +59,5 @@ def get_state_store(using: str = "default") -> StateStore:
     """Return an instance of the ``JOBSTATE['STATE_STORE']`` class for database ``using``."""
     from jobstate.stores.base import StateStore
 
-    cls = _load(jobstate_settings.STATE_STORE)
-    if not issubclass(cls, StateStore):
-        raise ImproperlyConfiguredStore(
-            f"JOBSTATE['STATE_STORE'] = {jobstate_settings.STATE_STORE!r} is not a StateStore."
-        )
-    factory: Callable[..., StateStore] = cls
+    factory: Callable[..., StateStore] = store_class("STATE_STORE", StateStore)
     return factory(using=using)

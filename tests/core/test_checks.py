@@ -25,6 +25,7 @@ from jobstate.checks import (
     check_pooler_settings,
     check_schedules,
     check_settings,
+    check_stores,
 )
 from jobstate.management.commands.jobstate_ready import check_readiness
 
@@ -58,6 +59,21 @@ def test_the_default_settings_pass() -> None:
         ({"CHANNELS": "webhook"}, "CHANNELS"),
         ({"CHANNELS": {"webhook": "WebhookChannel"}}, "CHANNELS"),
         ({"CHANNELS": {"": "jobstate.outbox.channels.WebhookChannel"}}, "CHANNELS"),
+        # Each passed the check, then failed every operations job or relay pass.
+        ({"REAP_LIMIT": "10"}, "REAP_LIMIT"),
+        ({"REAP_LIMIT": 0}, "REAP_LIMIT"),
+        ({"REAP_LIMIT": 1.5}, "REAP_LIMIT"),
+        ({"REAP_LIMIT": True}, "REAP_LIMIT"),
+        ({"SWEEP_BATCH_SIZE": 10**30}, "a 64-bit count"),
+        ({"SCHEDULE_CATCH_UP_LIMIT": 2**63}, "a 64-bit count"),
+        ({"SERVICE_REVISION": 5}, "SERVICE_REVISION"),
+        ({"SERVICE_REVISION": ""}, "SERVICE_REVISION"),
+        ({"SERVICE_REVISION": "a\x00b"}, "SERVICE_REVISION"),
+        ({"SERVICE_REVISION": "\ud800"}, "SERVICE_REVISION"),
+        ({"SERVICE_REVISION": "x" * 101}, "at most 100 characters"),
+        ({"WEBHOOK_SECRET": 5}, "WEBHOOK_SECRET"),
+        ({"WEBHOOK_SECRET": ""}, "WEBHOOK_SECRET"),
+        ({"WEBHOOK_SECRET": ["a", "b"]}, "WEBHOOK_SECRET"),
     ],
 )
 def test_a_bad_setting_fails_the_check_at_start_up(
@@ -70,6 +86,52 @@ def test_a_bad_setting_fails_the_check_at_start_up(
     assert message.id == "jobstate.E001" and named in message.msg
     with pytest.raises(SystemCheckError, match=named):
         call_command("check")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"REAP_LIMIT": None, "SERVICE_REVISION": "v2.3.1", "WEBHOOK_SECRET": b"key"},
+        {"REAP_LIMIT": 2**63 - 1, "SERVICE_REVISION": "x" * 100, "WEBHOOK_SECRET": "key"},
+    ],
+)
+def test_the_values_the_settings_reference_allows_pass(
+    settings: Any, value: dict[str, Any]
+) -> None:
+    settings.JOBSTATE = value
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "path", "says"),
+    [
+        ("STATE_STORE", "os.path", "is a module, not a class"),
+        ("RUN_STORE", "os.path", "is a module, not a class"),
+        ("RUN_STORE", "nosuch.Store", "Cannot import store 'nosuch.Store'"),
+        ("RUN_STORE", "jobstate.stores.database.DatabaseStateStore", "is not a JobRunStore"),
+        ("STATE_STORE", "tests.support.raises_at_import.Store", "RuntimeError"),
+    ],
+)
+def test_a_store_setting_that_names_no_store_of_its_kind_fails_the_check(
+    settings: Any, setting: str, path: str, says: str
+) -> None:
+    """``RUN_STORE`` was not checked at all, and a ``STATE_STORE`` naming a module gave
+    the check a traceback (``issubclass() arg 1 must be a class``)."""
+    settings.JOBSTATE = {setting: path}
+
+    [message] = check_stores()
+
+    assert message.id == "jobstate.E004" and says in message.msg, message.msg
+
+
+def test_a_channel_whose_module_raises_at_import_fails_the_check(settings: Any) -> None:
+    """The check gave a traceback: importing a module may raise anything."""
+    settings.JOBSTATE = {"CHANNELS": {"webhook": "tests.support.raises_at_import.Channel"}}
+
+    [message] = check_channels()
+
+    assert message.id == "jobstate.E003"
+    assert "RuntimeError: this module fails at import on purpose" in message.msg
 
 
 # --- settings behind a pooler in transaction mode ------------------------------------------

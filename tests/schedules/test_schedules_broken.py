@@ -30,6 +30,8 @@ YEARLY = {"task": ADD, "cron": "0 0 1 1 *", "args": [2, 3]}
 REPORT = {"operations_job": "demo.report-build", "cron": "0 0 1 1 *", "kwargs": {"rows": 4}}
 #: A schedule whose task was renamed in the code but not in settings.
 RENAMED = {"task": "tests.support.task_functions.renamed_away", "cron": "0 0 1 1 *"}
+#: A schedule whose task's module raises at import (not an ImportError).
+RAISES = {"task": "tests.support.raises_at_import.task", "cron": "0 0 1 1 *"}
 #: Arguments PostgreSQL's jsonb cannot hold (NUL) and no database can (a lone surrogate).
 NUL = {"task": ADD, "cron": "0 0 1 1 *", "kwargs": {"a": "\x00", "b": 1}}
 SURROGATE = {"task": ADD, "cron": "0 0 1 1 *", "kwargs": {"a": "\ud800", "b": 1}}
@@ -54,7 +56,7 @@ def declared_a_while_ago(settings: Any, **schedules: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_a_renamed_task_stops_only_its_own_schedule(settings: Any, django_user_model: Any) -> None:
-    schedules = {"yearly": YEARLY, "report": REPORT, "renamed": RENAMED}
+    schedules = {"yearly": YEARLY, "report": REPORT, "renamed": RENAMED, "raises": RAISES}
     declared_a_while_ago(settings, **schedules)
     direct = echo.enqueue("not scheduled")
 
@@ -68,7 +70,14 @@ def test_a_renamed_task_stops_only_its_own_schedule(settings: Any, django_user_m
     assert slots_of("renamed") == []
     assert "Schedule renamed was not enqueued" in worker.stderr
     assert "tests.support.task_functions.renamed_away" in worker.stderr
-    assert "SystemCheckError" not in worker.stderr
+    # A module that raised at import crashed every worker ("stopped (error)").
+    assert slots_of("raises") == []
+    assert "RuntimeError: this module fails at import on purpose" in worker.stderr
+    assert "SystemCheckError" not in worker.stderr and "Traceback" not in worker.stderr
+    # The checks name both as E031, with no traceback.
+    check = manage("check", schedules=schedules)
+    assert check.returncode == 1 and "Traceback" not in check.stderr, check.stderr
+    assert check.stderr.count("jobstate.E031") == 2, check.stderr
     for command in (
         ["reap_stale"],
         ["prune_jobstate"],
@@ -79,9 +88,7 @@ def test_a_renamed_task_stops_only_its_own_schedule(settings: Any, django_user_m
     # The console marks it, and only it, broken.
     viewer = operator(django_user_model, "viewer", "view_schedule")
     text = logged_in(viewer).get("/admin/jobstate/schedule/").content.decode()
-    assert text.count("jobstate-broken") == 1
-    broken_at = text.index("jobstate-broken")
-    assert "renamed_away" in text[broken_at : broken_at + 400]
+    assert text.count("jobstate-broken") == 2
 
 
 def test_each_evaluation_logs_the_broken_schedule_as_an_error_and_runs_the_others(
