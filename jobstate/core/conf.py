@@ -18,6 +18,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from jobstate.core.clock import DURATION_LIMIT
+from jobstate.core.messages import shown
 
 #: What the runner's reap before a claim sweeps (``REAP_SCOPE``; see
 #: :mod:`jobstate.operations.runner_options`).
@@ -333,7 +334,7 @@ def _check_shape(name: str, value: Any) -> None:
         raise ImproperlyConfigured(
             "JOBSTATE['SERVICE_REVISION'] must be None or a non-empty string of at most "
             f"{SERVICE_REVISION_LENGTH} characters, without NUL characters or lone "
-            f"surrogates (every run records it), got {_shown(value)}."
+            f"surrogates (every run records it), got {shown(repr(value))}."
         )
     if (
         name == "WEBHOOK_SECRET"
@@ -411,12 +412,6 @@ def _storable_label(value: Any) -> bool:
     except UnicodeEncodeError:  # a lone surrogate
         return False
     return True
-
-
-def _shown(value: Any) -> str:
-    """A bad value in a message: its repr, cut (a setting may be any length)."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 jobstate_settings = JobStateSettings()

@@ -33,6 +33,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobstate.core.conf import jobstate_settings
+from jobstate.core.messages import SHOWN_LIMIT, shown
 from jobstate.exceptions import InvalidJobState, ScheduleError
 from jobstate.models.schedules import (
     ONCE_PER_SLOT,
@@ -337,7 +338,10 @@ def evaluate_schedules(
         now=at or (rows[0].database_now if rows else timezone.now())  # type: ignore[attr-defined]
     )
     for key, problems in broken.items():
-        logger.error("Schedule %s is broken and was skipped: %s", key, problems)
+        # A broken declaration's key may be anything (a NUL, 5,000 characters): the log
+        # line names it printably.
+        named = key if key.isprintable() and len(key) <= SHOWN_LIMIT else shown(repr(key))
+        logger.error("Schedule %s is broken and was skipped: %s", named, problems)
         result.failures[key] = f"schedule {key!r} is broken: {problems}"
     for row in active:
         try:

@@ -112,6 +112,26 @@ def test_each_evaluation_logs_the_broken_schedule_as_an_error_and_runs_the_other
     assert set(caught.value.failures) == {"nul", "surrogate", "renamed"}
 
 
+def test_a_broken_schedule_s_key_is_logged_printably(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key with a NUL reached the log (and a cron job's mail) raw, and a 5,000-character
+    key made one line of 5,261 characters."""
+    declare(settings, **{"nul\x00key": YEARLY, "k" * 5000: YEARLY})
+    caplog.set_level(logging.ERROR, logger="jobstate.schedules")
+
+    evaluate_schedules()
+
+    lines = [
+        r.getMessage() for r in caplog.records if "is broken and was skipped" in r.getMessage()
+    ]
+    assert len(lines) == 2, lines
+    assert all("\x00" not in line for line in lines)
+    assert any("'nul\\x00key'" in line for line in lines), lines
+    assert any("(5002 characters)" in line for line in lines), lines
+    assert all(len(line) < 1000 for line in lines), [len(line) for line in lines]
+
+
 def test_a_broken_declaration_leaves_its_row_as_it_was(settings: Any) -> None:
     declare(settings, yearly=YEARLY, other=YEARLY)
     sync_schedules()
