@@ -147,26 +147,44 @@
     }
   }
 
-  function filterToggle() {
-    // The button is on the page (hidden) when the list has filters; its labels are
-    // translated by the server.
+  // A button that switches a class of the list on and off, remembered under ``key``:
+  // ``onLabel`` and ``offLabel`` name the data attributes of its two labels (translated
+  // by the server), the label shown being what a click will do; ``state`` is the ARIA
+  // attribute that says whether it is on (``inverted`` when "on" means collapsed).
+  function listToggle(options) {
     var changelist = document.getElementById("changelist");
-    var button = document.getElementById("jobstate-filter-toggle");
-    if (!changelist || !button || !document.getElementById("changelist-filter")) {
+    var button = document.getElementById(options.button);
+    if (!changelist || !button) {
       return;
     }
-    function show(hidden) {
-      changelist.classList.toggle("jobstate-filters-hidden", hidden);
-      button.textContent = button.getAttribute(hidden ? "data-label-show" : "data-label-hide");
-      button.setAttribute("aria-expanded", hidden ? "false" : "true");
+    function show(on) {
+      changelist.classList.toggle(options.className, on);
+      button.textContent = button.getAttribute(on ? options.onLabel : options.offLabel);
+      button.setAttribute(options.state, on !== Boolean(options.inverted) ? "true" : "false");
     }
     button.addEventListener("click", function () {
-      var hidden = !changelist.classList.contains("jobstate-filters-hidden");
-      remember(FILTERS_KEY, hidden);
-      show(hidden);
+      var on = !changelist.classList.contains(options.className);
+      remember(options.key, on);
+      show(on);
     });
-    show(remembered(FILTERS_KEY));
+    show(remembered(options.key));
     button.hidden = false;
+  }
+
+  function filterToggle() {
+    // The button is on the page (hidden) when the list has filters.
+    if (!document.getElementById("changelist-filter")) {
+      return;
+    }
+    listToggle({
+      button: "jobstate-filter-toggle",
+      className: "jobstate-filters-hidden",
+      key: FILTERS_KEY,
+      onLabel: "data-label-show",
+      offLabel: "data-label-hide",
+      state: "aria-expanded",
+      inverted: true,
+    });
   }
 
   // --- the columns a phone leaves out -----------------------------------------------
@@ -174,23 +192,14 @@
   function columnsToggle() {
     // The button is on the page (hidden) when the list leaves columns out on a phone;
     // the stylesheet shows it on phones only.
-    var changelist = document.getElementById("changelist");
-    var button = document.getElementById("jobstate-columns-toggle");
-    if (!changelist || !button) {
-      return;
-    }
-    function show(all) {
-      changelist.classList.toggle("jobstate-all-columns", all);
-      button.textContent = button.getAttribute(all ? "data-label-fewer" : "data-label-all");
-      button.setAttribute("aria-pressed", all ? "true" : "false");
-    }
-    button.addEventListener("click", function () {
-      var all = !changelist.classList.contains("jobstate-all-columns");
-      remember(COLUMNS_KEY, all);
-      show(all);
+    listToggle({
+      button: "jobstate-columns-toggle",
+      className: "jobstate-all-columns",
+      key: COLUMNS_KEY,
+      onLabel: "data-label-fewer",
+      offLabel: "data-label-all",
+      state: "aria-pressed",
     });
-    show(remembered(COLUMNS_KEY));
-    button.hidden = false;
   }
 
   function start() {
