@@ -167,7 +167,7 @@ def check_channels(**kwargs: Any) -> list[CheckMessage]:
     """Each channel of ``JOBSTATE["CHANNELS"]`` imports to a class (``jobstate.E003``): a
     misspelt path would otherwise fail every notification of that channel at its send.
     No command requires this check: the relay goes on delivering the other channels."""
-    from django.utils.module_loading import import_string
+    from jobstate.core.imports import NotImportable, import_path
 
     try:
         channels = jobstate_settings.CHANNELS
@@ -176,12 +176,9 @@ def check_channels(**kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     for name, path in channels.items():
         try:
-            loaded = import_string(path)
-        except ImportError as exc:
-            problem = f"does not import ({exc})"
-        # Importing runs the module's code, which may raise anything.
-        except Exception as exc:
-            problem = f"does not import ({type(exc).__name__}: {exc})"
+            loaded = import_path(path)
+        except NotImportable as exc:
+            problem = f"does not import ({exc.reason})"
         else:
             if isinstance(loaded, type):
                 continue

@@ -33,6 +33,7 @@ from django.utils.dateparse import parse_datetime
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.jsonvalues import json_size
 from jobstate.core.states import JobStatus
+from jobstate.core.storable import storable_text
 from jobstate.exceptions import TaskReportRefused
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "refused_settlement",
     "settle_attempt",
     "storable_class_path",
-    "storable_text",
 ]
 
 #: Longest traceback an attempt keeps, in bytes of JSON. A longer one keeps its start
@@ -356,18 +356,6 @@ def error_summary(attempt: TaskAttempt) -> str:
 
 
 # --- exceptions as storable text ----------------------------------------------------------
-
-
-def storable_text(text: str) -> str:
-    """``text`` as every store can keep it: NUL characters and lone surrogates become
-    U+FFFD (a surrogate pair becomes the character it encodes)."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\ufffd")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text
 
 
 def storable_class_path(cls: type) -> str:

@@ -19,6 +19,7 @@ from django.dispatch import receiver
 
 from jobstate.core.clock import DURATION_LIMIT
 from jobstate.core.messages import shown
+from jobstate.core.storable import text_problem
 
 #: What the runner's reap before a claim sweeps (``REAP_SCOPE``; see
 #: :mod:`jobstate.operations.runner_options`).
@@ -330,7 +331,7 @@ def _check_shape(name: str, value: Any) -> None:
             "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string, got "
             f"{type(value).__name__}."
         )
-    if name == "SERVICE_REVISION" and value is not None and not _storable_label(value):
+    if name == "SERVICE_REVISION" and value is not None and not _revision_label(value):
         raise ImproperlyConfigured(
             "JOBSTATE['SERVICE_REVISION'] must be None or a non-empty string of at most "
             f"{SERVICE_REVISION_LENGTH} characters, without NUL characters or lone "
@@ -401,17 +402,14 @@ def _check_shape(name: str, value: Any) -> None:
         )
 
 
-def _storable_label(value: Any) -> bool:
-    """Whether ``value`` is text every database can store in a short column."""
-    if not isinstance(value, str) or not value or len(value) > SERVICE_REVISION_LENGTH:
-        return False
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
+def _revision_label(value: Any) -> bool:
+    """Whether ``value`` is a service revision every run can record: non-empty text
+    of at most :data:`SERVICE_REVISION_LENGTH` characters that every database can keep."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= SERVICE_REVISION_LENGTH
+        and text_problem(value) is None
+    )
 
 
 jobstate_settings = JobStateSettings()

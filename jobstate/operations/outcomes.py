@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from jobstate.core.attempt_log import storable_text
 from jobstate.core.jsonvalues import ensure_json
+from jobstate.core.storable import storable_text
 from jobstate.exceptions import InvalidPayload
 from jobstate.stores.base import JobRunStatus
 

@@ -34,11 +34,11 @@ from urllib.parse import urlsplit
 
 from django.core.mail import EmailMultiAlternatives
 from django.core.mail.utils import DNS_NAME
-from django.utils.module_loading import import_string
 from django.views.decorators.debug import sensitive_variables
 
 from jobstate import __version__
 from jobstate.core.conf import jobstate_settings
+from jobstate.core.imports import NotImportable, import_path
 from jobstate.exceptions import DeliveryFailed
 
 if TYPE_CHECKING:
@@ -349,9 +349,9 @@ class CallableChannel:
     def send(self, notification: Notification) -> None:
         path = notification.destination
         try:
-            target = import_string(path)
-        except ImportError as exc:
-            raise DeliveryFailed(f"cannot import {path!r}: {exc}") from exc
+            target = import_path(path)
+        except NotImportable as exc:
+            raise DeliveryFailed(f"cannot import {path!r}: {exc.reason}") from exc
         if not callable(target) or not getattr(target, _HANDLER_MARK, False):
             raise DeliveryFailed(
                 f"{path!r} is not marked with @jobstate.outbox.channels.notification_handler."

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from jobstate.core.conf import jobstate_settings
+from jobstate.core.imports import NotImportable, import_path
 from jobstate.exceptions import DeliveryFailed, TransactionNotAllowed
 from jobstate.outbox.channels import Channel
 from jobstate.stores import get_state_store
@@ -91,16 +91,12 @@ def load_channel(name: str) -> Channel:
     path = jobstate_settings.CHANNELS.get(name)
     if path is None:
         raise DeliveryFailed(f"no channel named {name!r} in JOBSTATE['CHANNELS'].")
+    # A module that raises anything at import fails the channel's sends (replayable
+    # once fixed) instead of stopping the relay.
     try:
-        cls = import_string(path)
-    except ImportError as exc:
-        raise DeliveryFailed(f"cannot import channel {name!r} ({path}): {exc}") from exc
-    # Importing runs the module's code, which may raise anything: the channel fails
-    # its sends (replayable once fixed) instead of stopping the relay.
-    except Exception as exc:
-        raise DeliveryFailed(
-            f"cannot import channel {name!r} ({path}): {type(exc).__name__}: {exc}"
-        ) from exc
+        cls = import_path(path)
+    except NotImportable as exc:
+        raise DeliveryFailed(f"cannot import channel {name!r} ({path}): {exc.reason}") from exc
     channel: Channel = cls()
     return channel
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS
-from django.utils.module_loading import import_string
 
+from jobstate.core.imports import NotImportable, import_path
 from jobstate.exceptions import (
     OperationsJobInputError,
     ScheduleError,
@@ -44,16 +44,11 @@ def _task(definition: ScheduleDefinition) -> Task[Any, Any]:
     where = f"schedule {definition.key!r}"
     path = definition.target if definition.kind is ScheduleKind.TASK else OPERATIONS_TASK_PATH
     try:
-        found = import_string(path)
-    except ImportError as exc:
-        raise ScheduleError(f"{where}: the task {path!r} does not import: {exc}") from exc
-    # Importing runs the module's code, which may raise anything (a SyntaxError, a bad
-    # setting read at import, a task decorated for a queue its backend does not list):
-    # that too is a task that does not import, and stops only this schedule.
-    except Exception as exc:
-        raise ScheduleError(
-            f"{where}: the task {path!r} does not import: {type(exc).__name__}: {exc}"
-        ) from exc
+        found = import_path(path)
+    # Any error of the module's code is a task that does not import, and stops only
+    # this schedule.
+    except NotImportable as exc:
+        raise ScheduleError(f"{where}: the task {path!r} does not import: {exc.reason}") from exc
     if not isinstance(found, Task):
         raise ScheduleError(
             f"{where}: {path!r} is a {type(found).__name__}, not a django.tasks task "

@@ -6,9 +6,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING
 
-from django.utils.module_loading import import_string
-
 from jobstate.core.conf import jobstate_settings
+from jobstate.core.imports import NotImportable, import_path
 from jobstate.exceptions import ImproperlyConfiguredStore
 
 if TYPE_CHECKING:
@@ -20,15 +19,9 @@ __all__ = ["get_run_store", "get_state_store", "store_class"]
 @cache
 def _load(path: str) -> type:
     try:
-        found = import_string(path)
-    except ImportError as exc:
-        raise ImproperlyConfiguredStore(f"Cannot import store {path!r}: {exc}") from exc
-    # Importing runs the module's code, which may raise anything: the store does not
-    # import either way.
-    except Exception as exc:
-        raise ImproperlyConfiguredStore(
-            f"Cannot import store {path!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        found = import_path(path)
+    except NotImportable as exc:
+        raise ImproperlyConfiguredStore(f"Cannot import store {path!r}: {exc.reason}") from exc
     if not isinstance(found, type):
         raise ImproperlyConfiguredStore(f"Store {path!r} is a {type(found).__name__}, not a class.")
     return found

@@ -134,6 +134,20 @@ def test_a_channel_whose_module_raises_at_import_fails_the_check(settings: Any) 
     assert "RuntimeError: this module fails at import on purpose" in message.msg
 
 
+@pytest.mark.parametrize("setting", ["CHANNELS", "STATE_STORE"])
+def test_a_module_whose_error_cannot_be_printed_fails_the_check_by_name(
+    settings: Any, setting: str
+) -> None:
+    """The check printed a traceback: an import error whose ``__str__`` raises made the
+    message itself fail."""
+    path = "tests.support.unprintable_at_import.Thing"
+    settings.JOBSTATE = {setting: {"webhook": path} if setting == "CHANNELS" else path}
+
+    [message] = check_channels() if setting == "CHANNELS" else check_stores()
+
+    assert "Unprintable: Unprintable" in message.msg, message.msg
+
+
 # --- settings behind a pooler in transaction mode ------------------------------------------
 
 

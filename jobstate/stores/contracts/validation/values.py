@@ -14,6 +14,7 @@ from django.db import models
 
 from jobstate.core.clock import DURATION_LIMIT
 from jobstate.core.states import JobStatus
+from jobstate.core.storable import text_problem
 from jobstate.exceptions import InvalidJobState
 
 __all__ = [
@@ -54,21 +55,6 @@ def column_limit(model: str, field: str) -> int | None:
     if not isinstance(column, models.Field):
         raise TypeError(f"{model}.{field} is not a concrete field.")
     return column.max_length
-
-
-def text_problem(value: str) -> str | None:
-    """Why ``value`` cannot be stored in a text column of every backend, or ``None``.
-
-    PostgreSQL text cannot hold NUL characters (SQLite can, so without this check the
-    two backends would disagree), and a lone surrogate cannot be encoded at all."""
-
-    if "\x00" in value:
-        return "contains a NUL character, which cannot be stored"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid Unicode (it holds a lone surrogate)"
-    return None
 
 
 def require_text(value: Any, *, field: str, max_length: int | None = 200) -> str:
