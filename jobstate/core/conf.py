@@ -322,14 +322,11 @@ def _check_shape(name: str, value: Any) -> None:
     """The settings whose mistakes would otherwise only show on a request: an empty
     token would leave the endpoints it guards open, a bare string of keys would redact
     by its letters."""
-    if (
-        name == "OBSERVABILITY_TOKEN"
-        and value is not None
-        and not (isinstance(value, str) and value)
-    ):
+    if name == "OBSERVABILITY_TOKEN" and value is not None and not _sendable_token(value):
         raise ImproperlyConfigured(
-            "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string, got "
-            f"{type(value).__name__}."
+            "JOBSTATE['OBSERVABILITY_TOKEN'] must be None or a non-empty string of "
+            "printable ASCII without spaces at either end (what an Authorization header "
+            f"can carry), got {_token_shown(value)}."
         )
     if name == "SERVICE_REVISION" and value is not None and not _revision_label(value):
         raise ImproperlyConfigured(
@@ -400,6 +397,29 @@ def _check_shape(name: str, value: Any) -> None:
         raise ImproperlyConfigured(
             f"JOBSTATE['ADMIN_REDACTED_KEYS'] must be a list of non-empty strings, got {value!r}."
         )
+
+
+def _sendable_token(value: Any) -> bool:
+    """Whether a client can send ``value`` as ``Authorization: Bearer <value>``: HTTP
+    strips the spaces at a header's ends, and a header carries ASCII only, so any other
+    token could never match and the endpoints would be closed to everyone."""
+    return (
+        isinstance(value, str)
+        and value != ""
+        and value == value.strip()
+        and all(" " <= char <= "~" for char in value)
+    )
+
+
+def _token_shown(value: Any) -> str:
+    # The token is a secret: the message names what is wrong with it, never its text.
+    if not isinstance(value, str):
+        return type(value).__name__
+    if not value.strip():
+        return "an empty string" if not value else "only spaces"
+    if value != value.strip():
+        return "a string with spaces at an end"
+    return "a string with a character outside printable ASCII"
 
 
 def _revision_label(value: Any) -> bool:

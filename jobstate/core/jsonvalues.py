@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from jobstate.core.conf import jobstate_settings
+from jobstate.core.messages import shown
 from jobstate.exceptions import InvalidPayload
 
 #: A ``\u0000`` escape in encoded JSON that stands for a NUL character: preceded by an
@@ -75,6 +76,30 @@ def json_size(value: Any) -> int:
     return len(_encode(value).encode("utf-8"))
 
 
+def _changed_part(original: Any, decoded: Any, path: str) -> str:
+    """What of ``original`` JSON gives back as something else (``decoded``), and at
+    which ``path`` of keys and indexes, so the message names the one value to change
+    instead of listing what might be wrong."""
+    what = f"its item {path}" if path else "it"
+    if isinstance(original, tuple):
+        return f"{what} is a tuple, which comes back as a list"
+    if isinstance(original, dict) and isinstance(decoded, dict):
+        for key in original:
+            if not isinstance(key, str):
+                return (
+                    f"{what} has the key {shown(repr(key))} ({type(key).__name__}), "
+                    "which comes back as a string"
+                )
+        for key, item in original.items():
+            if key in decoded and decoded[key] != item:
+                return _changed_part(item, decoded[key], f"{path}[{shown(repr(key))}]")
+    if isinstance(original, list) and isinstance(decoded, list):
+        for index, (item, back) in enumerate(zip(original, decoded, strict=False)):
+            if item != back:
+                return _changed_part(item, back, f"{path}[{index}]")
+    return f"{what}, {shown(repr(original))}, comes back as {shown(repr(decoded))}"
+
+
 def ensure_json(value: Any, *, field: str) -> Any:
     """Return ``value`` unchanged if it survives a strict JSON round trip, else raise
     :class:`InvalidPayload` naming ``field``.
@@ -115,8 +140,8 @@ def ensure_json(value: Any, *, field: str) -> Any:
         raise InvalidPayload(f"{field} is not strict JSON: {exc}") from exc
     if decoded != value:
         raise InvalidPayload(
-            f"{field} does not survive a JSON round trip unchanged "
-            "(tuples, non-string keys or other values JSON cannot represent exactly)."
+            f"{field} does not survive a JSON round trip unchanged: "
+            f"{_changed_part(value, decoded, '')}."
         )
     # Only a text with more opening brackets than the limit can nest deeper (counting
     # them is cheap; walking a large value is not).

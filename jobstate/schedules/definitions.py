@@ -323,11 +323,14 @@ def _argument_problems(where: str, declared: Mapping[str, Any]) -> list[str]:
         problems.append(f"{where}['kwargs'] must be a dict with string keys, got {_shown(kwargs)}.")
     elif problem := _json_problem(dict(kwargs), f"{where}['kwargs']"):
         problems.append(problem)
-    elif problem := _json_problem(
-        _stored_input(list(args), dict(kwargs), operations="operations_job" in declared),
-        f"{where}['args'] and ['kwargs'], as the job's input {{'args': [...], 'kwargs': {{...}}}},",
+    elif not problems and (
+        problem := _json_problem(
+            _stored_input(list(args), dict(kwargs), operations="operations_job" in declared),
+            f"{where}['args'] and ['kwargs'] together, as the job's input,",
+        )
     ):
-        # Each alone can be storable and still nest too deeply inside the job's input.
+        # Each alone can be storable and still nest too deeply inside the job's input;
+        # when one alone is not, the input is not either, and saying so twice helps no one.
         problems.append(problem)
     return problems
 

@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS
 
 from jobstate.core.imports import NotImportable, import_path
+from jobstate.core.messages import shown
 from jobstate.exceptions import (
     OperationsJobInputError,
     ScheduleError,
@@ -39,7 +40,7 @@ def _task(definition: ScheduleDefinition) -> Task[Any, Any]:
     """The task ``definition`` enqueues, with its queue, priority and backend applied;
     :class:`ScheduleError` naming the schedule when that is not possible."""
     from jobstate.tasks.backend import JobStateBackend
-    from jobstate.tasks.compat import InvalidTask, Task
+    from jobstate.tasks.compat import InvalidTask, Task, task_backends
 
     where = f"schedule {definition.key!r}"
     path = definition.target if definition.kind is ScheduleKind.TASK else OPERATIONS_TASK_PATH
@@ -53,6 +54,13 @@ def _task(definition: ScheduleDefinition) -> Task[Any, Any]:
         raise ScheduleError(
             f"{where}: {path!r} is a {type(found).__name__}, not a django.tasks task "
             "(a function decorated with @task)."
+        )
+    aliases = task_backends.settings
+    if definition.backend not in aliases:
+        # Django's own error for an unknown alias speaks of a "connection".
+        raise ScheduleError(
+            f"{where}: the backend {shown(repr(definition.backend))} is not an alias of "
+            f"TASKS (it has {', '.join(repr(alias) for alias in aliases) or 'none'})."
         )
     try:
         task = found.using(

@@ -51,3 +51,22 @@ def test_a_value_31_levels_deep_is_kept_and_32_refused(kind: type) -> None:
 def test_many_brackets_side_by_side_are_not_depth() -> None:
     wide = {"rows": [[n] for n in range(100)], "text": "[" * 100}
     assert ensure_json(wide, field="input") is wide
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ((1, 2), "it is a tuple, which comes back as a list"),
+        ({"a": [1, (2, 3)]}, "its item ['a'][1] is a tuple, which comes back as a list"),
+        ({1: "x"}, "it has the key 1 (int), which comes back as a string"),
+        ([0, {"k": {2: 3}}], "its item [1]['k'] has the key 2 (int), which comes back as a string"),
+    ],
+)
+def test_a_value_json_changes_is_refused_naming_the_part_that_changes(
+    value: object, says: str
+) -> None:
+    """The message listed what might be wrong ("tuples, non-string keys or other
+    values"), even for a value with no tuple in it, and never said where."""
+    with pytest.raises(InvalidPayload) as caught:
+        ensure_json(value, field="input")
+    assert str(caught.value) == (f"input does not survive a JSON round trip unchanged: {says}.")

@@ -402,7 +402,7 @@ def test_arguments_that_nest_too_deeply_inside_the_jobs_input_fail_the_check(
         fits={"task": ADD, "cron": "* * * * *", "args": [nested(29)]},
     )
     assert [kind for kind, _ in found] == ["jobstate.E030"]
-    assert "['deep']['args'] and ['kwargs'], as the job's input" in found[0][1]
+    assert "['deep']['args'] and ['kwargs'] together, as the job's input" in found[0][1]
     assert "is nested more than 31 levels deep" in found[0][1]
     # The deepest that fits is enqueued and stored as it is, on every database.
     declare(settings, fits={"task": ADD, "cron": "*/5 * * * *", "args": [nested(29)]})
@@ -431,12 +431,26 @@ def test_the_check_names_what_a_schedule_cannot_run(settings: Any) -> None:
         "schedule 'gone': the task 'tests.support.task_functions.gone' does not import",
         "schedule 'plain': 'tests.support.schedule_kit.utc' is a function, not a django.tasks task",
         "schedule 'queue': Queue 'nowhere' is not valid for backend",
-        "schedule 'alias':",
+        # Django's own message for an unknown alias spoke of a "connection".
+        "schedule 'alias': the backend 'elsewhere' is not an alias of TASKS (it has 'default'",
         "schedule 'job': No operations job is registered as 'demo.unknown'",
         "schedule 'rows': demo.report-build rejected its input",
     ):
         assert expected in text, expected
     assert messages(settings, fine=every_five()) == []
+
+
+def test_arguments_that_are_not_json_are_named_once(settings: Any) -> None:
+    """Arguments JSON cannot hold were reported twice: alone, and again as part of the
+    job's input."""
+    found = messages(settings, nan={"task": ADD, "cron": "* * * * *", "args": [float("nan")]})
+    assert found == [
+        (
+            "jobstate.E030",
+            "JOBSTATE['SCHEDULES']['nan']['args'] must be JSON: "
+            "Out of range float values are not JSON compliant.",
+        )
+    ]
 
 
 def test_a_backend_that_is_not_jobstates_is_refused(settings: Any) -> None:

@@ -139,10 +139,14 @@ def test_the_token_is_compared_in_constant_time_over_equal_lengths(
     assert compared[0][0] == compared[0][1]
 
 
-@pytest.mark.parametrize("token", ["", "   ", b"bytes-token", 12345])
+@pytest.mark.parametrize(
+    "token", ["", "   ", b"bytes-token", 12345, " s3cret", "s3cret\n", "pässwort", "a\ud800"]
+)
 def test_a_token_that_cannot_work_is_refused_loudly(settings: Any, token: object) -> None:
     """An empty token must not turn into one anybody can send (``Bearer`` and nothing),
-    nor a wrong type into open endpoints."""
+    nor a wrong type into open endpoints. A token no client can send (spaces at an end,
+    which HTTP strips; a character a header cannot carry) closed them to everyone, and a
+    lone surrogate gave a 500 with a UnicodeEncodeError."""
     settings.JOBSTATE = {"OBSERVABILITY_TOKEN": token}
     for path in ENDPOINTS:
         with pytest.raises(ImproperlyConfigured, match="OBSERVABILITY_TOKEN"):
