@@ -25,7 +25,7 @@ def test_a_missing_module_is_not_importable_with_python_s_message() -> None:
 def test_a_name_the_module_lacks_is_not_importable() -> None:
     with pytest.raises(NotImportable) as caught:
         import_path("jobstate.core.imports.nothing_here")
-    assert "does not define a \"nothing_here\"" in caught.value.reason
+    assert 'does not define a "nothing_here"' in caught.value.reason
 
 
 def test_a_module_that_raises_at_import_is_named_with_its_error() -> None:
