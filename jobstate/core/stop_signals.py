@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["STOP_SIGNALS", "handled_stop_signals"]
+__all__ = ["STOP_SIGNALS", "StopAtOnce", "handled_stop_signals"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopAtOnce(SystemExit):
+    """Raised by a stop-signal handler on the second signal: the operator does not want
+    to wait. It ends the process wherever it interrupts it, inside the host's code too
+    (a channel's send), which must let it pass where it takes a ``SystemExit`` of the
+    host's own code for a bug."""
 
 
 def handled_stop_signals() -> tuple[signal.Signals, ...]:

@@ -28,7 +28,6 @@ import logging
 import os
 import socket
 import time
-import traceback
 import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -38,8 +37,11 @@ from typing import TYPE_CHECKING
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
+from jobstate.core.attempt_log import exception_message, exception_traceback
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.imports import NotImportable, import_path
+from jobstate.core.left_open import roll_back_left_open
+from jobstate.core.stop_signals import StopAtOnce
 from jobstate.exceptions import DeliveryFailed, TransactionNotAllowed
 from jobstate.outbox.channels import Channel
 from jobstate.stores import get_state_store
@@ -231,19 +233,34 @@ def _send(row: Notification, channels: dict[str, Channel | str]) -> str | None:
     try:
         channel.send(row)
     except DeliveryFailed as exc:
-        return _redact(str(exc) or type(exc).__name__)
-    except Exception as exc:
-        # A bug in a channel; the row must still be settled so the batch moves on.
-        # Logged with its traceback, masked like the stored error: a channel's own
-        # message may quote the signing key.
+        error: str | None = exception_message(exc) or type(exc).__name__
+    except (StopAtOnce, KeyboardInterrupt):
+        # The operator stops the relay (a second stop signal, or Ctrl-C with no handler
+        # installed): what this pass claimed and did not settle is due again after its
+        # lease.
+        raise
+    except BaseException as exc:
+        # A bug in a channel, whatever it raises (sys.exit() and GeneratorExit too): the
+        # row must still be settled so the batch moves on. Logged with its traceback,
+        # masked like the stored error: a channel's own message may quote the signing
+        # key. Its message is read safely: a channel's __str__ may raise as well.
         logger.error(
             "relay: channel %r crashed on notification %s\n%s",
             row.channel,
             row.id,
-            _redact("".join(traceback.format_exception(exc))),
+            _redact(exception_traceback(exc)),
         )
-        return _redact(f"{type(exc).__name__}: {exc}")
-    return None
+        error = f"{type(exc).__name__}: {exception_message(exc)}"
+    else:
+        error = None
+    finally:
+        # A channel that left a transaction open would otherwise have the relay's own
+        # settle of this row, and every later claim, run in it, never committed.
+        left_open = roll_back_left_open(f"channel {row.channel!r}")
+    if left_open is not None:
+        logger.error("relay: notification %s: %s", row.id, left_open)
+        error = str(left_open) if error is None else f"{error}; {left_open}"
+    return None if error is None else _redact(error)
 
 
 def _redact(text: str) -> str:

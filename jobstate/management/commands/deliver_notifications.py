@@ -54,7 +54,7 @@ from django.db import DatabaseError
 
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import WorkerKind, WorkerRegistration
-from jobstate.core.stop_signals import handled_stop_signals
+from jobstate.core.stop_signals import StopAtOnce, handled_stop_signals
 from jobstate.core.wakeup import Wakeup
 from jobstate.exceptions import JobStateError, StoreError
 from jobstate.outbox.relay import DeliveryReport, default_relay_id, deliver_notifications
@@ -172,7 +172,7 @@ class Command(JobStateCommand):
         def request_stop(signum: int, frame: FrameType | None) -> None:
             if stop.is_set():
                 # The second signal: the operator does not want to wait for the sends.
-                raise SystemExit(128 + signum)
+                raise StopAtOnce(128 + signum)
             stop.set()
 
         previous: dict[int, Any] = {}
