@@ -22,7 +22,10 @@ from jobstate.stores.base import NotificationRequest, NotificationState
 from jobstate.stores.database import DatabaseStateStore
 from tests.support.threads import in_parallel
 
-pytestmark = [pytest.mark.django_db(transaction=True, available_apps=["jobstate"]), pytest.mark.mysql]
+pytestmark = [
+    pytest.mark.django_db(transaction=True, available_apps=["jobstate"]),
+    pytest.mark.mysql,
+]
 
 
 class Unprintable(Exception):
@@ -145,9 +148,9 @@ def test_each_misbehaving_channel_fails_its_own_attempt_and_the_batch_is_committ
     # What the channels wrote inside the transactions they left open was rolled back.
     assert all(payload != {"written": True} for _, _, payload in rows.values())
     # Every row that failed is pending again, each with its one attempt recorded.
-    assert {
-        state for where, (state, _, _) in rows.items() if where in errors and errors[where]
-    } == {NotificationState.PENDING}
+    assert {state for where, (state, _, _) in rows.items() if errors[where]} == {
+        NotificationState.PENDING
+    }
     assert DeliveryAttempt.objects.count() == 10
     assert "bad\ufffdhalf" in caplog.text and "Logging error" not in caplog.text
     # The relay's connection is usable as it was: no block, autocommit on.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import ClaimReport, CompletionOutcome, JobId, JobStatus
 from jobstate.stores.contracts.claimer_presence import claimer_beats, claimer_fields
-from jobstate.stores.contracts.primitives import StateStorePrimitives
+from jobstate.stores.contracts.primitives import Settled, StateStorePrimitives
 from jobstate.stores.contracts.validation import (
     ENQUEUE_PAYLOAD_FIELDS,
     JOB_CREATE_FIELDS,
@@ -44,7 +44,13 @@ from jobstate.stores.contracts.validation import (
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["CompletionResult", "JobQueuePart", "completion_result"]
+__all__ = ["REPORTS_PER_STATEMENT", "CompletionResult", "JobQueuePart", "completion_result"]
+
+#: The most reports :meth:`JobQueuePart.complete_claimed_jobs` hands a store at once. A
+#: statement takes at most 65,535 parameters on PostgreSQL and MySQL (32,766 on older
+#: SQLite) and a report up to 22 (its id, token, status and each patched field): more
+#: reports in one call are applied in turns, each fenced on its own as always.
+REPORTS_PER_STATEMENT = 1000
 
 
 @dataclass(frozen=True)
@@ -203,9 +209,12 @@ class JobQueuePart(StateStorePrimitives):
         the same job twice) raises and writes nothing."""
         self._require(self.supports_batch_claims, "supports_batch_claims", "complete_claimed_jobs")
         parsed = parse_claim_reports(reports)
-        if not parsed:
-            return []
-        return [completion_result(*settled) for settled in self._complete_claimed_batch(parsed)]
+        settled: list[Settled] = []
+        for start in range(0, len(parsed), REPORTS_PER_STATEMENT):
+            settled.extend(
+                self._complete_claimed_batch(parsed[start : start + REPORTS_PER_STATEMENT])
+            )
+        return [completion_result(*each) for each in settled]
 
     def extend_claim_lease(
         self, job_id: JobId, claim_token: uuid.UUID | str, lease: timedelta | None = None

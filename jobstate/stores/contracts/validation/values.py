@@ -19,6 +19,7 @@ from jobstate.exceptions import InvalidJobState
 
 __all__ = [
     "BIGINT_MAX",
+    "CLAIM_TARGET_LIMIT",
     "DURATION_LIMIT",
     "column_limit",
     "optional_text",
@@ -227,6 +228,10 @@ def parse_targets(targets: Iterable[str] | None) -> list[str] | None:
     return parsed
 
 
+#: The most distinct targets one claim may name.
+CLAIM_TARGET_LIMIT = 1000
+
+
 def parse_claim_targets(targets: Iterable[str]) -> list[str]:
     """The targets of a claim, as :func:`parse_targets` reads them, except that ``None``
     is refused: a claim names what it may take (an empty list takes nothing)."""
@@ -234,4 +239,11 @@ def parse_claim_targets(targets: Iterable[str]) -> list[str]:
     parsed = parse_targets(targets)
     if parsed is None:
         raise InvalidJobState("targets must be a list of target names, got None.")
-    return parsed
+    # Each target is a parameter of the claim's statement, which takes at most 65,535 on
+    # PostgreSQL and MySQL; a claim over so many is a mistake, not a queue.
+    unique = list(dict.fromkeys(parsed))
+    if len(unique) > CLAIM_TARGET_LIMIT:
+        raise InvalidJobState(
+            f"a claim names at most {CLAIM_TARGET_LIMIT:,} targets, got {len(unique):,}."
+        )
+    return unique
