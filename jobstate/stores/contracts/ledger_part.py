@@ -105,10 +105,10 @@ def _audit_subject(job: Job | JobId | None, request_id: str) -> AuditSubject:
     """The job id and request id an audit entry names: a ``Job`` gives both (an explicit
     ``request_id`` wins), an id gives the job only."""
     limit = column_limit("AuditEntry", "request_id") or 0
-    if not isinstance(request_id, str) or len(request_id) > limit or text_problem(request_id):
-        raise InvalidJobState(
-            f"request_id must be a string of at most {limit} characters, without NUL."
-        )
+    if not isinstance(request_id, str) or len(request_id) > limit:
+        raise InvalidJobState(f"request_id must be a string of at most {limit} characters.")
+    if problem := text_problem(request_id):
+        raise InvalidJobState(f"request_id {problem}.")
     if job is None:
         return None, request_id
     job_id = _job_id(job)
