@@ -264,7 +264,9 @@ class BulkOperationFilter(admin.SimpleListFilter):
         value = self.value()
         if value is None:
             return queryset
-        if not value.isdigit() or int(value) >= 2**63:
+        # ASCII digits only (str.isdigit() takes "²", which int() refuses), and short
+        # enough for int() (it refuses more than 4,300 digits).
+        if not (value.isascii() and value.isdigit() and len(value) <= 19) or int(value) >= 2**63:
             raise IncorrectLookupParameters(f"Unknown bulk operation {value!r}.")
         operation = BulkOperation.objects.filter(pk=int(value)).first()
         if operation is None:

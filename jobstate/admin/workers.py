@@ -240,7 +240,8 @@ class WorkerAdmin(ReadOnlyAdmin):
         if not term:
             return queryset
         found = queryset.filter(worker_id=term) | queryset.filter(host=term)
-        if term.isdigit() and int(term) < 2**31:
+        # ASCII digits only: str.isdigit() takes "²", which int() refuses.
+        if term.isascii() and term.isdigit() and len(term) <= 10 and int(term) < 2**31:
             found = found | queryset.filter(pid=int(term))
         return found
 

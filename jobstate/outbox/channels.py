@@ -126,6 +126,10 @@ def sign_webhook(secret: str | bytes, body: bytes, *, timestamp: int | None = No
 
 
 @sensitive_variables("secret", "expected")
+def _unix_seconds(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 20
+
+
 def verify_webhook_signature(
     secret: str | bytes,
     body: bytes,
@@ -158,7 +162,10 @@ def verify_webhook_signature(
             timestamps.append(value)
         elif name == "v1":
             candidates.append(value)
-    if len(timestamps) != 1 or not candidates or not timestamps[0].isdigit():
+    # A timestamp of ASCII digits, short enough for int() (str.isdigit() takes "²",
+    # which int() refuses, and int() refuses more than 4,300 digits): a malformed
+    # header is not valid, never an error.
+    if len(timestamps) != 1 or not candidates or not _unix_seconds(timestamps[0]):
         return False
     stamp = int(timestamps[0])
     current = time.time() if now is None else now

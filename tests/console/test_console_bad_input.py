@@ -146,7 +146,7 @@ def test_a_bulk_operation_started_before_the_search_rules_tightened_is_not_a_500
 LIST_PARAMETERS = {
     "job": ["q", "status__exact", "target", "task", "queue", "source", "lease", "delayed"],
     "jobrun": ["q", "status__exact", "trigger", "heartbeat", "job_key"],
-    "auditentry": ["q", "stage__exact", "severity__exact", "event", "request_id"],
+    "auditentry": ["q", "stage__exact", "severity__exact", "event", "request_id", "bulk"],
     "notification": ["q", "state__exact", "channel", "destination"],
     "runtimelock": ["q", "state", "owner"],
     "worker": ["q", "state", "kind__exact", "host"],
@@ -156,7 +156,9 @@ LIST_PARAMETERS = {
     "bulkoperation": ["q", "action__exact", "state__exact", "operator"],
 }
 EVERY_PAGE = [("o", "99"), ("o", "-1.x"), ("p", "-1"), ("p", "99999999999999999999")]
-UNREADABLE = ["%00", "a%00b", "%ED%A0%80", "%FF", "NaN", "1e400", "x" * 3000]
+#: "²" is a digit to str.isdigit() and not to int(); int() refuses more than 4,300
+#: digits. Both gave the Workers search and the audit list's bulk filter a 500.
+UNREADABLE = ["%00", "a%00b", "%ED%A0%80", "%FF", "NaN", "1e400", "x" * 3000, "%C2%B2", "9" * 4301]
 
 
 @pytest.mark.parametrize("model", sorted(LIST_PARAMETERS))

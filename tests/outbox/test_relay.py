@@ -187,6 +187,13 @@ def test_a_relay_that_dies_after_claiming_loses_nothing(
 # --- webhook channel --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("stamp", ["\u00b2", "9" * 5000, "-5", " 7", "\uff11\uff12"])
+def test_a_malformed_timestamp_is_not_valid_and_never_an_error(stamp: str) -> None:
+    """ "²" passed str.isdigit() and failed int(), as did 5,000 digits: one crafted header
+    made a receiver written like the docs' example answer 500."""
+    assert verify_webhook_signature(SECRET, b"{}", f"t={stamp},v1=abc") is False
+
+
 def test_signature_verification_rejects_tampering_age_and_garbage() -> None:
     body = webhook_body({"a": 1})
     header = sign_webhook(SECRET, body, timestamp=1_700_000_000)
