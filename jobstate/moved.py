@@ -67,6 +67,7 @@ MOVED_MODULES: dict[str, str] = {
     "jobstate.admin.queue_stats": "jobstate.console.queue_stats",
     "jobstate.admin.bulk": "jobstate.admin.bulk_actions",
     "jobstate.admin.tasks": "jobstate.admin.task_display",
+    "jobstate.admin.redaction": "jobstate.console.redaction",
     "jobstate.metrics": "jobstate.observability.metrics",
     "jobstate.views": "jobstate.observability.views",
     "jobstate.beat": "jobstate.contrib.celery.beat",

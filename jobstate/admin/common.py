@@ -57,7 +57,7 @@ from jobstate.admin.page_bases import (
     row_redactor,
     with_database_now,
 )
-from jobstate.admin.redaction import REDACTED
+from jobstate.console.redaction import REDACTED
 from jobstate.stores.contracts.validation import REJECT_REASON_LIMIT
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from jobstate.admin.redaction import Redactor
-from jobstate.admin.redaction import redactor as make_redactor
+from jobstate.console.redaction import Redactor
+from jobstate.console.redaction import redactor as make_redactor
 from jobstate.core.bidi import isolated
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.contracts.audit import AuditSeverity
@@ -106,7 +106,7 @@ def _folded(text: str, css_class: str, preview: str) -> SafeString:
 
 def json_block(value: Any, redactor: Redactor | None = None) -> SafeString | str:
     """``value`` as indented JSON in a ``<pre>``, redacted (by ``redactor``, default the
-    redactor of ``value`` itself; see :mod:`jobstate.admin.redaction`), and folded in a
+    redactor of ``value`` itself; see :mod:`jobstate.console.redaction`), and folded in a
     ``<details>`` element when long. ``None`` shows as a dash."""
     if value is None:
         return "—"

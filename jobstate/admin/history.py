@@ -26,7 +26,7 @@ from jobstate.admin.display import short_id
 from jobstate.admin.filters import AuditEventFilter, AuditStageFilter, BulkOperationFilter
 from jobstate.admin.list_cells import breakable, cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
-from jobstate.admin.redaction import Redactor
+from jobstate.console.redaction import Redactor
 from jobstate.models import ApprovalDecision, AuditEntry, DeliveryReplay, Job, Notification
 from jobstate.stores.contracts.audit import AuditSeverity
 

@@ -30,8 +30,8 @@ from jobstate.admin.display import (
     moment,
     worker_link,
 )
-from jobstate.admin.redaction import Redactor
 from jobstate.admin.task_display import concurrency_text, policy_text, unique_text
+from jobstate.console.redaction import Redactor
 from jobstate.core.attempt_log import LeftOut, attempt_history
 from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,

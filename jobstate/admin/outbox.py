@@ -32,7 +32,7 @@ from jobstate.admin.display import moment, short_id
 from jobstate.admin.filters import ChannelFilter
 from jobstate.admin.list_cells import cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
-from jobstate.admin.redaction import Redactor, redactor
+from jobstate.console.redaction import Redactor, redactor
 from jobstate.models import DeliveryAttempt, DeliveryReplay, Job, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import DeliveryRequeueOutcome, NotificationState

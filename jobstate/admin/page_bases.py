@@ -33,9 +33,9 @@ from jobstate.admin.list_input import (
     unreadable_parameter,
 )
 from jobstate.admin.paginator import EstimatedCountPaginator
-from jobstate.admin.redaction import Redactor
-from jobstate.admin.redaction import redactor as make_redactor
 from jobstate.console.job_search import unreadable_text
+from jobstate.console.redaction import Redactor
+from jobstate.console.redaction import redactor as make_redactor
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -238,7 +238,7 @@ class ScaledAdmin(admin.ModelAdmin):
         return queryset
 
     #: The JSON fields of a row whose members under redacted keys are hidden, and whose
-    #: values are masked in the row's text fields (see :mod:`jobstate.admin.redaction`).
+    #: values are masked in the row's text fields (see :mod:`jobstate.console.redaction`).
     redaction_sources: tuple[str, ...] = ()
 
     def redactor_for(self, obj: Any) -> Redactor:

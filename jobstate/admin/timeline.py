@@ -5,7 +5,7 @@ folded), its heartbeats summarised (the lease they keep), retries scheduled, ope
 actions, finished.
 
 It merges the job's audit entries with its task attempt log and its current claim.
-Everything shown passes through the page's redactor (:mod:`jobstate.admin.redaction`),
+Everything shown passes through the page's redactor (:mod:`jobstate.console.redaction`),
 like the rest of the page.
 """
 
@@ -25,7 +25,7 @@ from django.utils.translation import ngettext
 from jobstate.admin.common import relative_time, short_duration
 from jobstate.admin.display import moment, worker_link
 from jobstate.admin.job_page import audit_summary, status_name
-from jobstate.admin.redaction import Redactor
+from jobstate.console.redaction import Redactor
 from jobstate.core.attempt_log import AttemptOutcome, LeftOut, TaskAttempt, attempt_history
 from jobstate.core.bidi import isolated
 from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus

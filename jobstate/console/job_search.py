@@ -54,6 +54,8 @@ from typing import Any
 from django.db.models import Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast, Now
 
+from jobstate.console.hidden_matches import HiddenMatchesError, without_hidden_matches
+from jobstate.console.redaction import redacted_keys
 from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus
 from jobstate.exceptions import JobStateError
 from jobstate.models import Job
@@ -306,6 +308,13 @@ def _parse_value(name: str, raw: str) -> Any:
     path = key.split(".")
     if any(not part for part in path):
         raise SearchError(f"The input key {key!r} has an empty part.")
+    hidden = redacted_keys()
+    if any(part.casefold() in hidden for part in path):
+        # The console hides these values; a search could confirm a guess of one.
+        raise SearchError(
+            f"input: cannot search under {key!r}: the console hides the values of "
+            "JOBSTATE['ADMIN_REDACTED_KEYS']."
+        )
     contained: Any = _json_value(value_text)
     for part in reversed(path):
         contained = {part: contained}
@@ -346,11 +355,20 @@ def _error(rows: QuerySet[Job], value: str, ops: BackendOperations) -> QuerySet[
     # escapes it: with its non-ASCII characters as they are (PostgreSQL's jsonb text,
     # MySQL's) or as \uXXXX (what Django writes on SQLite and MariaDB).
     rows = rows.annotate(_jobstate_attempt_text=Cast("attempt_log", TextField()))
-    in_attempts = Q()
+    matched = rows.filter(Q(error__contains=value) | _in_text("_jobstate_attempt_text", value))
+    try:
+        return without_hidden_matches(matched, value)
+    except HiddenMatchesError as exc:
+        raise SearchError(str(exc)) from exc
+
+
+def _in_text(field_name: str, value: str) -> Q:
+    """``value`` in a JSON column read as text, as either JSON escaping writes it."""
+    found = Q()
     for ascii_only in (False, True):
         escaped = json.dumps(value, ensure_ascii=ascii_only)[1:-1]
-        in_attempts |= Q(_jobstate_attempt_text__contains=escaped)
-    return rows.filter(Q(error__contains=value) | in_attempts)
+        found |= Q(**{f"{field_name}__contains": escaped})
+    return found
 
 
 def _input(rows: QuerySet[Job], value: dict[str, Any], ops: BackendOperations) -> QuerySet[Job]:

@@ -125,11 +125,11 @@ def sign_webhook(secret: str | bytes, body: bytes, *, timestamp: int | None = No
     return f"t={stamp},v1={_digest(secret, body, stamp)}"
 
 
-@sensitive_variables("secret", "expected")
 def _unix_seconds(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 20
 
 
+@sensitive_variables("secret", "expected")
 def verify_webhook_signature(
     secret: str | bytes,
     body: bytes,

@@ -56,7 +56,7 @@ def default_audit_summary(detail: dict[str, Any]) -> str:
     """The summary an entry gets when its writer gives none: the scalar members of
     ``detail`` as ``key: value`` pairs joined by :data:`AUDIT_SUMMARY_SEPARATOR`, in
     order, cut to :data:`AUDIT_SUMMARY_LIMIT`. The admin masks the pairs whose key it
-    redacts (see ``jobstate.admin.redaction``), so keep this format in step with it."""
+    redacts (see ``jobstate.console.redaction``), so keep this format in step with it."""
     summary = AUDIT_SUMMARY_SEPARATOR.join(
         f"{key}: {value}"
         for key, value in detail.items()

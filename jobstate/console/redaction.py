@@ -29,7 +29,14 @@ from django.core.exceptions import ImproperlyConfigured
 from jobstate.core.conf import jobstate_settings
 from jobstate.stores.contracts.audit import AUDIT_SUMMARY_SEPARATOR
 
-__all__ = ["MIN_MASKED_LENGTH", "REDACTED", "Redactor", "redacted_keys", "redactor"]
+__all__ = [
+    "MIN_MASKED_LENGTH",
+    "REDACTED",
+    "Redactor",
+    "configured_secrets",
+    "redacted_keys",
+    "redactor",
+]
 
 #: What a hidden value is shown as.
 REDACTED = "••••"
@@ -51,7 +58,9 @@ def redacted_keys() -> frozenset[str]:
     return frozenset(key.casefold() for key in keys)
 
 
-def _configured_secrets() -> Iterator[str]:
+def configured_secrets() -> Iterator[str]:
+    """The secrets of the settings a page must never show: the webhook signing key and
+    the observability token."""
     for secret in (jobstate_settings.WEBHOOK_SECRET, jobstate_settings.OBSERVABILITY_TOKEN):
         if isinstance(secret, bytes):
             secret = secret.decode("utf-8", "replace")
@@ -178,4 +187,4 @@ def redactor(*sources: Any) -> Redactor:
     the setting; hidden values are those under a redacted key in ``sources`` (at least
     :data:`MIN_MASKED_LENGTH` characters) and the configured secrets."""
     keys = redacted_keys()
-    return _build(keys, _hidden_values(sources, keys) | set(_configured_secrets()))
+    return _build(keys, _hidden_values(sources, keys) | set(configured_secrets()))
