@@ -58,6 +58,7 @@ from jobstate.admin.page_bases import (
     with_database_now,
 )
 from jobstate.console.redaction import REDACTED
+from jobstate.core.bidi import isolated
 from jobstate.stores.contracts.validation import REJECT_REASON_LIMIT
 
 if TYPE_CHECKING:
@@ -127,6 +128,10 @@ class ActionRow:
     """What the operator needs to know about it (status, lease, owner...)."""
     skip_reason: str | None
     """``None`` when the action applies; otherwise why the row is skipped."""
+    seen: str | None = None
+    """What the confirmation shows of the row that the action acts on (a lock's owner):
+    the page sends it back, and a row that no longer shows it when the operator
+    confirms is skipped instead of changed."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,10 @@ def _logged_message(spec: ActionSpec, inputs: dict[str, Any]) -> str:
 
 
 def _named(items: list[tuple[str, str]]) -> str:
-    shown = "; ".join(f"{label} ({why})" for label, why in items[:NAMED_IN_MESSAGE])
+    # Each name isolated: a right-to-left override in one would reverse the message's
+    # text after it (messages are shown outside the page's content, which the console's
+    # stylesheet isolates).
+    shown = "; ".join(f"{isolated(label)} ({why})" for label, why in items[:NAMED_IN_MESSAGE])
     rest = len(items) - NAMED_IN_MESSAGE
     if rest > 0:
         shown += " " + ngettext("and %(n)d more", "and %(n)d more", rest) % {"n": rest}
@@ -215,6 +223,11 @@ def _return_to(request: HttpRequest) -> str:
     ):
         return target
     return ""
+
+
+#: The confirmation form's field (followed by the row's key) that sends back what the
+#: page showed of a row (:attr:`ActionRow.seen`).
+SEEN_FIELD = "_jobstate_seen:"
 
 
 def run_confirmed_action(
@@ -266,6 +279,10 @@ def run_confirmed_action(
         for row in rows:
             if row.skip_reason:
                 continue
+            shown = request.POST.get(f"{SEEN_FIELD}{row.obj.pk}")
+            if row.seen is not None and shown is not None and shown != row.seen:
+                skipped.append((row.label, _("changed since the confirmation: %s") % row.detail))
+                continue
             # The admin's log entry commits with the change, or neither does.
             with transaction.atomic():
                 why = spec.perform(request, row.obj, inputs)
@@ -308,6 +325,7 @@ def run_confirmed_action(
         "opts": opts,
         "action_name": spec.name,
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "seen_field": SEEN_FIELD,
         "confirm_label": spec.confirm_label,
         "eligible": eligible,
         "skipped": skipped_rows,

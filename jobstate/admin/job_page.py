@@ -33,6 +33,7 @@ from jobstate.admin.display import (
 from jobstate.admin.task_display import concurrency_text, policy_text, unique_text
 from jobstate.console.redaction import Redactor
 from jobstate.core.attempt_log import LeftOut, attempt_history
+from jobstate.core.bidi import isolated
 from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
     TASK_RESULT_STATUS_NAMES,
@@ -178,7 +179,7 @@ def job_status_badge(job: Job) -> SafeString:
 def page_heading(job: Job) -> tuple[str, str]:
     """The page's title and (plain) subtitle: a task's path, or a job's request id; then
     the status and the short id."""
-    return job.task_path or job.request_id, f"{status_name(job)} · {_short(job.id)}"
+    return isolated(job.task_path or job.request_id), f"{status_name(job)} · {_short(job.id)}"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from jobstate.admin.common import (
 )
 from jobstate.admin.filters import LockStateFilter
 from jobstate.admin.page_bases import moment_field
+from jobstate.core.bidi import isolated
 from jobstate.models import RuntimeLock
 from jobstate.stores import get_state_store
 from jobstate.stores.contracts.audit import AuditSeverity, AuditStage
@@ -103,10 +104,10 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
             state = "expired" if lock.expires_at <= now else "held"
             detail = _("%(state)s by %(owner)s, ends %(when)s") % {
                 "state": _("expired") if state == "expired" else _("held"),
-                "owner": lock.owner,
+                "owner": isolated(lock.owner),
                 "when": relative_time(lock.expires_at, now),
             }
-            return ActionRow(lock, lock.lock_key, detail, None)
+            return ActionRow(lock, lock.lock_key, detail, None, seen=lock.owner)
 
         def perform(request: HttpRequest, lock: RuntimeLock, inputs: dict[str, Any]) -> str | None:
             store = get_state_store()
@@ -122,6 +123,10 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
                 if held is None:
                     return _("already released")
                 owner, expires_at = held
+                if owner != lock.owner:
+                    # Taken over since the operator confirmed: this owner is not the
+                    # one they chose to release.
+                    return _("now held by %(owner)s") % {"owner": isolated(owner)}
                 store.release_runtime_lock(lock.lock_key, owner)
                 store.append_audit(
                     event="lock_force_released",
@@ -144,8 +149,9 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
             intro=_(
                 "The locks are deleted whoever holds them, so the next caller can take "
                 "them at once. Release a lock only when its owner is gone: a live owner "
-                "would carry on unprotected. Each release gets a “lock_force_released” "
-                "audit entry naming you and the owner."
+                "would carry on unprotected. A lock that another owner takes before you "
+                "confirm is left alone. Each release gets a “lock_force_released” audit "
+                "entry naming you and the owner."
             ),
             confirm_label=_("Yes, force-release"),
             done=counted(

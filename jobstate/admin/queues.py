@@ -35,6 +35,7 @@ from jobstate.admin.action_log import log_console_action
 from jobstate.admin.common import ReadOnlyAdmin, permission_check, short_duration
 from jobstate.admin.list_cells import breakable
 from jobstate.console.queue_stats import QueueRow, keys_at_limit, queue_rows
+from jobstate.core.bidi import isolated
 from jobstate.core.states import NO_QUEUE
 from jobstate.exceptions import InvalidJobState
 from jobstate.models import QueuePause
@@ -182,7 +183,9 @@ class QueuePauseAdmin(ReadOnlyAdmin):
 
 
 def _queue_label(target: str, queue: str) -> str:
-    return f"{target} / {queue}" if queue != NO_QUEUE else f"{target} / {_('(no queue)')}"
+    # Isolated: a right-to-left override in a name would reverse the sentence around it.
+    shown = isolated(queue) if queue != NO_QUEUE else _("(no queue)")
+    return f"{isolated(target)} / {shown}"
 
 
 def _shown(row: QueueRow) -> dict[str, Any]:

@@ -177,6 +177,37 @@ def test_a_lock_released_meanwhile_is_skipped(
     assert not AuditEntry.objects.filter(event="lock_force_released").exists()
 
 
+def test_a_lock_another_owner_took_before_the_confirmation_is_left_alone(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """The confirmation named the dead owner; a live one that took the lock meanwhile
+    was released instead ("Released 1 lock.", its audit entry naming the live owner),
+    to carry on unprotected: found by an outside pass."""
+    store.acquire_runtime_lock("serial:1", "host-A:pid-1", timedelta(minutes=5))
+    page = act(admin_client, LOCKS, "force_release_locks", ["serial:1"]).content.decode()
+    assert "held by host-A:pid-1" in page
+    assert 'name="_jobstate_seen:serial:1" value="host-A:pid-1"' in page
+    store.release_runtime_lock("serial:1", "host-A:pid-1")
+    store.acquire_runtime_lock("serial:1", "host-B:pid-2", timedelta(minutes=5))
+
+    response = act(
+        admin_client,
+        LOCKS,
+        "force_release_locks",
+        ["serial:1"],
+        confirm=True,
+        **{"_jobstate_seen:serial:1": "host-A:pid-1"},
+    )
+
+    [message] = shown_messages(response)
+    assert (
+        "Skipped 1 runtime lock: serial:1 (changed since the confirmation: held by host-B"
+        in message
+    )
+    assert RuntimeLock.objects.get(lock_key="serial:1").owner == "host-B:pid-2"
+    assert not AuditEntry.objects.filter(event="lock_force_released").exists()
+
+
 def test_force_release_needs_its_permission(
     django_user_model: Any, store: DatabaseStateStore
 ) -> None:
