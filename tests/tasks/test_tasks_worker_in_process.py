@@ -20,6 +20,7 @@ from jobstate.core.states import JobStatus
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends
 from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
+from jobstate.tasks.worker.execution import Attempt, ExecutionPool
 from jobstate.testing import FakeClock
 from tests.support.stores import MemoryTasks
 from tests.support.task_functions import add, always_fails
@@ -156,3 +157,27 @@ def test_a_task_whose_worker_lost_its_lease_is_recovered_and_run_again(
     assert result.attempts == 2 and result.worker_ids == ["worker-dead", "worker-e"]
     (lost,) = result.errors
     assert lost.exception_class_path == "jobstate.exceptions.WorkerLost"
+
+
+def test_a_task_claimed_but_never_started_is_handed_back_and_not_counted_as_started(
+    settings: Any, memory_tasks: MemoryTasks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop line counted a task no thread had started as started ("1 started, ...,
+    1 handed back") when the stop came between its claim and its thread."""
+    use_options(settings, MAX_ATTEMPTS=3)
+    queued = add.enqueue(2, 3)
+    backend = task_backends["default"]
+    assert isinstance(backend, JobStateBackend)
+    worker = TaskWorker(
+        WorkerConfig(interval=0.01, schedules=False, grace=5, worker_id="worker-a"), backend
+    )
+
+    def stopped_before_a_thread_took_it(pool: ExecutionPool, attempt: Attempt) -> None:
+        worker.request_stop("SIGTERM")
+
+    monkeypatch.setattr(ExecutionPool, "submit", stopped_before_a_thread_took_it)
+    summary = worker.run()
+
+    assert (summary.started, summary.handed_back, summary.stopped_by) == (0, 1, "SIGTERM")
+    job = memory_tasks.store.get_job(queued.id)
+    assert job is not None and job.status == JobStatus.QUEUED and job.attempts == 0
