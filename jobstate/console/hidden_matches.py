@@ -20,7 +20,13 @@ from typing import Any
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
-from jobstate.console.redaction import Redactor, configured_secrets, redacted_keys, redactor
+from jobstate.console.redaction import (
+    Redactor,
+    configured_secrets,
+    redacted_keys,
+    redactor,
+    scalar_texts,
+)
 from jobstate.exceptions import JobStateError
 from jobstate.models import Job
 
@@ -91,15 +97,4 @@ def _shown_match(shown: Redactor, value: str, error: str | None, log: Any) -> bo
 def _texts(error: str | None, log: Any) -> Iterator[str]:
     if error:
         yield error
-    yield from _strings(log)
-
-
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
+    yield from scalar_texts(log)

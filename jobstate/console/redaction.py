@@ -36,6 +36,7 @@ __all__ = [
     "configured_secrets",
     "redacted_keys",
     "redactor",
+    "scalar_texts",
 ]
 
 #: What a hidden value is shown as.
@@ -69,14 +70,14 @@ def configured_secrets() -> Iterator[str]:
             yield secret
 
 
-def _scalars(value: Any) -> Iterator[str]:
+def scalar_texts(value: Any) -> Iterator[str]:
     """Every string and number in ``value``, at any depth, as text."""
     if isinstance(value, dict):
         for item in value.values():
-            yield from _scalars(item)
+            yield from scalar_texts(item)
     elif isinstance(value, list):
         for item in value:
-            yield from _scalars(item)
+            yield from scalar_texts(item)
     elif isinstance(value, str):
         yield value
     elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -88,7 +89,7 @@ def _under_keys(value: Any, keys: frozenset[str]) -> Iterator[str]:
     if isinstance(value, dict):
         for key, item in value.items():
             if isinstance(key, str) and key.casefold() in keys:
-                yield from _scalars(item)
+                yield from scalar_texts(item)
             else:
                 yield from _under_keys(item, keys)
     elif isinstance(value, list):
