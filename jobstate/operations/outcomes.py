@@ -142,7 +142,7 @@ def abort_verdict(reason: RunReason, *, timeout: timedelta, stale_run_after: tim
             f"{stale_run_after}, the liveness budget"
         )
     else:
-        text = "job run was interrupted (KeyboardInterrupt)"
+        text = "job run was interrupted (Ctrl-C or a stop signal)"
     return Verdict(JobRunStatus.FAILED, reason, error=text)
 
 

@@ -30,6 +30,8 @@ from jobstate.exceptions import (
 )
 from jobstate.stores.contracts.validation import BIGINT_MAX, DURATION_LIMIT, require_text
 
+from ._stops import exit_stopped, interrupted_by_stop_signals
+
 if TYPE_CHECKING:
     from jobstate.maintenance import SweepReport
 
@@ -314,9 +316,22 @@ class JobStateCommand(BaseCommand):
     #: types already (:meth:`run_from_argv`); else they came from ``call_command``.
     _parsed_from_argv = False
 
+    #: Whether the command stops on SIGTERM as on Ctrl-C, in one line (:mod:`._stops`).
+    #: The worker and the relay turn it off: they stop gracefully on their own.
+    stops_on_signals = True
+    #: What stays done when the command is stopped, said in its stop line.
+    stopped_note = "What it had committed stays done."
+
     def run_from_argv(self, argv: list[str]) -> None:
         self._parsed_from_argv = True
-        super().run_from_argv(argv)
+        if not self.stops_on_signals:
+            super().run_from_argv(argv)
+            return
+        try:
+            with interrupted_by_stop_signals():
+                super().run_from_argv(argv)
+        except KeyboardInterrupt as exc:
+            exit_stopped(self.stderr, argv[1], exc, self.stopped_note)
 
     def execute(self, *args: Any, **options: Any) -> Any:
         if not self._parsed_from_argv:
@@ -365,6 +380,7 @@ class SweepCommand(JobStateCommand):
     exit status, and the report printed as one JSON object (``--json``) or as lines.
     A subclass says what it sweeps."""
 
+    stopped_note = "Each batch it finished is committed; run it again to do the rest."
     #: The progress line's verb ("Reaping").
     action = ""
     #: What one batch is, what a dry run counts and the setting of the batch's default

@@ -71,6 +71,7 @@ from ._common import (
     known_database,
     positive_int,
 )
+from ._stops import deferred_stop_signals
 
 #: The outcome counters of a pass, in the order a summary names them.
 OUTCOMES: tuple[tuple[str, str], ...] = (
@@ -101,6 +102,8 @@ def describe(counts: Mapping[str, int]) -> str:
 
 
 class Command(JobStateCommand):
+    # Its own stop: a pass finishes the sends it claimed, with --loop or without.
+    stops_on_signals = False
     help = (
         "Deliver due notifications from the outbox: one relay pass, or --loop until "
         "SIGTERM/SIGINT (the pass in progress finishes its claimed sends; a second signal "
@@ -146,7 +149,13 @@ class Command(JobStateCommand):
         if options["loop"]:
             self.relay_loop(store, **options)
             return
-        report = self.relay_pass(store, **options)
+        with deferred_stop_signals() as received:
+            report = self.relay_pass(store, **options)
+        if received:
+            self.stderr.write(
+                f"Stopped by {signal.Signals(received[0]).name} after the pass: it sent "
+                "what it had claimed."
+            )
         if options["json"]:
             self.stdout.write(json.dumps(asdict(report)))
         elif report.claimed or options["verbosity"] >= 2:

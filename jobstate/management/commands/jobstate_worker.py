@@ -143,6 +143,8 @@ class _LateSchedulePass:
 
 
 class Command(JobStateCommand):
+    # Its own stop: the running tasks finish first (jobstate.tasks.worker).
+    stops_on_signals = False
     help = (
         "Run the tasks of a jobstate task backend (django.tasks) until stopped: claim, "
         "run in threads, retry, time out, recover crashed workers' tasks. The first "

@@ -25,6 +25,7 @@ from ._common import EXIT_FAILED, EXIT_USAGE, JobStateCommand, known_database, p
 
 class Command(JobStateCommand):
     help = "Run a bulk operation of the console to its end (or resume one)."
+    stopped_note = "Each batch it finished is committed; run it again to go on from there."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("operation", type=positive_int, help="The bulk operation's id.")

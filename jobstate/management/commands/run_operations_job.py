@@ -59,6 +59,7 @@ def parse_input(text: str | None) -> Any:
 
 
 class Command(JobStateCommand):
+    stopped_note = "A run it had started is recorded as failed (interrupted), which frees its key."
     help = (
         "Run one registered operations job now and record the run. Exit status: 0 when it "
         "succeeded or was skipped (another run held its key), 1 when it failed or timed "
