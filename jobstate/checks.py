@@ -323,10 +323,19 @@ def check_migrations_applied(**kwargs: Any) -> list[CheckMessage]:
     """Deploy check (``check --deploy --database <alias>``): every jobstate migration is
     applied on each database named. Database-tagged checks run only when databases are
     given, so a plain ``check`` never needs a connection."""
-    from jobstate.stores.database.figures import pending_jobstate_migrations
+    from jobstate.stores.database.figures import connection_problem, pending_jobstate_migrations
 
     messages: list[CheckMessage] = []
     for alias in kwargs.get("databases") or ():
+        problem = connection_problem(alias)
+        if problem is not None:
+            messages.append(
+                Error(
+                    f"Cannot read the migration state of database {alias!r}: {problem}",
+                    id="jobstate.E011",
+                )
+            )
+            continue
         try:
             pending = pending_jobstate_migrations(connections[alias])
         except DatabaseError as exc:

@@ -24,6 +24,7 @@ from django.views.decorators.http import require_safe
 from jobstate.core.conf import jobstate_settings
 from jobstate.observability.metrics import CONTENT_TYPE, render_metrics
 from jobstate.stores import get_state_store
+from jobstate.stores.database.figures import connection_problem
 
 logger = logging.getLogger("jobstate.readiness")
 
@@ -92,10 +93,21 @@ def ready(request: HttpRequest) -> HttpResponse:
 def metrics(request: HttpRequest) -> HttpResponse:
     """The operational metrics in the Prometheus text format; 503 when the database
     cannot be read, so the scrape shows as failed rather than as zeros."""
+    store = get_state_store()
+    using = getattr(store, "using", None)
+    # A misconfigured connection raises no DatabaseError (see connection_problem).
+    problem = None if using is None else connection_problem(using)
+    if problem is not None:
+        logger.error("jobstate metrics: cannot connect to database %r: %s", using, problem)
+        return _unavailable()
     try:
-        payload = render_metrics(get_state_store())
+        payload = render_metrics(store)
     except DatabaseError:
-        return HttpResponse(
-            "database unavailable\n", status=503, content_type="text/plain; charset=utf-8"
-        )
+        return _unavailable()
     return HttpResponse(payload, content_type=CONTENT_TYPE)
+
+
+def _unavailable() -> HttpResponse:
+    return HttpResponse(
+        "database unavailable\n", status=503, content_type="text/plain; charset=utf-8"
+    )

@@ -147,3 +147,27 @@ def test_a_worker_says_when_ready_tasks_wait_in_a_queue_no_worker_serves(
     assert "no live worker serves" not in served.stderr
     assert add.get_result(first.id).return_value == 2
     assert add.get_result(second.id).return_value == 4
+
+
+@pytest.mark.slow
+@pytest.mark.backend
+@pytest.mark.parametrize(
+    "command", [("jobstate_worker", "--batch"), ("run_operations_job", "demo.report-build")]
+)
+def test_a_database_option_the_driver_refuses_is_one_line_and_status_2(
+    command: tuple[str, ...],
+) -> None:
+    """The worker and run_operations_job printed Django's ImproperlyConfigured as a
+    traceback (status 1); a setting no wait cures is a usage error."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/jobstate?isolation_level=garbage",
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+    }
+    done = manage(*command, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "CommandError: database 'default' cannot be connected to as configured: Invalid "
+        "transaction isolation level garbage specified. Use one of the psycopg.IsolationLevel "
+        "values.\n"
+    )

@@ -36,6 +36,15 @@ UNREACHABLE = {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": "/nonexistent-jobstate-directory/db.sqlite3",
     },
+    # An option the driver refuses before connecting raises a ValueError, not a
+    # DatabaseError: /metrics answered it with a 500.
+    "misconfigured": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "jobstate",
+        "USER": "postgres",
+        "HOST": "127.0.0.1",
+        "OPTIONS": {"isolation_level": "garbage"},
+    },
 }
 
 
@@ -51,7 +60,11 @@ def store_path(cls: type) -> str:
 
 
 #: What the driver says for each, so a test cannot pass on some other failure.
-UNREACHABLE_ERRORS = {"refused": "refused", "missing-file": "unable to open database file"}
+UNREACHABLE_ERRORS = {
+    "refused": "refused",
+    "missing-file": "unable to open database file",
+    "misconfigured": "invalid transaction isolation level",
+}
 
 
 @pytest.fixture(params=sorted(UNREACHABLE))

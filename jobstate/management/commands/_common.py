@@ -249,6 +249,23 @@ def _database_failure(exc: BaseException) -> bool:
     return False
 
 
+def misconfigured_error(alias: str) -> CommandError | None:
+    """Exit status 2 when database ``alias``'s settings are wrong (an option the driver
+    refuses, a pool whose package is missing): connecting raises the driver's or
+    Django's configuration error then, which no wait cures. A database that is down is
+    a ``DatabaseError`` and ``None`` here: the worker waits for it."""
+    try:
+        connections[alias].ensure_connection()
+    except DatabaseError:
+        return None
+    except (ImproperlyConfigured, ValueError, TypeError) as exc:
+        return CommandError(
+            f"database {alias!r} cannot be connected to as configured: {exc}",
+            returncode=EXIT_USAGE,
+        )
+    return None
+
+
 def unmigrated_error(alias: str) -> CommandError | None:
     """The error that tells an operator to migrate, when jobstate's migrations are not
     all applied on database ``alias``; ``None`` when they are or that cannot be read."""
@@ -274,6 +291,9 @@ def require_migrated(alias: str) -> None:
     all applied on database ``alias``, or, on MariaDB/MySQL, when migration 0009's guards
     are missing (``jobstate.E044``, unless silenced): a worker must not claim where the
     per-thread gate or one RUNNING run per overlap key is not enforced."""
+    misconfigured = misconfigured_error(alias)
+    if misconfigured is not None:
+        raise misconfigured
     unmigrated = unmigrated_error(alias)
     if unmigrated is not None:
         raise unmigrated

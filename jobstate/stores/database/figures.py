@@ -45,6 +45,7 @@ from jobstate.stores.database.backends import database_ops
 __all__ = [
     "METRICS_TERMINAL_WINDOW",
     "MONITOR_SOURCE",
+    "connection_problem",
     "metrics_snapshot",
     "pending_jobstate_migrations",
     "schema_readiness",
@@ -195,6 +196,19 @@ def _estimated_finished(using: str, inflight: int) -> dict[str, int] | None:
     return {
         status: round(finished * sampled.get(status, 0.0) / weight) for status in _TERMINAL_KEYS
     }
+
+
+def connection_problem(using: str) -> str | None:
+    """Why database ``using`` cannot be connected to, or ``None``. Connecting reads the
+    connection's options, and one the driver refuses raises what the driver raises (a
+    ``ValueError``, ``ImproperlyConfigured``) rather than a ``DatabaseError``: either way
+    the database cannot be read, which is what a probe or a check must say."""
+    try:
+        connections[using].ensure_connection()
+    # Fail closed: whatever connecting raised, the database cannot be read.
+    except Exception as exc:
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def schema_readiness(using: str) -> Readiness:
