@@ -337,11 +337,17 @@ def _check_shape(name: str, value: Any) -> None:
     if (
         name == "WEBHOOK_SECRET"
         and value is not None
-        and not (isinstance(value, str | bytes) and value)
+        and not (
+            (isinstance(value, bytes) and value)
+            or (isinstance(value, str) and value and text_problem(value) is None)
+        )
     ):
+        # A str signs as its UTF-8 bytes, which a lone surrogate has none of: every
+        # webhook would fail its sends.
         raise ImproperlyConfigured(
             "JOBSTATE['WEBHOOK_SECRET'] must be None or a non-empty str or bytes (the "
-            f"webhook channel's signing key), got {type(value).__name__}."
+            "webhook channel's signing key), without a NUL character or a lone "
+            f"surrogate, got {_secret_shown(value)}."
         )
     if name in ("STATE_STORE", "RUN_STORE") and not (
         isinstance(value, str) and "." in value.strip(".")
@@ -420,6 +426,15 @@ def _token_shown(value: Any) -> str:
     if value != value.strip():
         return "a string with spaces at an end"
     return "a string with a character outside printable ASCII"
+
+
+def _secret_shown(value: Any) -> str:
+    # A secret too: what is wrong with it, never its text.
+    if not isinstance(value, str | bytes):
+        return type(value).__name__
+    if isinstance(value, str) and value:
+        return f"a string that {text_problem(value)}"
+    return "an empty value"
 
 
 def _revision_label(value: Any) -> bool:

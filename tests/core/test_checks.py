@@ -74,6 +74,12 @@ def test_the_default_settings_pass() -> None:
         ({"WEBHOOK_SECRET": 5}, "WEBHOOK_SECRET"),
         ({"WEBHOOK_SECRET": ""}, "WEBHOOK_SECRET"),
         ({"WEBHOOK_SECRET": ["a", "b"]}, "WEBHOOK_SECRET"),
+        # Passed the check; then every webhook failed its sends (UnicodeEncodeError).
+        ({"WEBHOOK_SECRET": "\ud800"}, "a string that is not valid Unicode"),
+        ({"WEBHOOK_SECRET": "a\x00b"}, "a string that contains a NUL character"),
+        # Passed the check; then no request could send it (or a 500 for the surrogate).
+        ({"OBSERVABILITY_TOKEN": "\ud800"}, "outside printable ASCII"),
+        ({"OBSERVABILITY_TOKEN": " padded-token "}, "spaces at an end"),
     ],
 )
 def test_a_bad_setting_fails_the_check_at_start_up(

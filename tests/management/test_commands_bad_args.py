@@ -51,6 +51,14 @@ CASES: list[tuple[list[str], str]] = [
     (["prune_jobstate", "--older-than", "1e-13"], "--older-than"),
     (["prune_jobstate", "--older-than", "1e30"], "above 0 and at most 100000, got 1e30"),
     (["prune_jobstate", "--dry-run", "--batch-size", "-1"], "--batch-size"),
+    # A traceback: the alias was checked inside argparse.
+    (["run_bulk_operation", "1", "--database", "nope"], "--database 'nope'"),
+    # Accepted: no upper bound, where every count is 1 to 2**63-1.
+    (["jobstate_worker", "--max-tasks", "9" * 30], "--max-tasks"),
+    (
+        ["run_operations_job", "demo.report-build", "--input", "[" * 5000 + "]" * 5000],
+        "nested too deeply",
+    ),
     (["deliver_notifications", "--interval", "5"], "--interval needs --loop"),
     (["deliver_notifications", "--loop", "--interval", "1e12"], "--interval"),
     (["deliver_notifications", "--limit", "0"], "--limit"),

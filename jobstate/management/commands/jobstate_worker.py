@@ -56,6 +56,7 @@ from ._common import (
     command_error,
     interval_seconds,
     plain,
+    positive_int,
     quoted,
     require_migrated,
 )
@@ -83,16 +84,6 @@ def _concurrency(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"must be from 1 to {CONCURRENCY_LIMIT}, got {plain(value)}"
         )
-    return value
-
-
-def _max_tasks(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {plain(value)}")
     return value
 
 
@@ -184,7 +175,7 @@ class Command(JobStateCommand):
         )
         parser.add_argument(
             "--max-tasks",
-            type=_max_tasks,
+            type=positive_int,
             metavar="N",
             help="Exit after starting N tasks, once they have finished.",
         )

@@ -35,14 +35,16 @@ class Command(JobStateCommand):
             default=BATCH_SIZE,
             help=f"Jobs per batch, each one transaction (default {BATCH_SIZE}).",
         )
-        parser.add_argument("--database", type=known_database, default="default")
+        # Checked in handle: a CommandError raised by an argparse type escapes as a
+        # traceback.
+        parser.add_argument("--database", default="default")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using = options["database"]
+        using = known_database(options["database"])
         pk = options["operation"]
-        if not BulkOperation.objects.using(using).filter(pk=pk).exists():
-            raise CommandError(f"No bulk operation {pk}.", returncode=EXIT_USAGE)
         try:
+            if not BulkOperation.objects.using(using).filter(pk=pk).exists():
+                raise CommandError(f"No bulk operation {pk}.", returncode=EXIT_USAGE)
             operation = advance_bulk_operation(
                 pk, seconds=0, batch_size=options["batch_size"], using=using
             )

@@ -50,6 +50,11 @@ def parse_input(text: str | None) -> Any:
         return None
     try:
         return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise CommandError(
+            "--input is nested too deeply to read (a job's input may nest 31 levels).",
+            returncode=EXIT_USAGE,
+        ) from exc
     except ValueError as exc:
         raise CommandError(
             f"--input is not valid JSON ({exc}). Pass one JSON value, for example "
