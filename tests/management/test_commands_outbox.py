@@ -132,7 +132,7 @@ def test_limit_relay_id_and_json() -> None:
     ("args", "message"),
     [
         (["--interval", "1"], "--interval needs --loop"),
-        (["--relay-id", " "], "relay_id must be a non-empty string"),
+        (["--relay-id", " "], "--relay-id must be a non-empty string"),
         (["--database", "nope"], "'nope' is not in settings.DATABASES"),
     ],
 )

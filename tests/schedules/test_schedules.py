@@ -444,13 +444,13 @@ def test_arguments_that_are_not_json_are_named_once(settings: Any) -> None:
     """Arguments JSON cannot hold were reported twice: alone, and again as part of the
     job's input."""
     found = messages(settings, nan={"task": ADD, "cron": "* * * * *", "args": [float("nan")]})
-    assert found == [
-        (
-            "jobstate.E030",
-            "JOBSTATE['SCHEDULES']['nan']['args'] must be JSON: "
-            "Out of range float values are not JSON compliant.",
-        )
-    ]
+    [(kind, message)] = found
+    assert kind == "jobstate.E030"
+    # Python 3.13's own message adds the value (": nan").
+    assert message.startswith(
+        "JOBSTATE['SCHEDULES']['nan']['args'] must be JSON: "
+        "Out of range float values are not JSON compliant"
+    ), message
 
 
 def test_a_backend_that_is_not_jobstates_is_refused(settings: Any) -> None:

@@ -133,8 +133,13 @@ def ignores_the_interrupt_once(context: TaskContext[Any, Any], path: str, second
 
 
 @task
-async def async_sleeps(seconds: float) -> float:
+async def async_sleeps(seconds: float, marker: str | None = None) -> float:
+    """Creates the file ``marker`` first, when given: a test that must signal the
+    worker while the task runs waits for it (a job's RUNNING row only says it was
+    claimed, not that a thread started it)."""
     started = time.time()
+    if marker is not None:
+        Path(marker).touch()
     await asyncio.sleep(seconds)
     return started
 

@@ -127,17 +127,18 @@ def test_a_task_still_running_when_the_grace_ends_is_handed_back_with_its_attemp
 
 
 def test_a_worker_that_gave_up_on_an_async_task_exits_without_waiting_for_it(
-    settings: Any,
+    settings: Any, tmp_path: Path
 ) -> None:
     """An ``async def`` task runs in an event loop's thread, which no interrupt reaches
     and which Python waits for at exit: the worker had reported the attempt lost and
     logged that it stopped, then lived on until the coroutine returned, while the
     task's next attempt could start elsewhere once the lease ran out."""
     options = use_options(settings, MAX_ATTEMPTS=2)
-    slow = async_sleeps.enqueue(60)
+    marker = tmp_path / "started"
+    slow = async_sleeps.enqueue(60, str(marker))
     worker = start_worker("--grace", "1", "--worker-id", "gives-up", options=options)
     try:
-        wait_for(lambda: running(slow.id), what="the task to start")
+        wait_for(marker.exists, what="the task to start")
         signalled = time.monotonic()
         worker.send_signal(signal.SIGTERM)
         code, _out, err = finish(worker, timeout=30)

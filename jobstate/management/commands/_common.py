@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import unicodedata
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -115,13 +116,34 @@ def positive_int(text: str) -> int:
 
 
 def checked_name(value: str, *, option: str) -> str:
-    """A name option (``--triggered-by``): a non-blank string of at most 200 characters
-    that every backend's text columns hold, else exit status 2. Checked in ``handle``
-    rather than by argparse, so ``call_command`` callers get status 2 as well."""
+    """A name option (``--worker-id``, ``--relay-id``, ``--triggered-by``): a non-blank
+    string of at most 200 characters that every backend's text columns hold, without a
+    control character or a direction override, else exit status 2. Checked in
+    ``handle`` rather than by argparse, so ``call_command`` callers get status 2 as well.
+    A name is written into log lines and the console: a newline in one would split a
+    log line (or forge one), an escape sequence would colour the operator's terminal."""
     try:
-        return require_text(value, field=option)
+        name = require_text(value, field=option)
     except InvalidJobState as exc:
         raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+    odd = next((char for char in name if _control(char)), None)
+    if odd is not None:
+        raise CommandError(
+            f"{option} must not hold a control character, got U+{ord(odd):04X} in "
+            f"{shown(ascii(name))}.",
+            returncode=EXIT_USAGE,
+        )
+    return name
+
+
+def _control(char: str) -> bool:
+    # C0 and C1 controls (a newline, a tab, ESC) and the bidirectional embeddings,
+    # overrides and isolates, which reorder the text around them.
+    return (
+        unicodedata.category(char) == "Cc"
+        or "\u202a" <= char <= "\u202e"
+        or ("\u2066" <= char <= "\u2069")
+    )
 
 
 def known_database(alias: str) -> str:

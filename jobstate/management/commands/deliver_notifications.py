@@ -66,6 +66,7 @@ from ._common import (
     JobStateCommand,
     ProgressLine,
     add_output_options,
+    checked_name,
     command_error,
     interval_seconds,
     known_database,
@@ -142,6 +143,8 @@ class Command(JobStateCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["interval"] is not None and not options["loop"]:
             raise CommandError("--interval needs --loop.", returncode=EXIT_USAGE)
+        if options["relay_id"] is not None:
+            checked_name(options["relay_id"], option="--relay-id")
         try:
             store = get_state_store(using=known_database(options["database"]))
         except (JobStateError, ImproperlyConfigured) as exc:

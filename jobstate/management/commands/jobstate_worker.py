@@ -250,6 +250,10 @@ class Command(JobStateCommand):
         from jobstate.tasks.worker import TaskWorker, WorkerConfig, default_worker_id
 
         self._configure_logging(options["verbosity"])
+        # Before the reloader starts a child that would refuse it in turn.
+        worker_id = options["worker_id"]
+        if worker_id is not None:
+            checked_name(worker_id, option="--worker-id")
         reload = options["reload"]
         if reload is None:
             reload = bool(settings.DEBUG) and not options["batch"]
@@ -294,12 +298,7 @@ class Command(JobStateCommand):
                 f"TASKS[{backend.alias!r}]['QUEUES'] ({', '.join(sorted(backend.queues))}).",
                 returncode=EXIT_USAGE,
             )
-        worker_id = options["worker_id"]
-        worker_id = (
-            default_worker_id()
-            if worker_id is None
-            else checked_name(worker_id, option="--worker-id")
-        )
+        worker_id = default_worker_id() if worker_id is None else worker_id
         interval = options["interval"]
         require_migrated(DEFAULT_DB_ALIAS)
         try:

@@ -52,7 +52,7 @@ def parse_input(text: str | None) -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except RecursionError as exc:
         raise CommandError(
-            "--input is nested too deeply to read (a job's input may nest 31 levels).",
+            "--input is nested more than 31 levels deep (lists and objects), too deep to read.",
             returncode=EXIT_USAGE,
         ) from exc
     except ValueError as exc:
