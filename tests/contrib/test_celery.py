@@ -25,6 +25,7 @@ from django.db.models.functions import Now
 from jobstate.contrib.celery.beat import JOBSTATE_BEAT_SCHEDULE, beat_schedule
 from jobstate.contrib.celery.celery_tasks import (
     deliver_notifications_task,
+    enqueue_due_schedules_task,
     prune_task,
     reap_stale_task,
     run_operations_job_task,
@@ -104,6 +105,22 @@ def test_the_sweep_tasks_return_every_count() -> None:
     assert prune_task.apply().get()["audit"] == 3
     assert not JobRun.objects.running().exists()
     assert not AuditEntry.objects.exists()
+
+
+@pytest.mark.parametrize("using", [None, "nope", 5])
+def test_a_task_given_no_database_alias_says_so(using: object) -> None:
+    """``reap_stale(None)`` failed deep in a sweep: ``attribute name must be string``."""
+    tasks = [
+        reap_stale_task,
+        prune_task,
+        deliver_notifications_task,
+        enqueue_due_schedules_task,
+    ]
+    for task in tasks:
+        with pytest.raises(ValueError, match=r"using must be an alias of settings\.DATABASES"):
+            task.apply(kwargs={"using": using}).get()
+    with pytest.raises(ValueError, match="using must be an alias"):
+        run_operations_job_task.apply(args=["demo.report-build"], kwargs={"using": using}).get()
 
 
 def test_the_relay_task_delivers_due_notifications_and_returns_its_report() -> None:

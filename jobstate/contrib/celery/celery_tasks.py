@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from celery import shared_task
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from jobstate.maintenance import run_reaping_sweeps, run_retention_sweeps
 from jobstate.operations.job_runner import JobRunner
@@ -40,14 +40,14 @@ __all__ = [
 @shared_task(name="jobstate.reap_stale")
 def reap_stale_task(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """Run every reaping sweep (``manage.py reap_stale``); returns every count."""
-    return run_reaping_sweeps(using=using).as_dict()
+    return run_reaping_sweeps(using=_database(using)).as_dict()
 
 
 @shared_task(name="jobstate.prune")
 def prune_task(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """Run every retention sweep with the retention settings (``manage.py
     prune_jobstate``); returns every count."""
-    return run_retention_sweeps(using=using).as_dict()
+    return run_retention_sweeps(using=_database(using)).as_dict()
 
 
 @shared_task(name="jobstate.deliver_notifications")
@@ -59,7 +59,7 @@ def deliver_notifications_task(
     :class:`~jobstate.outbox.relay.DeliveryReport` as a dict. A receiver's failure is recorded on
     the notification (retry or dead letter), never raised, so Celery does not retry the
     pass; a database error raises."""
-    report = deliver_notifications(store=get_state_store(using=using), limit=limit)
+    report = deliver_notifications(store=get_state_store(using=_database(using)), limit=limit)
     return asdict(report)
 
 
@@ -80,7 +80,7 @@ def run_operations_job_task(
     so Celery does not retry it behind the runner's back; an unknown job or rejected
     input raises.
     """
-    runner = JobRunner(store=get_run_store(using=using))
+    runner = JobRunner(store=get_run_store(using=_database(using)))
     result = runner.execute(job_key, input, Trigger("CELERY", triggered_by))
     return result.as_dict()
 
@@ -92,6 +92,7 @@ def enqueue_due_schedules_task(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     enqueued and what could not be (by schedule key). Each slot is enqueued once, so
     overlapping beats, workers and crons never enqueue it twice; a schedule that could
     not be enqueued is reported, not raised, and is tried again at the next pass."""
+    using = _database(using)
     sync_schedules(using=using)
     result = evaluate_schedules(using=using, by="celery beat")
     return {
@@ -101,3 +102,15 @@ def enqueue_due_schedules_task(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
         ],
         "failures": result.failures,
     }
+
+
+def _database(using: Any) -> str:
+    """``using`` when it is an alias of ``settings.DATABASES``: a task's arguments come
+    from a beat entry or a caller's message, where ``None`` or a typo failed deep in a
+    sweep with ``attribute name must be string``."""
+    if not isinstance(using, str) or using not in connections:
+        raise ValueError(
+            f"using must be an alias of settings.DATABASES ({', '.join(connections)}), "
+            f"got {using!r}."
+        )
+    return using
