@@ -339,9 +339,12 @@ class JobRunner:
             name=f"jobstate-run-{job.key}",
             daemon=True,
         )
-        beater.start()
-        worker.start()
+        # From the claim on, an interrupt (Ctrl-C, a command's stop signal) is recorded,
+        # so the run frees its key at once instead of after a reap; one that comes before
+        # the threads start is caught here too.
         try:
+            beater.start()
+            worker.start()
             if not execution.wake.wait(min(timeout.total_seconds(), threading.TIMEOUT_MAX)):
                 execution.abort(RunReason.TIMEOUT)
         except KeyboardInterrupt:
@@ -375,7 +378,8 @@ class JobRunner:
     ) -> JobExecutionResult:
         settlement = execution.settle()
         execution.stop_heartbeats.set()
-        beater.join(self._heartbeat_wait())
+        if beater.is_alive():  # not when an interrupt came before it started
+            beater.join(self._heartbeat_wait())
 
         finished_at = self.clock.now()
         elapsed = finished_at - started_at

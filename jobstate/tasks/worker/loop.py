@@ -430,8 +430,7 @@ class TaskWorker:
         if self._listener is not None:
             self._listener.stop()
         unstarted = [attempt for attempt in self._active.values() if attempt.hand_back()]
-        # Counted as started when handed to the pool; no thread ever started these.
-        self.summary.started -= len(unstarted)
+        self.summary.started -= len(unstarted)  # counted when handed to the pool
         try:
             self._unsure.release()
             if unstarted:
