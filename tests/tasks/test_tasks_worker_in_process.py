@@ -11,16 +11,19 @@ worker lost its lease is recovered and run again."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from jobstate.core.states import JobStatus
+from jobstate.exceptions import StoreUnavailable
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends
 from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool
+from jobstate.tasks.worker.presence import WorkerPresence
 from jobstate.testing import FakeClock
 from tests.support.stores import MemoryTasks
 from tests.support.task_functions import add, always_fails
@@ -181,3 +184,35 @@ def test_a_task_claimed_but_never_started_is_handed_back_and_not_counted_as_star
     assert (summary.started, summary.handed_back, summary.stopped_by) == (0, 1, "SIGTERM")
     job = memory_tasks.store.get_job(queued.id)
     assert job is not None and job.status == JobStatus.QUEUED and job.attempts == 0
+
+
+def test_a_worker_that_cannot_register_waits_between_tries_whatever_woke_it(
+    settings: Any, memory_tasks: MemoryTasks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started before its database was up, a worker retried its registration thousands
+    of times a second, each logged as "trying again in 30.0 s": the LISTEN thread,
+    failing to connect too, had set the wake-up, and nothing cleared it (found by an
+    outside pass: 32,687 lines in 20 s)."""
+    backend = task_backends["default"]
+    assert isinstance(backend, JobStateBackend)
+    worker = TaskWorker(
+        WorkerConfig(interval=0.05, schedules=False, grace=1, worker_id="worker-a"), backend
+    )
+    tries: list[float] = []
+
+    def unreachable(presence: WorkerPresence) -> None:
+        tries.append(time.monotonic())
+        raise StoreUnavailable("register_worker failed: the database is unavailable")
+
+    monkeypatch.setattr(WorkerPresence, "register", unreachable)
+    worker._wake.set()  # as the LISTEN thread does when it cannot connect
+    stopper = threading.Timer(1.0, worker.request_stop, args=("SIGTERM",))
+    stopper.start()
+    try:
+        summary = worker.run()
+    finally:
+        stopper.cancel()
+
+    assert summary.started == 0
+    # 0.05 s, then twice as long each time: a handful of tries in a second.
+    assert 3 <= len(tries) <= 8, len(tries)

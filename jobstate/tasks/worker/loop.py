@@ -18,25 +18,21 @@ of the worker itself:
   its thread has stopped; when the thread does not stop within ``grace`` of the
   interrupt, the worker stops (see :meth:`TaskWorker._enforce_timeouts`); the same for
   an attempt whose task was cancelled, seen within ``interval`` (:mod:`.cancellation`);
-- it hands back, uncounted, a task whose dotted path it cannot import (its code is
-  older than the enqueuer's), for a worker with newer code, or fails it once it was
-  enqueued longer ago than ``UNKNOWN_TASK_TIMEOUT``;
+- it hands back, uncounted, a task whose dotted path it cannot import, for a worker
+  with newer code, or fails it once enqueued longer than ``UNKNOWN_TASK_TIMEOUT`` ago;
 - it evaluates the periodic schedules (:mod:`jobstate.schedules`) when it starts and
-  again at each schedule's next slot (at least once a minute), so a deployment with
-  workers needs no other scheduler: however many workers evaluate a slot, it is
-  enqueued once;
+  at each next slot (at least once a minute): however many workers evaluate a slot, it
+  is enqueued once, so workers need no other scheduler;
 - between rounds it sleeps until an attempt ends, a notification names one of its
   queues (:mod:`.waiter`, PostgreSQL), a timeout, beat or slot is due, or ``interval``
   passes.
 
-A store failure that retrying can cure (the database or a pooler in front of it
-restarting, a deadlock) is logged and retried with a growing wait, while the running
-tasks go on; so is a registration that fails as the worker starts. Database errors of
-the worker's own transactions (its reports; the schedule evaluations translate theirs)
-are translated as the store's are, so a lost connection there is retried too, never the
-end of the worker; what a claim lost with its reply took is given back at once
-(:mod:`.lost_claims`). Any other failure ends the worker, after handing back the tasks
-it had not started.
+A store failure that retrying can cure (the database or a pooler restarting, a
+deadlock) is logged and retried with a growing wait, while the running tasks go on, as
+is a registration that fails at start; the worker's own transactions (its reports, the
+schedule evaluations) translate their errors as the store does. What a claim lost with
+its reply took is given back at once (:mod:`.lost_claims`). Any other failure ends the
+worker, after handing back the tasks it had not started.
 """
 
 from __future__ import annotations
@@ -233,7 +229,12 @@ class TaskWorker:
         """Register the worker, trying again while the database cannot be reached;
         ``False`` when a stop was requested first."""
         failures = 0
-        while self._stop_requested is None:
+        while True:
+            # The LISTEN thread sets it when it cannot connect either: left set, every
+            # wait returned at once (thousands of retries and log lines a second).
+            self._wake.clear()
+            if self._stop_requested is not None:
+                return False
             try:
                 self._presence.register()
             except StoreError as exc:
@@ -241,7 +242,6 @@ class TaskWorker:
                 self._wait_after(exc, failures)
                 continue
             return True
-        return False
 
     def _claim(self) -> tuple[int, int]:
         """Claim up to the free slots (and what ``--max-tasks`` still allows) and start
