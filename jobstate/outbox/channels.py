@@ -172,8 +172,12 @@ def verify_webhook_signature(
     if abs(current - stamp) > tolerance.total_seconds():
         return False
     expected = _digest(secret, body, stamp)
-    # Every candidate is compared, so the time taken does not reveal which one matched.
-    matches = [hmac.compare_digest(expected, candidate) for candidate in candidates]
+    # Every candidate is compared, so the time taken does not reveal which one matched;
+    # as bytes, since compare_digest refuses a str with a non-ASCII character (a header
+    # is read as Latin-1, so anyone can send one), which no hex digest holds anyway.
+    key = expected.encode("ascii")
+    given = [candidate.encode("utf-8", "surrogatepass") for candidate in candidates]
+    matches = [hmac.compare_digest(key, candidate) for candidate in given]
     return any(matches)
 
 

@@ -194,6 +194,16 @@ def test_a_malformed_timestamp_is_not_valid_and_never_an_error(stamp: str) -> No
     assert verify_webhook_signature(SECRET, b"{}", f"t={stamp},v1=abc") is False
 
 
+@pytest.mark.parametrize("digest", ["\u00e9", "\ud800", "abc\u00ff"])
+def test_a_signature_with_a_character_outside_ascii_is_not_valid_and_never_an_error(
+    digest: str,
+) -> None:
+    """hmac.compare_digest refuses a str with a non-ASCII character (TypeError): a
+    header with one and a current timestamp made the docs' receiver answer 500."""
+    header = f"t={int(time.time())},v1={digest}"
+    assert verify_webhook_signature(SECRET, b"{}", header) is False
+
+
 def test_signature_verification_rejects_tampering_age_and_garbage() -> None:
     body = webhook_body({"a": 1})
     header = sign_webhook(SECRET, body, timestamp=1_700_000_000)
