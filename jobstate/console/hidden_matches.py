@@ -8,8 +8,9 @@ the search only inside a masked value is left out, and the list and the bulk ope
 over it (which narrow jobs the same way) agree.
 
 The database finds the jobs whose stored errors match; only those that could hide
-something (a redacted key in their JSON, a configured secret in their errors) are read
-back and checked here, with the redactor the job's page uses.
+something (a redacted key in their JSON, their notifications' payloads or their audit
+entries' details, or a configured secret in their errors) are read back and checked
+here, with what the job's page hides: the values under a redacted key in all of those.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from django.db.models import Q, QuerySet, TextField
+from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from jobstate.console.redaction import (
@@ -28,7 +29,7 @@ from jobstate.console.redaction import (
     scalar_texts,
 )
 from jobstate.exceptions import JobStateError
-from jobstate.models import Job
+from jobstate.models import AuditEntry, Job, Notification
 
 __all__ = ["CHECK_LIMIT", "REDACTION_SOURCES", "HiddenMatchesError", "without_hidden_matches"]
 
@@ -63,12 +64,31 @@ def without_hidden_matches(matched: QuerySet[Job], value: str) -> QuerySet[Job]:
             "(JOBSTATE['ADMIN_REDACTED_KEYS']); narrow the search with task:, queue: or "
             "more of the error's text."
         )
+    related = _related_sources([pk for pk, *_ in rows], keys, matched.db)
     hidden_only = [
         pk
         for pk, error, log, *sources in rows
-        if not _shown_match(redactor(*sources), value, error, log)
+        if not _shown_match(redactor(*sources, *related.get(pk, ())), value, error, log)
     ]
     return matched.exclude(id__in=hidden_only) if hidden_only else matched
+
+
+def _related_sources(pks: list[Any], keys: frozenset[str], using: str) -> dict[Any, list[Any]]:
+    """The payloads of the jobs' notifications and the details of their audit entries
+    that hold a redacted key (the job's page hides the values under it too), by job."""
+    found: dict[Any, list[Any]] = {}
+    if not pks:
+        return found
+    for model, name in ((Notification, "payload"), (AuditEntry, "detail")):
+        rows = model.objects.using(using).filter(job_id__in=pks)
+        if keys and all(key.isascii() for key in keys):
+            holds = Q()
+            for key in keys:
+                holds |= Q(_jobstate_text__icontains=key)
+            rows = rows.annotate(_jobstate_text=Cast(name, TextField())).filter(holds)
+        for job_id, source in rows.values_list("job_id", name).iterator():
+            found.setdefault(job_id, []).append(source)
+    return found
 
 
 def _could_hide(rows: QuerySet[Job], keys: frozenset[str], secrets: Sequence[str]) -> QuerySet[Job]:
@@ -79,9 +99,17 @@ def _could_hide(rows: QuerySet[Job], keys: frozenset[str], secrets: Sequence[str
         return rows
     texts = {f"_jobstate_{name}_text": Cast(name, TextField()) for name in REDACTION_SOURCES}
     could = Q()
+    holds_key = Q()
     for key in keys:
+        holds_key |= Q(_jobstate_text__icontains=key)
         for alias in texts:
             could |= Q(**{f"{alias}__icontains": key})
+    if keys:
+        for model, name in ((Notification, "payload"), (AuditEntry, "detail")):
+            related = model.objects.filter(job_id=OuterRef("pk")).annotate(
+                _jobstate_text=Cast(name, TextField())
+            )
+            could |= Q(Exists(related.filter(holds_key)))
     for secret in secrets:
         could |= Q(error__contains=secret) | Q(_jobstate_attempt_text__contains=secret)
     return rows.annotate(**texts).filter(could)

@@ -14,6 +14,7 @@ from django.test import Client
 from jobstate.console import hidden_matches
 from jobstate.console.job_search import SearchError, parse_search
 from jobstate.models import Job
+from jobstate.stores.base import NotificationRequest
 from jobstate.stores.database import DatabaseStateStore
 from tests.support.admin_kit import logged_in, operator
 
@@ -62,6 +63,33 @@ def test_an_error_search_in_the_attempt_log_does_not_match_inside_a_hidden_value
     )
     assert not parse_search('error:"api key sk-9"').apply(Job.objects.all()).exists()
     assert parse_search('error:"customer 7"').apply(Job.objects.all()).count() == 1
+
+
+def test_values_hidden_through_the_job_s_notifications_and_audit_entries_are_not_matched(
+    viewer: Client,
+) -> None:
+    """The job's page also hides the values under a redacted key of its notifications'
+    payloads and its audit entries' details; the search's check looked only at the
+    job's own fields, and a view-only user read a token from a webhook's payload in
+    304 requests (found by an outside pass)."""
+    store = DatabaseStateStore()
+    store.create_job(request_id="notified", target="hooks", input={"customer": 8})
+    job = store.claim_next_inhub_job(["hooks"], "worker-1")
+    assert job is not None
+    hook = NotificationRequest("webhook", "https://example.com/", {"token": "tk-77aZq9"})
+    done = store.complete_job_with_notifications(
+        job, {"status": "error", "error": "hook refused token tk-77aZq9 for customer 8"}, [hook]
+    )
+    assert done is not None
+    audited = store.create_job(
+        request_id="audited", error="login failed with pw-hunter-2 for customer 9"
+    )
+    store.append_audit(job=audited, event="note", detail={"password": "pw-hunter-2"})
+
+    assert listed(viewer, 'error:"token tk-77"') == []
+    assert listed(viewer, 'error:"with pw-hun"') == []
+    assert listed(viewer, 'error:"for customer 8"') == ["notified"]
+    assert listed(viewer, 'error:"for customer 9"') == ["audited"]
 
 
 @pytest.mark.usefixtures("jobs")
