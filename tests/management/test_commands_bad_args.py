@@ -65,6 +65,8 @@ CASES: list[tuple[list[str], str]] = [
     (["jobstate_worker", "--worker-id", "\x1b[31mred"], "U+001B"),
     (["deliver_notifications", "--relay-id", "relay\u202e1"], "U+202E"),
     (["run_operations_job", "demo.report-build", "--triggered-by", "a\tb"], "U+0009"),
+    (["deliver_notifications", "--relay-id", "r\u2028x"], "U+2028"),
+    (["jobstate_worker", "--worker-id", "w\u200bx"], "U+200B"),
     (["deliver_notifications", "--interval", "5"], "--interval needs --loop"),
     (["deliver_notifications", "--loop", "--interval", "1e12"], "--interval"),
     (["deliver_notifications", "--limit", "0"], "--limit"),

@@ -152,22 +152,38 @@ def test_a_worker_says_when_ready_tasks_wait_in_a_queue_no_worker_serves(
 @pytest.mark.slow
 @pytest.mark.backend
 @pytest.mark.parametrize(
-    "command", [("jobstate_worker", "--batch"), ("run_operations_job", "demo.report-build")]
+    "command",
+    [
+        ("jobstate_worker", "--batch"),
+        ("run_operations_job", "demo.report-build"),
+        ("run_bulk_operation", "99999"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (
+            "isolation_level=garbage",
+            "Invalid transaction isolation level garbage specified. Use one of the "
+            "psycopg.IsolationLevel values.",
+        ),
+        # The driver's ProgrammingError: the worker called it a rejected statement.
+        ("connect_timeout=x", "bad value for connect_timeout: 'x'"),
+    ],
 )
 def test_a_database_option_the_driver_refuses_is_one_line_and_status_2(
-    command: tuple[str, ...],
+    command: tuple[str, ...], option: str, says: str
 ) -> None:
-    """The worker and run_operations_job printed Django's ImproperlyConfigured as a
-    traceback (status 1); a setting no wait cures is a usage error."""
+    """The worker, run_operations_job and run_bulk_operation printed Django's
+    ImproperlyConfigured as a traceback (status 1); a setting no wait cures is a usage
+    error."""
     env = {
         **os.environ,
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/jobstate?isolation_level=garbage",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/jobstate?{option}",
         "DJANGO_SETTINGS_MODULE": "project.settings",
     }
     done = manage(*command, env=env)
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        "CommandError: database 'default' cannot be connected to as configured: Invalid "
-        "transaction isolation level garbage specified. Use one of the psycopg.IsolationLevel "
-        "values.\n"
+        f"CommandError: database 'default' cannot be connected to as configured: {says}\n"
     )

@@ -19,7 +19,7 @@ from django.core.management.base import (
     OutputWrapper,
     SystemCheckError,
 )
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, ProgrammingError, connections
 
 from jobstate.checks import MAINTENANCE_CHECKS
 from jobstate.core.messages import shown
@@ -137,13 +137,10 @@ def checked_name(value: str, *, option: str) -> str:
 
 
 def _control(char: str) -> bool:
-    # C0 and C1 controls (a newline, a tab, ESC) and the bidirectional embeddings,
-    # overrides and isolates, which reorder the text around them.
-    return (
-        unicodedata.category(char) == "Cc"
-        or "\u202a" <= char <= "\u202e"
-        or ("\u2066" <= char <= "\u2069")
-    )
+    # Controls (a newline, a tab, ESC), format characters (the direction overrides and
+    # isolates, which reorder the text around them; zero-width characters) and the line
+    # and paragraph separators, which end a line of a log as a newline does.
+    return unicodedata.category(char) in {"Cc", "Cf", "Zl", "Zp"}
 
 
 def known_database(alias: str) -> str:
@@ -278,6 +275,13 @@ def misconfigured_error(alias: str) -> CommandError | None:
     a ``DatabaseError`` and ``None`` here: the worker waits for it."""
     try:
         connections[alias].ensure_connection()
+    # The driver refuses an option it cannot read (connect_timeout "x") as a
+    # programming error; a server that cannot be reached is an OperationalError.
+    except ProgrammingError as exc:
+        return CommandError(
+            f"database {alias!r} cannot be connected to as configured: {exc}",
+            returncode=EXIT_USAGE,
+        )
     except DatabaseError:
         return None
     except (ImproperlyConfigured, ValueError, TypeError) as exc:

@@ -20,7 +20,14 @@ from django.db import DatabaseError
 from jobstate.console.bulk import BATCH_SIZE, advance_bulk_operation
 from jobstate.models import BulkOperation, BulkState
 
-from ._common import EXIT_FAILED, EXIT_USAGE, JobStateCommand, known_database, positive_int
+from ._common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    JobStateCommand,
+    known_database,
+    misconfigured_error,
+    positive_int,
+)
 
 
 class Command(JobStateCommand):
@@ -41,6 +48,9 @@ class Command(JobStateCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = known_database(options["database"])
+        misconfigured = misconfigured_error(using)
+        if misconfigured is not None:
+            raise misconfigured
         pk = options["operation"]
         try:
             if not BulkOperation.objects.using(using).filter(pk=pk).exists():
