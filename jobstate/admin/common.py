@@ -15,6 +15,7 @@ address the pages import what they share from.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -130,8 +131,17 @@ class ActionRow:
     """``None`` when the action applies; otherwise why the row is skipped."""
     seen: str | None = None
     """What the confirmation shows of the row that the action acts on (a lock's owner):
-    the page sends it back, and a row that no longer shows it when the operator
-    confirms is skipped instead of changed."""
+    the page sends back its digest (:attr:`seen_token`), and a row that no longer shows
+    it when the operator confirms, or a confirmation that does not say, is skipped
+    instead of changed."""
+
+    @property
+    def seen_token(self) -> str | None:
+        """:attr:`seen` as the confirmation form carries it: a digest, since a browser
+        turns a newline in a field's value into CR LF, and a name may hold anything."""
+        if self.seen is None:
+            return None
+        return hashlib.sha256(self.seen.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -279,10 +289,17 @@ def run_confirmed_action(
         for row in rows:
             if row.skip_reason:
                 continue
-            shown = request.POST.get(f"{SEEN_FIELD}{row.obj.pk}")
-            if row.seen is not None and shown is not None and shown != row.seen:
-                skipped.append((row.label, _("changed since the confirmation: %s") % row.detail))
-                continue
+            if row.seen_token is not None:
+                shown = request.POST.get(f"{SEEN_FIELD}{row.obj.pk}")
+                if shown is None:
+                    # A form of an older page, or a hand-made request: it cannot say
+                    # which state the operator confirmed.
+                    skipped.append((row.label, _("not confirmed on this page; try again")))
+                    continue
+                if shown != row.seen_token:
+                    changed = _("changed since the confirmation: %s") % row.detail
+                    skipped.append((row.label, changed))
+                    continue
             # The admin's log entry commits with the change, or neither does.
             with transaction.atomic():
                 why = spec.perform(request, row.obj, inputs)

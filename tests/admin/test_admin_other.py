@@ -3,6 +3,7 @@ reap, force-release and replay actions with their permissions and audit entries.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -157,7 +158,15 @@ def test_force_release_deletes_the_lock_and_audits_owner_and_operator(
     assert "held by worker-1" in confirmation and 'value="Yes, force-release"' in confirmation
     assert RuntimeLock.objects.filter(lock_key="serial:1").exists()
 
-    response = act(client, LOCKS, "force_release_locks", ["serial:1"], confirm=True)
+    token = hashlib.sha256(b"worker-1").hexdigest()
+    response = act(
+        client,
+        LOCKS,
+        "force_release_locks",
+        ["serial:1"],
+        confirm=True,
+        **{"_jobstate_seen:serial:1": token},
+    )
     assert "Released 1 lock." in shown_messages(response)
     assert not RuntimeLock.objects.exists()
     assert store.acquire_runtime_lock("serial:1", "worker-9", timedelta(minutes=5))
@@ -186,7 +195,8 @@ def test_a_lock_another_owner_took_before_the_confirmation_is_left_alone(
     store.acquire_runtime_lock("serial:1", "host-A:pid-1", timedelta(minutes=5))
     page = act(admin_client, LOCKS, "force_release_locks", ["serial:1"]).content.decode()
     assert "held by host-A:pid-1" in page
-    assert 'name="_jobstate_seen:serial:1" value="host-A:pid-1"' in page
+    token = hashlib.sha256(b"host-A:pid-1").hexdigest()
+    assert f'name="_jobstate_seen:serial:1" value="{token}"' in page
     store.release_runtime_lock("serial:1", "host-A:pid-1")
     store.acquire_runtime_lock("serial:1", "host-B:pid-2", timedelta(minutes=5))
 
@@ -196,7 +206,7 @@ def test_a_lock_another_owner_took_before_the_confirmation_is_left_alone(
         "force_release_locks",
         ["serial:1"],
         confirm=True,
-        **{"_jobstate_seen:serial:1": "host-A:pid-1"},
+        **{"_jobstate_seen:serial:1": token},
     )
 
     [message] = shown_messages(response)
@@ -206,6 +216,18 @@ def test_a_lock_another_owner_took_before_the_confirmation_is_left_alone(
     )
     assert RuntimeLock.objects.get(lock_key="serial:1").owner == "host-B:pid-2"
     assert not AuditEntry.objects.filter(event="lock_force_released").exists()
+
+
+def test_a_confirmation_that_does_not_say_which_owner_releases_nothing(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """A form of a page from before the owner was sent back, or a hand-made request,
+    released whoever held the lock by then."""
+    store.acquire_runtime_lock("serial:1", "worker-1", timedelta(minutes=5))
+    response = act(admin_client, LOCKS, "force_release_locks", ["serial:1"], confirm=True)
+    [message] = shown_messages(response)
+    assert "serial:1 (not confirmed on this page; try again)" in message
+    assert RuntimeLock.objects.filter(lock_key="serial:1", owner="worker-1").exists()
 
 
 def test_force_release_needs_its_permission(

@@ -42,7 +42,15 @@ from jobstate.models import (
 from jobstate.schedules.definitions import parse_declaration
 from jobstate.stores.base import JobRunStatus, JobStatus, NotificationState
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
-from tests.support.admin_kit import act, dead_letter, logged_in, run, running_job, task_job
+from tests.support.admin_kit import (
+    act,
+    dead_letter,
+    logged_in,
+    run,
+    running_job,
+    seen_fields,
+    task_job,
+)
 from tests.support.security_kit import (
     OPERATOR,
     _failed_job,
@@ -430,7 +438,8 @@ def test_with_its_permission_an_action_runs_and_is_audited_with_the_user(
         confirmation.content.decode()
     )
     assert not case.changed(pk)
-    done = act(client, url, case.action, [pk], confirm=True)
+    shown = seen_fields(confirmation.content.decode())
+    done = act(client, url, case.action, [pk], confirm=True, **shown)
     assert done.status_code == 200
     assert case.changed(pk)
     entries = AuditEntry.objects.filter(event=case.event)
@@ -480,8 +489,11 @@ def test_the_token_the_pages_carry_lets_the_action_through(
     token = page_token(client, url)
     confirmation = act(client, url, case.action, [pk], csrfmiddlewaretoken=token)
     assert confirmation.status_code == 200
-    token = form_token(confirmation.content.decode())
-    act(client, url, case.action, [pk], confirm=True, csrfmiddlewaretoken=token)
+    page = confirmation.content.decode()
+    token = form_token(page)
+    act(
+        client, url, case.action, [pk], confirm=True, csrfmiddlewaretoken=token, **seen_fields(page)
+    )
     assert case.changed(pk)
 
 

@@ -3,6 +3,8 @@ like the changelist does, and jobs, runs and notifications in the states the pag
 
 from __future__ import annotations
 
+import html
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -61,6 +63,13 @@ def confirm_page(client: Client, url: str, action: str, pks: list[Any], **extra:
     data: dict[str, Any] = {"action": action, "_selected_action": [str(pk) for pk in pks]}
     data.update(extra)
     return client.post(url, data)
+
+
+def seen_fields(page: str) -> dict[str, str]:
+    """The hidden fields a confirmation page sends back to say what it showed of each
+    row (a lock's owner), to post with its ``post=yes``."""
+    found = re.findall(r'name="(_jobstate_seen:[^"]*)" value="([^"]*)"', page)
+    return {html.unescape(name): html.unescape(value) for name, value in found}
 
 
 def shown_messages(response: Any) -> list[str]:
