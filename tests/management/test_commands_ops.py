@@ -31,7 +31,7 @@ from jobstate.testing.factories import (
     JobRunFactory,
     RuntimeLockFactory,
 )
-from tests.support.processes import Terminal, child_env, finish
+from tests.support.processes import Terminal, child_env, finish, manage_py
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -266,18 +266,6 @@ def test_the_progress_line_stays_silent_off_a_terminal() -> None:
 
 
 # --- real processes: exit status and two cron reapers at once ----------------------------
-
-
-def manage_py(*args: str) -> subprocess.Popen[str]:
-    base = Path(settings.BASE_DIR)
-    return subprocess.Popen(
-        [sys.executable, str(base / "manage.py"), *args],
-        cwd=base,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from jobstate.stores.base import NotificationState as State
 from jobstate.stores.database import DatabaseStateStore
 from jobstate.stores.database.notification_outbox import DatabaseNotificationOutbox
 from project.demo.notifications import ACCEPTS, ALWAYS_FAILS, BUSY_ONCE
-from tests.support.processes import Terminal, child_env, finish, ignore_sigint
+from tests.support.processes import Terminal, child_env, finish, manage_py
 from tests.support.tasks_kit import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -203,21 +203,6 @@ def test_the_loop_relays_until_sigterm_and_shows_progress_only_on_a_terminal() -
     shown = terminal.getvalue()
     assert "\r\033[KRelaying: " in shown and "1 delivered, 1 retrying, 0 dead" in shown
     assert shown.endswith("\r\033[K")  # wiped before the summary
-
-
-def manage_py(*args: str, ignoring_sigint: bool = False) -> subprocess.Popen[str]:
-    """``manage.py *args`` as a process (``ignoring_sigint``: started with SIGINT
-    ignored, as a background job of a shell script is)."""
-    base = Path(django_settings.BASE_DIR)
-    return subprocess.Popen(
-        [sys.executable, str(base / "manage.py"), *args],
-        cwd=base,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ignore_sigint if ignoring_sigint else None,
-    )
 
 
 def notify_and_wait_for_delivery(relay: subprocess.Popen[str]) -> None:

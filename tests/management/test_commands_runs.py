@@ -4,17 +4,12 @@ through ``call_command`` and through real ``manage.py`` processes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError, transaction
@@ -24,7 +19,7 @@ from jobstate.models import JobRun
 from jobstate.runner import RunContext, operations_job, registry
 from jobstate.stores.base import REAPED_RUN_ERROR, JobRunStatus, Trigger
 from jobstate.stores.database import DatabaseJobRunStore
-from tests.support.processes import database_url
+from tests.support.processes import finish, manage_py
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -222,31 +217,6 @@ def test_reap_stale_refuses_a_budget_shorter_than_two_heartbeats() -> None:
 
 
 # Real processes ----------------------------------------------------------------------
-
-
-def manage_py(*args: str) -> subprocess.Popen[str]:
-    """Start ``manage.py`` in a new process against the test database, with the same
-    settings module."""
-    url = database_url()
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE,
-    }
-    base = Path(settings.BASE_DIR)
-    return subprocess.Popen(
-        [sys.executable, str(base / "manage.py"), *args],
-        cwd=base,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=60)
-    return process.returncode, out, err
 
 
 @pytest.mark.slow

@@ -9,35 +9,20 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 
 from jobstate.models import Job, JobRun, Notification
 from jobstate.stores.base import JobRunStatus, NotificationRequest
 from jobstate.stores.base import NotificationState as State
 from jobstate.stores.database import DatabaseStateStore
-from tests.support.processes import child_env, finish
+from tests.support.processes import finish, manage_py
 from tests.support.tasks_kit import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.mysql]
 
 #: An operations job that runs until it is stopped.
 LONG_RUN = ("run_operations_job", "demo.nightly-close", "--input", '{"seconds": 60}')
-
-
-def manage_py(*args: str) -> subprocess.Popen[str]:
-    base = Path(django_settings.BASE_DIR)
-    return subprocess.Popen(
-        [sys.executable, str(base / "manage.py"), *args],
-        cwd=base,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def stopped(process: subprocess.Popen[str], signum: int) -> tuple[int, str, str]:

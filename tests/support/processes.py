@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from io import StringIO
+from pathlib import Path
 from urllib.parse import quote
 
 from django.conf import settings
@@ -52,3 +54,19 @@ def ignore_sigint() -> None:
     """A child's ``preexec_fn``: start it with SIGINT ignored, as a shell script starts
     its background jobs (``command &`` in a shell without job control)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def manage_py(*args: str, ignoring_sigint: bool = False) -> subprocess.Popen[str]:
+    """``manage.py *args`` as a process on the test database, with the test's settings
+    module (``ignoring_sigint``: started with SIGINT ignored, as a background job of a
+    shell script is)."""
+    base = Path(settings.BASE_DIR)
+    return subprocess.Popen(
+        [sys.executable, str(base / "manage.py"), *args],
+        cwd=base,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ignore_sigint if ignoring_sigint else None,
+    )
