@@ -134,7 +134,11 @@ class RunExecution:
             late = self.settled
         self.wake.set()
         if late:
-            logger.warning(
+            # After an interrupt the body is expected to end late (asked to stop, it
+            # returns when it next looks): not worth a warning on the operator's screen.
+            interrupted = self.abort_reason is RunReason.INTERRUPTED
+            logger.log(
+                logging.INFO if interrupted else logging.WARNING,
                 "job body settled after the run was recorded: %s (run %s); its result is "
                 "not written",
                 self.job_key,
