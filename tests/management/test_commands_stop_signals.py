@@ -40,10 +40,13 @@ def test_a_stopped_operations_job_records_its_run_and_frees_its_key(signum: int)
     process = manage_py(*LONG_RUN)
 
     def running() -> bool:
+        # The body's first progress: the runner is past its claim and waits on the
+        # body. (A signal in the moment between the claim's commit and that wait is
+        # not recorded; the reaper ends such a run, see docs/reference/commands.md.)
         assert process.poll() is None, finish(process)
-        return JobRun.objects.filter(status=JobRunStatus.RUNNING).exists()
+        return JobRun.objects.filter(status=JobRunStatus.RUNNING, summary__isnull=False).exists()
 
-    wait_for(running, timeout=30, what="the run to start")
+    wait_for(running, timeout=30, what="the run's body to report progress")
     code, out, err = stopped(process, signum)
 
     name = signal.Signals(signum).name
