@@ -869,3 +869,35 @@ def test_an_interrupted_run_is_recorded_failed_so_its_key_is_free(reg: Registry)
     assert interrupted.status == JobRunStatus.FAILED
     assert "interrupted" in (interrupted.error or "")
     assert runner(reg).execute("billing.close-day").status == JobRunStatus.SUCCEEDED
+
+
+@db
+def test_an_interrupt_while_the_run_s_threads_start_is_recorded_too(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop signal that came while the runner started its heartbeat thread (a wait of
+    its own, long on a loaded machine) escaped before the runner's guard: the run stayed
+    RUNNING and held its key until reaped."""
+    ran: list[bool] = []
+
+    @operations_job("billing.close-day", registry=reg)
+    def body(ctx: RunContext, input: None) -> None:
+        ran.append(True)
+
+    start = threading.Thread.start
+
+    def interrupted_start(thread: threading.Thread) -> None:
+        if thread.name.startswith("jobstate-heartbeat-"):
+            raise KeyboardInterrupt
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    with pytest.raises(KeyboardInterrupt):
+        runner(reg).execute("billing.close-day")
+    monkeypatch.undo()
+
+    interrupted = JobRun.objects.get()
+    assert interrupted.status == JobRunStatus.FAILED
+    assert interrupted.error == "job run was interrupted (Ctrl-C or a stop signal)"
+    assert ran == []
+    assert runner(reg).execute("billing.close-day").status == JobRunStatus.SUCCEEDED
