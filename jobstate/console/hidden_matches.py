@@ -82,10 +82,7 @@ def _related_sources(pks: list[Any], keys: frozenset[str], using: str) -> dict[A
     for model, name in ((Notification, "payload"), (AuditEntry, "detail")):
         rows = model.objects.using(using).filter(job_id__in=pks)
         if keys and all(key.isascii() for key in keys):
-            holds = Q()
-            for key in keys:
-                holds |= Q(_jobstate_text__icontains=key)
-            rows = rows.annotate(_jobstate_text=Cast(name, TextField())).filter(holds)
+            rows = rows.annotate(_jobstate_text=Cast(name, TextField())).filter(_holds_a_key(keys))
         for job_id, source in rows.values_list("job_id", name).iterator():
             found.setdefault(job_id, []).append(source)
     return found
@@ -99,9 +96,7 @@ def _could_hide(rows: QuerySet[Job], keys: frozenset[str], secrets: Sequence[str
         return rows
     texts = {f"_jobstate_{name}_text": Cast(name, TextField()) for name in REDACTION_SOURCES}
     could = Q()
-    holds_key = Q()
     for key in keys:
-        holds_key |= Q(_jobstate_text__icontains=key)
         for alias in texts:
             could |= Q(**{f"{alias}__icontains": key})
     if keys:
@@ -109,10 +104,18 @@ def _could_hide(rows: QuerySet[Job], keys: frozenset[str], secrets: Sequence[str
             related = model.objects.filter(job_id=OuterRef("pk")).annotate(
                 _jobstate_text=Cast(name, TextField())
             )
-            could |= Q(Exists(related.filter(holds_key)))
+            could |= Q(Exists(related.filter(_holds_a_key(keys))))
     for secret in secrets:
         could |= Q(error__contains=secret) | Q(_jobstate_attempt_text__contains=secret)
     return rows.annotate(**texts).filter(could)
+
+
+def _holds_a_key(keys: frozenset[str]) -> Q:
+    """A row whose JSON, annotated as text ``_jobstate_text``, names a redacted key."""
+    holds = Q()
+    for key in keys:
+        holds |= Q(_jobstate_text__icontains=key)
+    return holds
 
 
 def _shown_match(shown: Redactor, value: str, error: str | None, log: Any) -> bool:

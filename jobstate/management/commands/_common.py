@@ -277,18 +277,13 @@ def misconfigured_error(alias: str) -> CommandError | None:
         connections[alias].ensure_connection()
     # The driver refuses an option it cannot read (connect_timeout "x") as a
     # programming error; a server that cannot be reached is an OperationalError.
-    except ProgrammingError as exc:
+    except (ProgrammingError, ImproperlyConfigured, ValueError, TypeError) as exc:
         return CommandError(
             f"database {alias!r} cannot be connected to as configured: {exc}",
             returncode=EXIT_USAGE,
         )
     except DatabaseError:
         return None
-    except (ImproperlyConfigured, ValueError, TypeError) as exc:
-        return CommandError(
-            f"database {alias!r} cannot be connected to as configured: {exc}",
-            returncode=EXIT_USAGE,
-        )
     return None
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any
 
@@ -44,52 +44,45 @@ class CommandInterrupted(KeyboardInterrupt):
 
 
 @contextmanager
-def interrupted_by_stop_signals() -> Iterator[None]:
-    """Within the block, the first stop signal raises :class:`CommandInterrupted` and a
-    second exits at once (:class:`~jobstate.core.stop_signals.StopAtOnce`). Only from
-    the main thread, where Python delivers signals; elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def _stop_signals(on_first: Callable[[int], None]) -> Iterator[list[int]]:
+    """Within the block, the first stop signal is recorded (in the list yielded) and
+    handed to ``on_first``; a second exits at once
+    (:class:`~jobstate.core.stop_signals.StopAtOnce`). Only from the main thread, where
+    Python delivers signals; elsewhere the block runs as it is."""
     received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
+    def handle(signum: int, frame: FrameType | None) -> None:
         if received:
             raise StopAtOnce(128 + signum)
         received.append(signum)
-        raise CommandInterrupted(signum)
+        on_first(signum)
 
-    previous: dict[int, Any] = {
-        sig: signal.signal(sig, interrupt) for sig in handled_stop_signals()
-    }
+    previous: dict[int, Any] = {sig: signal.signal(sig, handle) for sig in handled_stop_signals()}
     try:
-        yield
+        yield received
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-@contextmanager
-def deferred_stop_signals() -> Iterator[list[int]]:
+def _interrupt(signum: int) -> None:
+    raise CommandInterrupted(signum)
+
+
+def interrupted_by_stop_signals() -> AbstractContextManager[list[int]]:
+    """Within the block, the first stop signal raises :class:`CommandInterrupted`; a
+    second exits at once."""
+    return _stop_signals(_interrupt)
+
+
+def deferred_stop_signals() -> AbstractContextManager[list[int]]:
     """Within the block, the first stop signal is only recorded (in the list yielded),
     so the work under way finishes; a second exits at once. For a command whose work is
     short and must not be cut (one relay pass sends what it claimed)."""
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
-
-    def record(signum: int, frame: FrameType | None) -> None:
-        if received:
-            raise StopAtOnce(128 + signum)
-        received.append(signum)
-
-    previous: dict[int, Any] = {sig: signal.signal(sig, record) for sig in handled_stop_signals()}
-    try:
-        yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return _stop_signals(lambda signum: None)
 
 
 def stop_line(name: str, exc: KeyboardInterrupt, done: str) -> tuple[str, int]:
