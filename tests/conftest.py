@@ -57,6 +57,7 @@ from jobstate.stores.base import StateStore
 from jobstate.stores.contracts.claimer_presence import claimer_beats
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
+from tests.support.browser import close_chromium
 from tests.support.receiver import Receiver
 
 
@@ -138,6 +139,10 @@ def _cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    close_chromium()  # the browser tests' shared Chromium, if one was started
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
