@@ -152,7 +152,7 @@ def ensure_json(value: Any, *, field: str) -> Any:
     ):
         raise InvalidPayload(
             f"{field} is nested more than {JSON_DEPTH_LIMIT} levels deep (lists and "
-            "objects), which MariaDB cannot store."
+            "objects): jobstate stores at most that many on every database, MariaDB's limit."
         )
     return value
 

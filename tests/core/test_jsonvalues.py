@@ -44,7 +44,8 @@ def test_a_value_31_levels_deep_is_kept_and_32_refused(kind: type) -> None:
     with pytest.raises(InvalidPayload) as refused:
         ensure_json(_nested(32, kind), field="result")
     assert str(refused.value) == (
-        "result is nested more than 31 levels deep (lists and objects), which MariaDB cannot store."
+        "result is nested more than 31 levels deep (lists and objects): jobstate stores at "
+        "most that many on every database, MariaDB's limit."
     )
 
 
