@@ -28,11 +28,6 @@ child on ``DATABASE_URL``), saying to mark it ``backend``.
   second or more. ``-m "not slow"`` (added to a step's own selection, e.g.
   ``-m "not postgres and not concurrent and not slow"`` on SQLite) is the quick tier,
   a few minutes long; the steps of the test command run every tier.
-  ``--slow-only-on VENDOR`` keeps the slow tests that consult the backend to that
-  backend's step (the others deselect them, counted); the slow tests that run on SQLite
-  alone (no test database: the demo's, the commands' own) still run there. CI's second
-  Python leg uses it (``--slow-only-on postgresql``): the first leg runs every tier on
-  every backend.
 
 The test command runs SQLite with ``-m "not postgres and not concurrent"``, PostgreSQL
 with everything, and MariaDB with ``-m mysql``.
@@ -64,15 +59,6 @@ from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.support.browser import close_chromium
 from tests.support.receiver import Receiver
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--slow-only-on",
-        choices=("sqlite", "postgresql", "mysql"),
-        default=None,
-        help="run the slow tests that consult the backend on this backend's step only",
-    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -122,13 +108,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _deselect(
         config, items, [item for item in items if _only_on(item) not in (None, connection.vendor)]
     )
-    slow_only_on = config.getoption("slow_only_on")
-    if slow_only_on not in (None, connection.vendor):
-        _deselect(
-            config,
-            items,
-            [item for item in items if item.get_closest_marker("slow") and consults_backend(item)],
-        )
     if connection.vendor == "sqlite":
         return
     # A test that neither has a test database nor consults the backend any other way runs
