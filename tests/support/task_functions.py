@@ -169,3 +169,13 @@ def floods_the_log(lines: int, marker: str | None = None) -> None:
     flood = logging.getLogger("tests.flood")
     for number in range(lines):
         flood.warning("line %d of the flood: %s", number, "x" * 1000)
+
+
+@task(takes_context=True)
+def cancelled_as_it_returns(context: TaskContext[Any, Any]) -> int:
+    """Cancels its own task as its last step, so the cancel lands after the task's code
+    and before the worker's report of it (an operator's cancel at that moment)."""
+    from jobstate.stores import get_state_store
+
+    get_state_store().cancel_job(context.task_result.id, by="ops", reason="too late")
+    return 1

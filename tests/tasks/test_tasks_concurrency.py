@@ -24,7 +24,7 @@ from django.test.utils import CaptureQueriesContext
 
 from jobstate.console.job_search import parse_search
 from jobstate.console.queue_stats import KeyAtLimit, keys_at_limit
-from jobstate.core.states import JobStatus
+from jobstate.core.states import ClaimReport, JobStatus
 from jobstate.exceptions import InvalidPayload
 from jobstate.models import Job, Worker
 from jobstate.stores import get_state_store
@@ -108,6 +108,53 @@ def test_a_worker_asks_for_keyed_tasks_after_the_others_only_while_some_are_abou
     # It found some: the next claim that leaves slots free looks again.
     two_at_a_time.enqueue("b", str(tmp_path / "notes"), 0)
     assert len(worker_claim()[0]) == 1
+
+
+@pytest.mark.django_db
+def test_a_look_for_keyed_tasks_that_finds_none_costs_one_statement(settings: Any) -> None:
+    """Every worker looks once a second; with none ready that look was a transaction of
+    three round trips (and, on SQLite, a writer's lock)."""
+    use_options(settings)
+    add.enqueue(1, 2)
+    with CaptureQueriesContext(connection) as captured:
+        assert claim(keyed=True) == []
+    assert len(captured.captured_queries) == 1
+
+
+def worker_round(pace: KeyedPace, ending: Job) -> tuple[list[Job], int]:
+    """A worker's round of one slot: the report of ``ending`` and the next claim; the
+    tasks claimed and the statements sent."""
+    request = TaskClaim(
+        target=TARGET, queues=None, worker_id="w-1", lease=LEASE, limit=1, pace=pace
+    )
+    report = ClaimReport(job_id=ending.id, claim_token=ending.claim_token or "", status="done")
+    with CaptureQueriesContext(connection) as captured:
+        results, jobs = request.complete_and_claim(get_state_store(), [report], keyed_ending=False)
+    assert [result.completed for result in results] == [True]
+    return jobs, len(captured.captured_queries)
+
+
+@pytest.mark.django_db
+def test_a_round_that_looks_for_keyed_tasks_first_costs_one_statement_more(
+    settings: Any, tmp_path: Path
+) -> None:
+    """Once a second each worker's round looks for keyed tasks first; its reports went
+    alone then, so with none ready the round cost the report, the look (a transaction)
+    and the claim apart."""
+    use_options(settings)
+    pace = KeyedPace(interval=60)
+    for n in range(3):
+        add.enqueue(n, n)
+    (ending,) = claim(keyed=False, limit=1)
+    looking, looked = worker_round(pace, ending)
+    ordinary, plain = worker_round(pace, looking[0])  # the pace is not due again
+    assert len(ordinary) == 1 and len(looking) == 1
+    assert looked == plain + 1
+
+    # A keyed task ready takes the slot ahead of the ordinary task queued before it.
+    keyed = two_at_a_time.enqueue("a", str(tmp_path / "notes"), 0)
+    jobs, _sent = worker_round(KeyedPace(interval=60), ordinary[0])
+    assert [str(job.id) for job in jobs] == [keyed.id]
 
 
 @pytest.mark.django_db

@@ -2,18 +2,21 @@
 
 ``StateStore.cancel_job`` rejects a running task and revokes its claim in one
 transaction; the worker learns of it by asking the store which of its claims are gone
-(:meth:`~jobstate.stores.base.StateStore.lost_claims`, one primary-key read) on every
-turn of its loop, at most once per ``--interval``. A task whose job is now ``rejected``
-was cancelled: its attempt is interrupted (:class:`~jobstate.exceptions.TaskCancelled`
-raised in its thread, as a timeout raises ``TaskTimeLimitExceeded``), or taken back if
-no thread has started it. Its report is then refused by the fencing, so nothing it
-returns is recorded. A thread that ignores the interrupt (an ``async def`` task, a call
-into C that does not return) is a stuck attempt like a timed-out one: ``--grace`` later
-the worker stops claiming and exits with status 4 (see :mod:`.loop`).
+(:meth:`~jobstate.stores.base.StateStore.lost_claims`, one primary-key read) about the
+attempts still running, on every turn of its loop, at most once per ``--interval``. A
+task whose job is now ``rejected`` was cancelled: its attempt is interrupted
+(:class:`~jobstate.exceptions.TaskCancelled` raised in its thread, as a timeout raises
+``TaskTimeLimitExceeded``), or taken back if no thread has started it. Its report is
+then refused by the fencing, so nothing it returns is recorded. A thread that ignores
+the interrupt (an ``async def`` task, a call into C that does not return) is a stuck
+attempt like a timed-out one: ``--grace`` later the worker stops claiming and exits with
+status 4 (see :mod:`.loop`).
 
 A claim lost any other way (its lease ran out and a sweep recovered it) is only marked,
 as the beat's lease renewal marks it: its result will be dropped, and the task runs on.
-An attempt that has already ended is left to its report.
+An attempt that has already ended is left to its report, which the fencing refuses
+and which reads the cancel from the row it finds: so a worker whose tasks end before
+their next turn asks nothing.
 """
 
 from __future__ import annotations
@@ -51,8 +54,13 @@ class CancelWatch:
             return []
         if not due_now:
             self._next = now + self.every
+        # An attempt that has ended is left to its report, which learns of a cancel from
+        # the row that refuses it: asking about it here would cost a worker of quick
+        # tasks one statement per turn, for nothing its thread could still be told.
         held = [
-            attempt for attempt in attempts if not attempt.claim_lost and attempt.job.claim_token
+            attempt
+            for attempt in attempts
+            if not attempt.claim_lost and attempt.job.claim_token and not attempt.ended
         ]
         if not held:
             return []
@@ -66,9 +74,7 @@ class CancelWatch:
                 continue
             job = attempt.job
             if attempt.ended:
-                # Only its report is left, and the report tells a recovered claim from one
-                # its own earlier report settled (whose reply a lost connection cut off).
-                attempt.cancelled = lost[job.id] == JobStatus.REJECTED
+                # It ended since the list above was made: its report tells.
                 continue
             attempt.claim_lost = True
             if lost[job.id] != JobStatus.REJECTED:

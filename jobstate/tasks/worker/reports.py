@@ -190,9 +190,15 @@ class Reporter:
         claim = _claim(outcome.attempt)
         unconfirmed = claim in self._unconfirmed
         self._unconfirmed.discard(claim)
-        if result.completed or not unconfirmed or not _logged(result.job, outcome.record):
-            return SettledAttempt(outcome, settlement, result.completed)
-        return SettledAttempt(outcome, settlement, True, reply_lost=True)
+        if result.completed:
+            return SettledAttempt(outcome, settlement, True)
+        if unconfirmed and _logged(result.job, outcome.record):
+            return SettledAttempt(outcome, settlement, True, reply_lost=True)
+        if result.job is not None and result.job.status == JobStatus.REJECTED:
+            # Cancelled after its thread ended (the cancel watch asks only about running
+            # attempts): the row that refused the report says so.
+            outcome.attempt.cancelled = True
+        return SettledAttempt(outcome, settlement, False)
 
     def _report(
         self,
@@ -229,7 +235,8 @@ class Reporter:
         if claim is not None:
             # Successes only (see settle_and_claim), so no audit entry: the reports and
             # the next claim are one call.
-            return claim.complete_and_claim(self.store, reports)
+            keyed = any(outcome.attempt.job.concurrency_digest for outcome in outcomes)
+            return claim.complete_and_claim(self.store, reports, keyed_ending=keyed)
         if all(outcome.record.outcome is AttemptOutcome.SUCCESSFUL for outcome in outcomes):
             # Successes write no audit entry: the batch is one statement on its own.
             return self.store.complete_claimed_jobs(reports), None

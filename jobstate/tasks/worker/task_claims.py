@@ -4,14 +4,15 @@ round's reports, and the tasks under a concurrency key (``policy(concurrency_key
 The claim the worker makes on every round (:meth:`StateStore.claim_tasks`, or with its
 reports :meth:`StateStore.complete_and_claim_tasks`: one statement on PostgreSQL) leaves
 out the tasks under a concurrency key: those are claimed under their key's gate by
-:meth:`StateStore.claim_keyed_tasks`, one statement more (a short transaction). So that
-round trip is not paid on every task, a worker claims them first once a second, or once
-per ``--interval`` when that is longer (:class:`KeyedPace`), and whenever its ordinary
-claim leaves slots free (its queues hold nothing else ready) while keyed tasks are about:
-its last claim of them took some, or one of its keyed tasks has ended since. A key's
-tasks therefore wait about that long at most for a free slot, however many other tasks
-are queued; and a worker whose queues hold no keyed task pays that statement once a
-second at most, busy or idle.
+:meth:`StateStore.claim_keyed_tasks`, one statement more (a plain read when none is
+ready, a short transaction when some is). So that round trip is not paid on every task,
+a worker claims them first once a second, or once per ``--interval`` when that is longer
+(:class:`KeyedPace`), its reports then going with the claim of the slots left, and
+whenever its ordinary claim leaves slots free (its queues hold nothing else ready) while
+keyed tasks are about: its last claim of them took some, or one of its keyed tasks has
+ended since. A key's tasks therefore wait about that long at most for a free slot,
+however many other tasks are queued; and a worker whose queues hold no keyed task pays
+that statement once a second at most, busy or idle.
 """
 
 from __future__ import annotations
@@ -64,18 +65,24 @@ class TaskClaim:
         return self._then_keyed(store, jobs)
 
     def complete_and_claim(
-        self, store: StateStore, reports: list[ClaimReport]
+        self, store: StateStore, reports: list[ClaimReport], *, keyed_ending: bool = True
     ) -> tuple[list[CompletionResult], list[Job]]:
         """The claim with ``reports``: one store call, unless the keyed tasks come first
-        this round; then the reports go first on their own, so the keys whose tasks
-        they end are free for the claim."""
+        this round. Then, when the reports end keyed tasks (``keyed_ending``), they go
+        first on their own, so the keys whose tasks they end are free for the claim;
+        otherwise the keyed tasks are claimed first and the reports go with the claim
+        of the slots left."""
         if not self.keyed_first:
             results, jobs = store.complete_and_claim_tasks(reports, **self._arguments(self.limit))
             return results, self._then_keyed(store, jobs)
-        results, _none = store.complete_and_claim_tasks(
-            reports, **{**self._arguments(self.limit), "queues": []}
-        )
-        return results, self.claim(store)
+        if keyed_ending:
+            results, _none = store.complete_and_claim_tasks(reports, **self._only_reports())
+            return results, self.claim(store)
+        keyed = self._keyed(store, self.limit)
+        rest = self.limit - len(keyed)
+        arguments = self._arguments(rest) if rest else self._only_reports()
+        results, jobs = store.complete_and_claim_tasks(reports, **arguments)
+        return results, keyed + jobs
 
     def _then_keyed(self, store: StateStore, jobs: list[Job]) -> list[Job]:
         if self.keyed_first or len(jobs) >= self.limit:
@@ -89,6 +96,10 @@ class TaskClaim:
         if self.pace is not None:
             self.pace.claimed(len(jobs))
         return jobs
+
+    def _only_reports(self) -> dict[str, Any]:
+        """The arguments of a ``complete_and_claim_tasks`` that claims nothing."""
+        return {**self._arguments(self.limit), "queues": []}
 
     def _arguments(self, limit: int) -> dict[str, Any]:
         return {

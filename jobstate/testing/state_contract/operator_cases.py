@@ -107,6 +107,12 @@ def _cancel_claimed(kit: Kit, store: StateStore) -> None:
         "the report of a cancelled claim must be refused as stale.",
     )
     check(
+        report.job is not None and report.job.status == JobStatus.REJECTED,
+        AREA,
+        "a refused report must answer with the job as stored (rejected, so a worker can "
+        "tell a cancel from a lost lease).",
+    )
+    check(
         store.lost_claims([(claimed.id, token_of(claimed))]) == {claimed.id: JobStatus.REJECTED},
         AREA,
         "lost_claims must name a cancelled claim with the job's status now.",
