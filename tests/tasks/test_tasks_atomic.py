@@ -33,6 +33,7 @@ from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.compat import TaskResultStatus, task_backends, task_finished
 from jobstate.tasks.policies import POLICY_ATTRIBUTE, TaskPolicy, policy_of
 from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
+from jobstate.tasks.worker.atomic import AtomicReporter
 from tests.support.atomic_tasks import (
     atomic_probe,
     atomic_returns_text,
@@ -258,6 +259,41 @@ def test_a_task_cancelled_while_its_body_runs_leaves_nothing(
     assert Job.objects.get(id=queued.id).status == JobStatus.REJECTED
     assert rows(key) == []
     assert finished == []
+
+
+@pytest.mark.concurrent
+def test_a_cancel_between_the_body_and_its_report_is_counted_as_a_cancel(
+    settings: Any,
+    key: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cancel watch asks only about running attempts: a cancel that commits once the
+    body has returned is read from the row that refuses the report."""
+    use_options(settings, MAX_ATTEMPTS=2)
+    caplog.set_level(logging.INFO, logger="jobstate.worker")
+    queued = atomic_writes.enqueue(key)
+    report_inside = AtomicReporter._report_inside
+
+    def cancelled_first(reporter: AtomicReporter, outcome: Any) -> Any:
+        # The operator's cancel, on a connection of its own, as the body returns.
+        canceller = threading.Thread(
+            target=lambda: (
+                get_state_store().cancel_job(queued.id, by="ops"),
+                connections.close_all(),
+            )
+        )
+        canceller.start()
+        canceller.join(30)
+        return report_inside(reporter, outcome)
+
+    monkeypatch.setattr(AtomicReporter, "_report_inside", cancelled_first)
+    summary = run_worker()
+
+    assert (summary.cancelled, summary.lost, summary.succeeded) == (1, 0, 0)
+    assert Job.objects.get(id=queued.id).status == JobStatus.REJECTED
+    assert rows(key) == []
+    assert "it was cancelled" in caplog.text and "claim was lost" not in caplog.text
 
 
 def test_on_commit_callbacks_of_the_body_run_only_for_the_committed_success(

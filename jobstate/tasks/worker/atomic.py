@@ -51,7 +51,7 @@ from jobstate.exceptions import (
     TaskTimeLimitExceeded,
 )
 from jobstate.tasks.worker.execution import Attempt, Outcome
-from jobstate.tasks.worker.reports import Reporter, SettledAttempt, TaskClaim
+from jobstate.tasks.worker.reports import Reporter, SettledAttempt, TaskClaim, note_cancel
 
 if TYPE_CHECKING:
     from jobstate.models import Job
@@ -161,6 +161,8 @@ class AtomicReporter(Reporter):
                 rest.append(outcome)
                 continue
             settlement, result = answer
+            if not result.completed:
+                note_cancel(outcome.attempt, result)
             item = SettledAttempt(outcome, settlement, result.completed)
             self._log(item)
             if not item.written:

@@ -66,7 +66,7 @@ from jobstate.tasks.worker.task_claims import TaskClaim
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["Reporter", "SettledAttempt", "TaskClaim", "interrupted"]
+__all__ = ["Reporter", "SettledAttempt", "TaskClaim", "interrupted", "note_cancel"]
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -97,6 +97,14 @@ class SettledAttempt:
             summary.failed += 1
         else:
             summary.succeeded += 1
+
+
+def note_cancel(attempt: Attempt, refused: CompletionResult) -> None:
+    """Mark ``attempt`` cancelled when the row that ``refused`` its report is rejected:
+    cancelled after its thread ended, which the cancel watch does not ask about (see
+    :mod:`.cancellation`)."""
+    if refused.job is not None and refused.job.status == JobStatus.REJECTED:
+        attempt.cancelled = True
 
 
 def interrupted(attempt: Attempt, why: str) -> Outcome:
@@ -194,10 +202,7 @@ class Reporter:
             return SettledAttempt(outcome, settlement, True)
         if unconfirmed and _logged(result.job, outcome.record):
             return SettledAttempt(outcome, settlement, True, reply_lost=True)
-        if result.job is not None and result.job.status == JobStatus.REJECTED:
-            # Cancelled after its thread ended (the cancel watch asks only about running
-            # attempts): the row that refused the report says so.
-            outcome.attempt.cancelled = True
+        note_cancel(outcome.attempt, result)
         return SettledAttempt(outcome, settlement, False)
 
     def _report(
