@@ -89,6 +89,8 @@ def test_a_cancel_after_the_task_returned_is_logged_and_counted_as_a_cancel(
     assert (summary.started, summary.cancelled, summary.succeeded, summary.lost) == (1, 1, 0, 0)
     assert "stopped after" in caplog.text and "it was cancelled" in caplog.text
     assert "its claim was lost" not in caplog.text
+    # The stop line adds up: the one task started ended cancelled.
+    assert "1 started, 0 succeeded, 0 retrying, 0 failed, 1 cancelled, 0 lost" in caplog.text
     job = memory_tasks.store.get_job(queued.id)
     assert job is not None and job.status == JobStatus.REJECTED
     (logged,) = read_attempt_log(job.attempt_log)

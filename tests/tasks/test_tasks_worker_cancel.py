@@ -55,6 +55,7 @@ def test_a_running_task_cancelled_through_the_store_stops_and_is_never_retried(
     assert stopped_after < 3, stopped_after
     assert lines(path) == ["1 start", "1 end"]
     assert "was cancelled: interrupted it (TaskCancelled raised in its thread)" in err
+    assert "1 started, 0 succeeded, 0 retrying, 0 failed, 1 cancelled, 0 lost" in err
     job = Job.objects.get(pk=queued.id)
     assert job.status == JobStatus.REJECTED and job.attempts == 1
     assert job.error == f"{CANCELLED}: cancelled by ops: wrong customer"

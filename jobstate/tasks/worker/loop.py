@@ -447,13 +447,15 @@ class TaskWorker:
         self._presence.stopped(self.summary.stopped_by or self._stop_requested or "error")
         logger.info(
             "jobstate_worker %s stopped (%s): %d started, %d succeeded, %d retrying, "
-            "%d failed, %d handed back, %d interrupted",
+            "%d failed, %d cancelled, %d lost, %d handed back, %d interrupted",
             self.config.worker_id,
             self.summary.stopped_by or self._stop_requested or "error",
             self.summary.started,
             self.summary.succeeded,
             self.summary.retrying,
             self.summary.failed,
+            self.summary.cancelled,
+            self.summary.lost,
             self.summary.handed_back,
             self.summary.interrupted,
         )
