@@ -41,7 +41,8 @@ CASES: list[tuple[list[str], str]] = [
     (["reap_stale", "--limit", "9" * 30], "--limit"),
     (["reap_stale", "--stale-after", "-5"], "--stale-after"),
     (["reap_stale", "--stale-after", "1e308"], "--stale-after"),
-    (["reap_stale", "--stale-after", "10"], "stale_run_after"),
+    # Named an internal argument (stale_run_after) rather than the option.
+    (["reap_stale", "--stale-after", "10"], "argument --stale-after: 10 s is less than twice"),
     (["reap_stale", "--batch-size", "1.5"], "--batch-size"),
     (["reap_stale", "--time-budget", "nan"], "--time-budget"),
     (["reap_stale", "--database", "nope"], "--database 'nope'"),

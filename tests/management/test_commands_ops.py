@@ -283,7 +283,10 @@ def test_exit_status_of_the_maintenance_commands() -> None:
     assert done["prune"] == (0, "", "")
     assert done["bad batch size"][0] == 2 and "at least 1" in done["bad batch size"][2]
     assert done["bad older-than"][0] == 2
-    assert done["bad budget"][0] == 2 and "at least twice" in done["bad budget"][2]
+    assert (
+        done["bad budget"][0] == 2
+        and "--stale-after: 10 s is less than twice" in done["bad budget"][2]
+    )
 
 
 # Starts Django first, then waits for the go signal, so both reapers begin together.

@@ -15,16 +15,20 @@ or settings.
 
 from __future__ import annotations
 
+import argparse
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import CommandParser
 
+from jobstate.core.conf import jobstate_settings
 from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
 
 from ._common import (
     ProgressLine,
     SweepCommand,
     known_database,
+    plain,
     positive_int,
     positive_seconds,
 )
@@ -99,6 +103,20 @@ def report_lines(report: SweepReport, *, verbosity: int) -> list[str]:
     return lines
 
 
+def _stale_after(text: str) -> timedelta:
+    """``--stale-after``: positive seconds, at least twice ``HEARTBEAT_INTERVAL``, as the
+    runs' own liveness budget must be (checked here so the error names the option)."""
+    budget = positive_seconds(text)
+    beat = jobstate_settings.HEARTBEAT_INTERVAL
+    if budget < 2 * beat:
+        raise argparse.ArgumentTypeError(
+            f"{plain(text)} s is less than twice JOBSTATE['HEARTBEAT_INTERVAL'] "
+            f"({beat.total_seconds():g} s): a live run whose heartbeat is a little late "
+            "would be reaped"
+        )
+    return budget
+
+
 class Command(SweepCommand):
     help = (
         "Settle work whose owner is gone: stale job runs -> TIMED_OUT, queued jobs past "
@@ -119,7 +137,7 @@ class Command(SweepCommand):
     def add_sweep_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--stale-after",
-            type=positive_seconds,
+            type=_stale_after,
             metavar="SECONDS",
             help="Liveness budget of job runs in seconds (default: JOBSTATE['STALE_RUN_AFTER']).",
         )
