@@ -234,8 +234,10 @@ def check_database_guarantees(**kwargs: Any) -> list[CheckMessage]:
                         f"Database {alias!r} is SQLite without transaction_mode 'IMMEDIATE': "
                         "concurrent claims and runtime locks may fail with 'database is "
                         "locked' instead of waiting, and a quota count can interleave.",
-                        hint="Set DATABASES[...]['OPTIONS'] = {'transaction_mode': "
-                        "'IMMEDIATE'}. " + _ACCEPT_HINT.format(id="jobstate.E040"),
+                        hint=f"Set DATABASES[{alias!r}]['OPTIONS'] = {{'transaction_mode': "
+                        "'IMMEDIATE', 'timeout': 30}: the timeout lets a process wait up to "
+                        "30 s for the write lock rather than 5. "
+                        + _ACCEPT_HINT.format(id="jobstate.E040"),
                         id="jobstate.E040",
                     )
                 )

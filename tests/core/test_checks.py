@@ -216,6 +216,9 @@ def test_sqlite_without_immediate_transactions_fails_the_check_until_accepted(
 
     assert message.id == "jobstate.E040" and message.level == ERROR
     assert "IMMEDIATE" in message.msg and "SILENCED_SYSTEM_CHECKS" in (message.hint or "")
+    # The line the tutorial gives, to paste as it is.
+    line = "DATABASES['default']['OPTIONS'] = {'transaction_mode': 'IMMEDIATE', 'timeout': 30}"
+    assert line in (message.hint or "")
     with pytest.raises(SystemCheckError, match=r"jobstate\.E040"):
         call_command("check", databases=["default"])
     settings.SILENCED_SYSTEM_CHECKS = ["jobstate.E040"]

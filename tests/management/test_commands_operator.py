@@ -83,6 +83,26 @@ def test_an_unknown_backend_lists_the_tasks_aliases(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_setting_the_checks_refuse_stops_the_worker_with_status_2_in_djangos_words(
+    tmp_path: Path,
+) -> None:
+    """It printed "CommandError: SystemCheckError: System check identified ..."."""
+    (tmp_path / "refused_settings.py").write_text(
+        "from project.settings import *\nJOBSTATE = {'LIST_LIMIT': 0}\n"
+    )
+    env = {
+        **never_migrated(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "refused_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(BASE)]),
+    }
+    done = manage("jobstate_worker", "--batch", env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("SystemCheckError: System check identified some issues:")
+    assert "jobstate.E001" in done.stderr and "CommandError" not in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("arguments", [["--list"], ["--list", "--json"], ["demo.report-build"]])
 @pytest.mark.parametrize(
     ("module", "why"),

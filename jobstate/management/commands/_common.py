@@ -383,8 +383,9 @@ class JobStateCommand(BaseCommand):
         except SystemCheckError as exc:
             # A setting the checks refuse is a usage error, like a bad option: status 2
             # (Django's own status for it is 1, which jobstate's commands keep for a
-            # database or store that failed).
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+            # database or store that failed). Still a SystemCheckError: Django prints
+            # that one as it is, where a CommandError would be prefixed a second time.
+            raise SystemCheckError(str(exc), returncode=EXIT_USAGE) from exc
         except (CommandError, DatabaseError, StoreError) as exc:
             if not _database_failure(exc) or alias not in connections:
                 raise
