@@ -5,6 +5,8 @@ error and the console marks it. Workers and commands are real processes."""
 from __future__ import annotations
 
 import logging
+import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -55,6 +57,36 @@ def declared_a_while_ago(settings: Any, **schedules: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
+def test_a_broken_schedule_s_line_has_the_time_and_level_of_the_worker_s_own(
+    settings: Any, tmp_path: Path
+) -> None:
+    """In a project that configures no logging (a fresh ``startproject``) the worker's own
+    lines had a time and level and the schedules' came bare."""
+    declared_a_while_ago(settings, renamed=RENAMED)
+    (tmp_path / "plain_logging.py").write_text(
+        "from tests.support.schedule_settings import *\n"
+        "LOGGING = {'version': 1, 'disable_existing_loggers': False}\n"
+    )
+    base = Path(django_settings.BASE_DIR)
+    env = {
+        **schedules_env(renamed=RENAMED),
+        "DJANGO_SETTINGS_MODULE": "plain_logging",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(base)]),
+    }
+    worker = subprocess.run(
+        [sys.executable, str(base / "manage.py"), "jobstate_worker", "--batch"],
+        cwd=base,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert worker.returncode == 0, worker.stderr
+    stamped = r"^\d{4}-\d\d-\d\d [\d:,]+ (INFO|WARNING|ERROR) "
+    assert re.search(stamped + "jobstate_worker ", worker.stderr, re.M), worker.stderr
+    assert re.search(stamped + "Schedule renamed ", worker.stderr, re.M), worker.stderr
+
+
 def test_a_renamed_task_stops_only_its_own_schedule(settings: Any, django_user_model: Any) -> None:
     schedules = {"yearly": YEARLY, "report": REPORT, "renamed": RENAMED, "raises": RAISES}
     declared_a_while_ago(settings, **schedules)

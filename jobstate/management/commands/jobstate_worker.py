@@ -69,6 +69,9 @@ EXIT_STUCK = 4
 #: it learns of a new task.
 DEFAULT_INTERVAL = 1.0
 POOLED_INTERVAL = 0.25
+#: The loggers of what runs in a worker process: its own, and the schedules' it
+#: evaluates (a broken schedule's line).
+_WORKER_LOGGERS = ("jobstate.worker", "jobstate.schedules")
 #: Most threads one worker process runs tasks in.
 CONCURRENCY_LIMIT = 1000
 #: Longest ``--grace``: a day.
@@ -338,13 +341,16 @@ class Command(JobStateCommand):
             raise SystemExit(RELOAD_EXIT)
 
     def _configure_logging(self, verbosity: int) -> None:
-        """Show the worker's log at the level ``verbosity`` asks for, unless the project
-        configured the ``jobstate.tasks.worker`` logger itself; print it on stderr when no
-        handler up the logger tree would."""
-        logger = logging.getLogger("jobstate.worker")
-        if logger.level == logging.NOTSET:
-            logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
-        if not logger.hasHandlers():
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-            logger.addHandler(handler)
+        """Show the worker's log, and the schedules' it evaluates, at the level
+        ``verbosity`` asks for, unless the project configured those loggers itself;
+        print them on stderr, with the time and level, when no handler up the logger
+        tree would."""
+        level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        for name in _WORKER_LOGGERS:
+            logger = logging.getLogger(name)
+            if logger.level == logging.NOTSET:
+                logger.setLevel(level)
+            if not logger.hasHandlers():
+                logger.addHandler(handler)
