@@ -39,12 +39,16 @@ NUL = {"task": ADD, "cron": "0 0 1 1 *", "kwargs": {"a": "\x00", "b": 1}}
 SURROGATE = {"task": ADD, "cron": "0 0 1 1 *", "kwargs": {"a": "\ud800", "b": 1}}
 
 
-def manage(*args: str, schedules: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+def manage(
+    *args: str, schedules: dict[str, Any], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py *args`` on the test database with ``schedules`` (and ``env`` over the
+    environment that gives)."""
     base = Path(django_settings.BASE_DIR)
     return subprocess.run(
         [sys.executable, str(base / "manage.py"), *args],
         cwd=base,
-        env=schedules_env(**schedules),
+        env={**schedules_env(**schedules), **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
@@ -69,18 +73,10 @@ def test_a_broken_schedule_s_line_has_the_time_and_level_of_the_worker_s_own(
     )
     base = Path(django_settings.BASE_DIR)
     env = {
-        **schedules_env(renamed=RENAMED),
         "DJANGO_SETTINGS_MODULE": "plain_logging",
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(base)]),
     }
-    worker = subprocess.run(
-        [sys.executable, str(base / "manage.py"), "jobstate_worker", "--batch"],
-        cwd=base,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    worker = manage("jobstate_worker", "--batch", schedules={"renamed": RENAMED}, env=env)
     assert worker.returncode == 0, worker.stderr
     stamped = r"^\d{4}-\d\d-\d\d [\d:,]+ (INFO|WARNING|ERROR) "
     assert re.search(stamped + "jobstate_worker ", worker.stderr, re.M), worker.stderr
