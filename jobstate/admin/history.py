@@ -27,6 +27,8 @@ from jobstate.admin.filters import AuditEventFilter, AuditStageFilter, BulkOpera
 from jobstate.admin.list_cells import breakable, cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
 from jobstate.console.redaction import Redactor
+from jobstate.core.bidi import isolated_parts
+from jobstate.core.states import AUDIT_SUMMARY_SEPARATOR
 from jobstate.models import ApprovalDecision, AuditEntry, DeliveryReplay, Job, Notification
 from jobstate.stores.contracts.audit import AuditSeverity
 
@@ -159,11 +161,13 @@ class AuditEntryAdmin(LedgerAdmin):
 
     @admin.display(description=gettext_lazy("summary"))
     def summary_short(self, entry: AuditEntry) -> str:
-        return Truncator(self.redactor_for(entry).summary(entry.summary, entry.detail)).chars(120)
+        shown = Truncator(self.redactor_for(entry).summary(entry.summary, entry.detail)).chars(120)
+        return isolated_parts(shown, AUDIT_SUMMARY_SEPARATOR)
 
     @admin.display(description=gettext_lazy("summary"))
     def summary_text(self, entry: AuditEntry) -> str:
-        return self.redactor_for(entry).summary(entry.summary, entry.detail)
+        shown = self.redactor_for(entry).summary(entry.summary, entry.detail)
+        return isolated_parts(shown, AUDIT_SUMMARY_SEPARATOR)
 
     @admin.display(description=gettext_lazy("job"))
     def job_link(self, entry: AuditEntry) -> Any:

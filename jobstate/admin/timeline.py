@@ -27,8 +27,13 @@ from jobstate.admin.display import moment, worker_link
 from jobstate.admin.job_page import audit_summary, status_name
 from jobstate.console.redaction import Redactor
 from jobstate.core.attempt_log import AttemptOutcome, LeftOut, TaskAttempt, attempt_history
-from jobstate.core.bidi import isolated
-from jobstate.core.states import CLAIMED_JOB_STATUSES, TERMINAL_JOB_STATUSES, JobStatus
+from jobstate.core.bidi import isolated, isolated_parts
+from jobstate.core.states import (
+    AUDIT_SUMMARY_SEPARATOR,
+    CLAIMED_JOB_STATUSES,
+    TERMINAL_JOB_STATUSES,
+    JobStatus,
+)
 from jobstate.models import AuditEntry, Job
 
 __all__ = ["TimelineEvent", "job_timeline", "left_out_text", "traceback_fold"]
@@ -66,7 +71,10 @@ def _length(seconds: float) -> str:
 
 
 def _audit_event(entry: AuditEntry, page: Redactor) -> TimelineEvent:
-    text = page.summary(audit_summary(entry.summary, entry.detail), entry.detail)
+    text = isolated_parts(
+        page.summary(audit_summary(entry.summary, entry.detail), entry.detail),
+        AUDIT_SUMMARY_SEPARATOR,
+    )
     detail = entry.detail if isinstance(entry.detail, dict) else {}
     if entry.event == "retry_scheduled" and isinstance(detail.get("retry_at"), str):
         retry_at = parse_datetime(detail["retry_at"])

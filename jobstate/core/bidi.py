@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["isolated"]
+__all__ = ["isolated", "isolated_parts"]
 
 #: Bidirectional classes that can change how the text around a value is ordered:
 #: right-to-left letters, and the embeddings, overrides and isolates with their ends.
@@ -32,6 +32,13 @@ def isolated(text: str) -> str:
     if text.isascii() or not any(unicodedata.bidirectional(c) in _DIRECTIONAL for c in text):
         return text
     return f"{_FIRST_STRONG_ISOLATE}{_balanced(text)}{_POP_DIRECTIONAL_ISOLATE}"
+
+
+def isolated_parts(text: str, separator: str) -> str:
+    """``text`` with each of its parts between ``separator`` isolated on its own (an
+    audit summary's ``key: value`` pairs): an override in one value then reverses
+    nothing of the pairs after it."""
+    return separator.join(isolated(part) for part in text.split(separator))
 
 
 def _balanced(text: str) -> str:

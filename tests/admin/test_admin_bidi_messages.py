@@ -47,3 +47,15 @@ def test_the_queue_pause_confirmation_and_message_isolate_the_queue(
     assert f"Pause tasks:default / {FSI}q{OVERRIDE}evil{PDI}: once you confirm" in page
     response = admin_client.post(url, {**query, "post": "yes"}, follow=True)
     assert f"Paused tasks:default / {FSI}q{OVERRIDE}evil{PDI}." in shown_messages(response)
+
+
+def test_an_override_in_an_audit_value_reverses_none_of_the_pairs_after_it(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """A reject reason ending the pair with an override reversed the rest of the audit
+    summary ("reason: :yb devorppa … · prev_status" read backwards) in the audit
+    list."""
+    job = store.create_job(request_id="to-cancel", target="mail")
+    assert store.cancel_job(job.id, by="admin", reason=f"{OVERRIDE}approved by: lead")
+    listed = admin_client.get("/admin/jobstate/auditentry/").content.decode()
+    assert f"{FSI}reason: {OVERRIDE}approved by: lead{PDI} · prev_status: queued" in listed
