@@ -10,6 +10,7 @@ leaves an audit entry naming the user.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from django.contrib import admin, messages
@@ -19,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.timezone import localtime
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext_lazy
 
@@ -41,7 +43,7 @@ from jobstate.admin.list_cells import breakable
 from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.schedule_page import next_run_text, recent_runs_table, schedule_buttons
 from jobstate.exceptions import ScheduleError, UnknownSchedule
-from jobstate.models import Job, Schedule, ScheduleOccurrence
+from jobstate.models import Job, OccurrenceTrigger, Schedule, ScheduleOccurrence
 from jobstate.schedules import (
     pause_schedule,
     resume_schedule,
@@ -345,7 +347,26 @@ class ScheduleAdmin(ReadOnlyAdmin):
 
         def row(schedule: Schedule) -> ActionRow:
             removed = schedule.removed_at is not None
-            return self._row(schedule, _("removed from settings") if removed else None)
+            shown = self._row(schedule, _("removed from settings") if removed else None)
+            # The confirmation names the schedule's last run now, and a confirmation sent
+            # again (twice, or after the back button) no longer matches it once the first
+            # has run: it is skipped rather than run a second time.
+            last = (
+                ScheduleOccurrence.objects.filter(
+                    schedule=schedule, trigger=OccurrenceTrigger.MANUAL
+                )
+                .order_by("-id")
+                .values_list("id", "enqueued_at")
+                .first()
+            )
+            if last is None:
+                return replace(shown, seen="")
+            when = localtime(last[1]).strftime("%Y-%m-%d %H:%M:%S")
+            detail = _("%(detail)s · last run now %(when)s") % {
+                "detail": shown.detail,
+                "when": when,
+            }
+            return replace(shown, detail=detail, seen=str(last[0]))
 
         def perform(request: HttpRequest, schedule: Schedule, inputs: dict[str, Any]) -> str | None:
             try:

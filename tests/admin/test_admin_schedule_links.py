@@ -18,7 +18,14 @@ from jobstate.models import AuditEntry, BulkAction, Job, JobRun, Schedule, Sched
 from jobstate.schedules import enqueue_due, sync_schedules
 from jobstate.stores.base import Trigger
 from jobstate.stores.database import DatabaseJobRunStore, DatabaseStateStore
-from tests.support.admin_kit import JOBS, failed_job, logged_in, operator, shown_messages
+from tests.support.admin_kit import (
+    JOBS,
+    failed_job,
+    logged_in,
+    operator,
+    seen_fields,
+    shown_messages,
+)
 from tests.support.schedule_kit import T0, declare
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
@@ -156,7 +163,9 @@ def test_the_schedule_pages_pause_resume_and_run_now_are_confirmed_and_audited(
 
     client.post(SCHEDULES, {"action": "resume_schedules", "post": "yes", **button})
     assert not Schedule.objects.get(pk=nightly.pk).paused
-    client.post(SCHEDULES, {"action": "run_schedules_now", "post": "yes", **button})
+    asked = client.post(SCHEDULES, {"action": "run_schedules_now", **button})
+    shown = seen_fields(asked.content.decode())
+    client.post(SCHEDULES, {"action": "run_schedules_now", "post": "yes", **button, **shown})
     manual = ScheduleOccurrence.objects.get(schedule=nightly, trigger="manual")
     assert Job.objects.filter(id=manual.result_id).exists()
     events = list(

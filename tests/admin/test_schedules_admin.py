@@ -10,7 +10,14 @@ import pytest
 
 from jobstate.models import AuditEntry, Schedule, ScheduleOccurrence
 from jobstate.schedules import enqueue_due, sync_schedules
-from tests.support.admin_kit import act, confirm_page, logged_in, operator, shown_messages
+from tests.support.admin_kit import (
+    act,
+    confirm_page,
+    logged_in,
+    operator,
+    seen_fields,
+    shown_messages,
+)
 from tests.support.schedule_kit import T0, declare
 
 pytestmark = pytest.mark.django_db
@@ -75,7 +82,10 @@ def test_run_now_needs_its_permission_and_is_audited_with_the_user(
     assert confirmation.status_code == 200 and b"Yes, run now" in confirmation.content
     assert not ScheduleOccurrence.objects.filter(trigger="manual").exists()
     selected = [schedules["nightly"].pk, schedules["old"].pk]
-    done = act(runner, SCHEDULES, "run_schedules_now", selected, confirm=True)
+    shown = seen_fields(
+        confirm_page(runner, SCHEDULES, "run_schedules_now", selected).content.decode()
+    )
+    done = act(runner, SCHEDULES, "run_schedules_now", selected, confirm=True, **shown)
     messages = shown_messages(done)
     assert "Enqueued a job of 1 schedule." in messages
     assert any("old (removed from settings)" in m for m in messages)
@@ -85,6 +95,29 @@ def test_run_now_needs_its_permission_and_is_audited_with_the_user(
     assert entry.summary == "nightly run now by rita" and str(entry.job_id) == str(
         occurrence.result_id
     )
+
+
+def test_a_run_now_confirmed_twice_runs_once(
+    schedules: dict[str, Schedule], django_user_model: Any
+) -> None:
+    """Sending the confirmation again (a double click, the back button) ran the schedule
+    a second time; every other action's second confirmation changes nothing."""
+    runner = logged_in(operator(django_user_model, "rita", "view_schedule", "run_schedule"))
+    selected = [schedules["nightly"].pk]
+    page = confirm_page(runner, SCHEDULES, "run_schedules_now", selected).content.decode()
+    first = act(runner, SCHEDULES, "run_schedules_now", selected, confirm=True, **seen_fields(page))
+    again = act(runner, SCHEDULES, "run_schedules_now", selected, confirm=True, **seen_fields(page))
+
+    assert "Enqueued a job of 1 schedule." in shown_messages(first)
+    [skipped] = shown_messages(again)
+    assert "Skipped 1 schedule: nightly (changed since the confirmation:" in skipped
+    assert "last run now" in skipped
+    assert ScheduleOccurrence.objects.filter(trigger="manual").count() == 1
+    # A new confirmation names the run and runs again.
+    page = confirm_page(runner, SCHEDULES, "run_schedules_now", selected).content.decode()
+    assert "last run now" in page
+    act(runner, SCHEDULES, "run_schedules_now", selected, confirm=True, **seen_fields(page))
+    assert ScheduleOccurrence.objects.filter(trigger="manual").count() == 2
 
 
 def test_pause_and_resume_need_their_permission_and_are_audited(

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 _CSRF = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 _SELECTED = re.compile(r'name="_selected_action" value="([^"]+)"')
+#: What a confirmation page says it showed of each row, sent back as a browser would.
+_SEEN = re.compile(r'name="(_jobstate_seen:[^"]*)" value="([^"]*)"')
 _MESSAGES = re.compile(r'<li class="(success|warning|error|info)">(.*?)</li>', re.S)
 _PROGRESS = re.compile(r'href="(/admin/jobstate/job/bulk-operation/\d+/)"')
 
@@ -124,9 +126,13 @@ class Console:
             # Nothing to confirm: every row was skipped, or the list said why not.
             return confirmation
         shown = _SELECTED.findall(confirmation.text)
+        seen = {
+            html.unescape(name): html.unescape(value)
+            for name, value in _SEEN.findall(confirmation.text)
+        }
         return self.post(
             changelist,
-            {"action": action, "_selected_action": shown, "post": "yes", **extra},
+            {"action": action, "_selected_action": shown, "post": "yes", **seen, **extra},
             confirmation,
         )
 
