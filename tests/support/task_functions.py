@@ -179,3 +179,21 @@ def cancelled_as_it_returns(context: TaskContext[Any, Any]) -> int:
 
     get_state_store().cancel_job(context.task_result.id, by="ops", reason="too late")
     return 1
+
+
+class PayloadError(Exception):
+    """An API client's error: any attribute it lacks is read from its payload, so asking
+    for one the payload has not (``__notes__``, which Python's traceback formatting asks
+    for) raises ``KeyError`` rather than ``AttributeError``."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(payload.get("message", "api error"))
+        self.payload = payload
+
+    def __getattr__(self, name: str) -> Any:
+        return self.payload[name]
+
+
+@task
+def raises_a_payload_error() -> None:
+    raise PayloadError({"message": "upstream said no", "code": 503})

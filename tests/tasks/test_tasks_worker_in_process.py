@@ -10,6 +10,9 @@ worker lost its lease is recovered and run again."""
 
 from __future__ import annotations
 
+import io
+import logging
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -20,13 +23,13 @@ import pytest
 from jobstate.core.states import JobStatus
 from jobstate.exceptions import StoreUnavailable
 from jobstate.tasks.backend import JobStateBackend
-from jobstate.tasks.compat import TaskResultStatus, task_backends
+from jobstate.tasks.compat import TaskResultStatus, builtin_tasks, task_backends
 from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool
 from jobstate.tasks.worker.presence import WorkerPresence
 from jobstate.testing import FakeClock
 from tests.support.stores import MemoryTasks
-from tests.support.task_functions import add, always_fails
+from tests.support.task_functions import add, always_fails, raises_a_payload_error
 from tests.support.tasks_kit import use_options
 
 pytestmark = pytest.mark.mysql
@@ -216,3 +219,29 @@ def test_a_worker_that_cannot_register_waits_between_tries_whatever_woke_it(
     assert summary.started == 0
     # 0.05 s, then twice as long each time: a handful of tries in a second.
     assert 3 <= len(tries) <= 8, len(tries)
+
+
+def test_an_exception_whose_traceback_cannot_be_formatted_fails_only_its_task(
+    settings: Any, memory_tasks: MemoryTasks, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task raising an API client's error whose ``__getattr__`` raises KeyError stopped
+    the worker with status 1: Django's log of the failed task formats its traceback, and
+    that raised out of the log handler, then out of the worker's own log of it. Found by
+    an outside pass."""
+    use_options(settings, MAX_ATTEMPTS=1)
+    failing = raises_a_payload_error.enqueue()
+    after = add.enqueue(1, 2)
+    handler = logging.StreamHandler(io.StringIO())
+    # Where Django's receiver logs a task's end (the backport's name on Django 5.2).
+    tasks_logger = logging.getLogger("django.tasks" if builtin_tasks else "django_tasks")
+    tasks_logger.addHandler(handler)
+    try:
+        summary = run_worker(batch=True, worker_id="worker-a")
+    finally:
+        tasks_logger.removeHandler(handler)
+
+    assert (summary.started, summary.failed, summary.succeeded) == (2, 1, 1)
+    assert raises_a_payload_error.get_result(failing.id).status == FAILED
+    assert add.get_result(after.id).return_value == 3
+    if sys.version_info < (3, 13):  # 3.13's traceback module passes over such __notes__
+        assert "but logging or announcing it raised builtins.KeyError" in capsys.readouterr().err

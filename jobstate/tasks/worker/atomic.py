@@ -164,7 +164,7 @@ class AtomicReporter(Reporter):
             if not result.completed:
                 note_cancel(outcome.attempt, result)
             item = SettledAttempt(outcome, settlement, result.completed)
-            self._log(item)
+            self.announce(item, self._log, item)
             if not item.written:
                 logger.warning(
                     "Task %s %s is atomic: what its body wrote was rolled back with its report",
@@ -172,7 +172,7 @@ class AtomicReporter(Reporter):
                     outcome.attempt.job.id,
                 )
             elif result.job is not None:
-                self._finished(outcome, result.job)
+                self.announce(item, self._finished, outcome, result.job)
             outcome.exception = None
             done.append(item)
         settled, claimed = super().settle_and_claim(rest, claim)

@@ -28,8 +28,10 @@ recovered as lost attempts once their leases run out.
 from __future__ import annotations
 
 import logging
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -44,6 +46,7 @@ from jobstate.core.attempt_log import (
     attempt_history,
     refused_settlement,
     settle_attempt,
+    storable_class_path,
 )
 from jobstate.core.states import ClaimReport, JobStatus
 from jobstate.exceptions import (
@@ -184,13 +187,32 @@ class Reporter:
             for outcome, settlement, result in zip(outcomes, settlements, results, strict=True)
         ]
         for item, result in zip(settled, results, strict=True):
-            self._log(item)
+            self.announce(item, self._log, item)
             if item.written and not item.settlement.retrying and result.job is not None:
-                self._finished(item.outcome, result.job)
+                self.announce(item, self._finished, item.outcome, result.job)
         for outcome in outcomes:
             # The exception holds the task's frames (and their locals): let them go.
             outcome.exception = None
         return settled, claimed
+
+    def announce(self, item: SettledAttempt, step: Callable[..., None], *args: Any) -> None:
+        """Run ``step`` (the attempt's log line, or ``task_finished``) of an attempt whose
+        report is written: the host's code runs there (its log handlers and signal
+        receivers, and the task's exception, which a handler formats with its
+        traceback: an exception whose attributes raise fails that). The worker goes
+        on whatever it raises, and says so in a plain line on stderr, as logging may
+        be what failed."""
+        try:
+            step(*args)
+        except Exception as exc:  # the host's handler, receiver or exception: see above
+            job = item.outcome.attempt.job
+            line = (
+                f"jobstate_worker: the end of task {job.task_path} {job.id} attempt "
+                f"{job.attempts} was reported, but logging or announcing it raised "
+                f"{storable_class_path(type(exc))}\n"
+            )
+            with suppress(OSError, ValueError):  # a closed or broken stderr
+                sys.stderr.write(line)
 
     def _settled(
         self, outcome: Outcome, settlement: AttemptSettlement, result: CompletionResult
