@@ -197,3 +197,15 @@ class PayloadError(Exception):
 @task
 def raises_a_payload_error() -> None:
     raise PayloadError({"message": "upstream said no", "code": 503})
+
+
+@task(takes_context=True)
+def first_attempt_waits(context: TaskContext[Any, Any], hold: str) -> int:
+    """Its first attempt creates ``hold/started`` and waits (up to 30 s) for
+    ``hold/go``; later attempts return at once. Returns the attempt's number."""
+    if context.attempt == 1:
+        Path(hold, "started").touch()
+        until = time.monotonic() + 30
+        while not Path(hold, "go").exists() and time.monotonic() < until:
+            time.sleep(0.01)
+    return context.attempt

@@ -29,7 +29,12 @@ from jobstate.tasks.worker.execution import Attempt, ExecutionPool
 from jobstate.tasks.worker.presence import WorkerPresence
 from jobstate.testing import FakeClock
 from tests.support.stores import MemoryTasks
-from tests.support.task_functions import add, always_fails, raises_a_payload_error
+from tests.support.task_functions import (
+    add,
+    always_fails,
+    first_attempt_waits,
+    raises_a_payload_error,
+)
 from tests.support.tasks_kit import use_options
 
 pytestmark = pytest.mark.mysql
@@ -245,3 +250,47 @@ def test_an_exception_whose_traceback_cannot_be_formatted_fails_only_its_task(
     assert add.get_result(after.id).return_value == 3
     if sys.version_info < (3, 13):  # 3.13's traceback module passes over such __notes__
         assert "but logging or announcing it raised builtins.KeyError" in capsys.readouterr().err
+
+
+def test_a_task_claimed_again_while_its_lost_attempt_still_runs_keeps_both_tracked(
+    settings: Any, memory_tasks: MemoryTasks, tmp_path: Any
+) -> None:
+    """A worker frozen past its lease claimed its own recovered task again while the
+    first attempt's thread still ran; the worker kept one attempt per job, so settling
+    one forgot the other: the worker stopped (or stopped renewing the live attempt's
+    lease) while a thread of its own still ran the task. Found by an outside pass."""
+    use_options(settings, MAX_ATTEMPTS=3, LEASE=30.0)
+    store, clock = memory_tasks.store, memory_tasks.clock
+    queued = first_attempt_waits.enqueue(str(tmp_path))
+    backend = task_backends["default"]
+    assert isinstance(backend, JobStateBackend)
+    worker = TaskWorker(
+        WorkerConfig(
+            interval=0.01, schedules=False, grace=5, batch=True, worker_id="w-1", concurrency=2
+        ),
+        backend,
+    )
+    summaries: list[WorkerSummary] = []
+    thread = threading.Thread(target=lambda: summaries.append(worker.run()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "started").exists():
+            assert time.monotonic() < deadline, "the first attempt did not start"
+            time.sleep(0.01)
+        # The worker's lease runs out as if it had been frozen; a sweep recovers the task.
+        clock.advance(timedelta(seconds=31))
+        assert store.recover_expired_tasks().requeued == 1
+        while first_attempt_waits.get_result(queued.id).status != SUCCESSFUL:
+            assert time.monotonic() < deadline, "the second attempt did not succeed"
+            time.sleep(0.01)
+        # The first attempt's thread still runs: the worker still holds it.
+        time.sleep(0.2)
+        assert thread.is_alive(), "the worker stopped while a task of its own still ran"
+    finally:
+        (tmp_path / "go").touch()
+        thread.join(10)
+    (summary,) = summaries
+    assert (summary.started, summary.succeeded, summary.lost) == (2, 1, 1)
+    result = first_attempt_waits.get_result(queued.id)
+    assert result.return_value == 2 and result.attempts == 2

@@ -108,7 +108,10 @@ class TaskWorker:
         self._stop_requested: str | None = None
         self._ended: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._pending: list[Outcome] = []
-        self._active: dict[Any, Attempt] = {}
+        #: The attempts held, by claim (job id and claim token): a worker frozen past its
+        #: lease can claim its own recovered task again while the first attempt's thread
+        #: still runs, and each keeps its slot, its lease and its report.
+        self._active: dict[tuple[Any, Any], Attempt] = {}
         self._pool: ExecutionPool | None = None
         self._listener: NotificationListener | None = None
         self._schedule_pass = schedule_pass if config.schedules else None
@@ -254,8 +257,8 @@ class TaskWorker:
         self._start(jobs)
         return request.limit, len(jobs)
 
-    def _claim_request(self, ending: Collection[Any] = ()) -> TaskClaim | None:
-        """The claim of the free slots once the attempts of the job ids ``ending`` are
+    def _claim_request(self, ending: Collection[tuple[Any, Any]] = ()) -> TaskClaim | None:
+        """The claim of the free slots once the attempts ``ending`` (as held) are
         settled (and what ``--max-tasks`` still allows); ``None`` when there is none."""
         running = len(self._active.keys() - ending) if ending else len(self._active)
         free = self.config.concurrency - running
@@ -284,7 +287,7 @@ class TaskWorker:
                 policy=StoredPolicy.of(job.policy, self.options),
                 atomic=self.reporter.run,
             )
-            self._active[job.id] = attempt
+            self._active[_held(attempt)] = attempt
             self.summary.started += 1
             self._pool.submit(attempt)
 
@@ -316,7 +319,7 @@ class TaskWorker:
                 break
         left, back = self._unknown.hand_back(self._pending)
         for attempt in back:
-            self._active.pop(attempt.job.id, None)
+            self._active.pop(_held(attempt), None)
             self.summary.started -= 1
             self.summary.unknown += 1
         self._pending = left
@@ -324,12 +327,12 @@ class TaskWorker:
             return None
         request = None
         if claim:
-            request = self._claim_request({item.attempt.job.id for item in self._pending})
+            request = self._claim_request({_held(item.attempt) for item in self._pending})
         with self._unsure.watching(request):
             settled, jobs = self.reporter.settle_and_claim(self._pending, request)
         self._pending = []
         for item in settled:
-            self._active.pop(item.outcome.attempt.job.id, None)
+            self._active.pop(_held(item.outcome.attempt), None)
             item.count_in(self.summary)
         if request is None or jobs is None:
             return None
@@ -341,7 +344,7 @@ class TaskWorker:
         for ``lost``, the claims a lease renewal found gone)."""
         attempts = list(self._active.values()) if lost is None else lost
         for attempt in self._cancels.check(attempts, due_now=lost is not None):
-            self._active.pop(attempt.job.id, None)
+            self._active.pop(_held(attempt), None)
             self.summary.cancelled += 1
 
     def _enforce_timeouts(self) -> None:
@@ -436,7 +439,7 @@ class TaskWorker:
             if unstarted:
                 self.summary.handed_back += self.reporter.hand_back(unstarted)
                 for attempt in unstarted:
-                    self._active.pop(attempt.job.id, None)
+                    self._active.pop(_held(attempt), None)
             self._finish_running()
         except StoreError as exc:
             # Stopping anyway: the leases of what could not be reported run out, and the
@@ -500,3 +503,8 @@ class TaskWorker:
     def _waiting(self) -> bool:
         """Attempts are running that may still end by themselves (not stuck ones)."""
         return any(attempt not in self._stuck for attempt in self._active.values())
+
+
+def _held(attempt: Attempt) -> tuple[Any, Any]:
+    """How the worker holds ``attempt``: its job's id and the claim's token."""
+    return attempt.job.id, attempt.job.claim_token
