@@ -51,7 +51,8 @@ from jobstate.exceptions import (
     TaskTimeLimitExceeded,
 )
 from jobstate.tasks.worker.execution import Attempt, Outcome
-from jobstate.tasks.worker.reports import Reporter, SettledAttempt, TaskClaim, note_cancel
+from jobstate.tasks.worker.reports import Reporter, TaskClaim
+from jobstate.tasks.worker.settled import SettledAttempt, note_cancel
 
 if TYPE_CHECKING:
     from jobstate.models import Job

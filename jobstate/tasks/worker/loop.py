@@ -62,10 +62,10 @@ from jobstate.tasks.worker.config import (
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
 from jobstate.tasks.worker.lost_claims import UnsureClaims
 from jobstate.tasks.worker.presence import WorkerPresence
-from jobstate.tasks.worker.reports import interrupted
+from jobstate.tasks.worker.settled import held, interrupted
 from jobstate.tasks.worker.shutdown import stop_signals
 from jobstate.tasks.worker.task_claims import KeyedPace, TaskClaim
-from jobstate.tasks.worker.timeouts import overdue_attempts
+from jobstate.tasks.worker.timeouts import next_due, overdue_attempts
 from jobstate.tasks.worker.unknown_tasks import UnknownTasks
 from jobstate.tasks.worker.waiter import NotificationListener, start_listener
 
@@ -108,9 +108,7 @@ class TaskWorker:
         self._stop_requested: str | None = None
         self._ended: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._pending: list[Outcome] = []
-        #: The attempts held, by claim (job id and claim token): a worker frozen past its
-        #: lease can claim its own recovered task again while the first attempt's thread
-        #: still runs, and each keeps its slot, its lease and its report.
+        #: The attempts held, by claim (see :func:`.settled.held`).
         self._active: dict[tuple[Any, Any], Attempt] = {}
         self._pool: ExecutionPool | None = None
         self._listener: NotificationListener | None = None
@@ -287,7 +285,7 @@ class TaskWorker:
                 policy=StoredPolicy.of(job.policy, self.options),
                 atomic=self.reporter.run,
             )
-            self._active[_held(attempt)] = attempt
+            self._active[held(attempt)] = attempt
             self.summary.started += 1
             self._pool.submit(attempt)
 
@@ -319,7 +317,7 @@ class TaskWorker:
                 break
         left, back = self._unknown.hand_back(self._pending)
         for attempt in back:
-            self._active.pop(_held(attempt), None)
+            self._active.pop(held(attempt), None)
             self.summary.started -= 1
             self.summary.unknown += 1
         self._pending = left
@@ -327,12 +325,12 @@ class TaskWorker:
             return None
         request = None
         if claim:
-            request = self._claim_request({_held(item.attempt) for item in self._pending})
+            request = self._claim_request({held(item.attempt) for item in self._pending})
         with self._unsure.watching(request):
             settled, jobs = self.reporter.settle_and_claim(self._pending, request)
         self._pending = []
         for item in settled:
-            self._active.pop(_held(item.outcome.attempt), None)
+            self._active.pop(held(item.outcome.attempt), None)
             item.count_in(self.summary)
         if request is None or jobs is None:
             return None
@@ -344,7 +342,7 @@ class TaskWorker:
         for ``lost``, the claims a lease renewal found gone)."""
         attempts = list(self._active.values()) if lost is None else lost
         for attempt in self._cancels.check(attempts, due_now=lost is not None):
-            self._active.pop(_held(attempt), None)
+            self._active.pop(held(attempt), None)
             self.summary.cancelled += 1
 
     def _enforce_timeouts(self) -> None:
@@ -411,12 +409,8 @@ class TaskWorker:
         wake_at = min(now + self.config.interval, next_beat)
         if self._schedule_pass is not None and self._stop_requested is None:
             wake_at = min(wake_at, self._next_schedules)
-        for attempt in self._active.values():
-            if attempt.interrupted_at is not None:
-                wake_at = min(wake_at, attempt.interrupted_at + self.config.grace)
-            elif attempt.deadline is not None:
-                wake_at = min(wake_at, attempt.deadline)
-        return max(wake_at - now, 0.0)
+        due = next_due(self._active.values(), grace=self.config.grace)
+        return max(min(wake_at, due) - now, 0.0)
 
     # --- start and stop --------------------------------------------------------------
 
@@ -439,7 +433,7 @@ class TaskWorker:
             if unstarted:
                 self.summary.handed_back += self.reporter.hand_back(unstarted)
                 for attempt in unstarted:
-                    self._active.pop(_held(attempt), None)
+                    self._active.pop(held(attempt), None)
             self._finish_running()
         except StoreError as exc:
             # Stopping anyway: the leases of what could not be reported run out, and the
@@ -503,8 +497,3 @@ class TaskWorker:
     def _waiting(self) -> bool:
         """Attempts are running that may still end by themselves (not stuck ones)."""
         return any(attempt not in self._stuck for attempt in self._active.values())
-
-
-def _held(attempt: Attempt) -> tuple[Any, Any]:
-    """How the worker holds ``attempt``: its job's id and the claim's token."""
-    return attempt.job.id, attempt.job.claim_token

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -62,61 +60,19 @@ from jobstate.stores.errors import translated_database_errors
 from jobstate.tasks.compat import task_finished
 from jobstate.tasks.options import TaskOptions
 from jobstate.tasks.results import task_result
-from jobstate.tasks.worker.config import WorkerSummary
-from jobstate.tasks.worker.execution import Attempt, Outcome, class_path, ended_by_worker
+from jobstate.tasks.worker.execution import Attempt, Outcome, class_path
+from jobstate.tasks.worker.settled import SettledAttempt, note_cancel
 from jobstate.tasks.worker.task_claims import TaskClaim
 
 if TYPE_CHECKING:
     from jobstate.models import Job
 
-__all__ = ["Reporter", "SettledAttempt", "TaskClaim", "interrupted", "note_cancel"]
+__all__ = ["Reporter", "TaskClaim"]
 
 logger = logging.getLogger("jobstate.worker")
 
 #: What a store raises when it refuses a report's values (before writing anything).
 _REFUSALS = (InvalidPatch, InvalidPayload)
-
-
-@dataclass(frozen=True)
-class SettledAttempt:
-    """What settling one attempt did."""
-
-    outcome: Outcome
-    settlement: AttemptSettlement
-    written: bool
-    """``False``: the claim was gone, nothing was written."""
-    reply_lost: bool = False
-    """An earlier report was written though its reply was lost with the connection."""
-
-    def count_in(self, summary: WorkerSummary) -> None:
-        """Add this attempt to the worker's ``summary``."""
-        if not self.written and self.outcome.attempt.cancelled:
-            summary.cancelled += 1
-        elif not self.written:
-            summary.lost += 1
-        elif self.settlement.retrying:
-            summary.retrying += 1
-        elif self.outcome.record.failed:
-            summary.failed += 1
-        else:
-            summary.succeeded += 1
-
-
-def note_cancel(attempt: Attempt, refused: CompletionResult) -> None:
-    """Mark ``attempt`` cancelled when the row that ``refused`` its report is rejected:
-    cancelled after its thread ended, which the cancel watch does not ask about (see
-    :mod:`.cancellation`)."""
-    if refused.job is not None and refused.job.status == JobStatus.REJECTED:
-        attempt.cancelled = True
-
-
-def interrupted(attempt: Attempt, why: str) -> Outcome:
-    """The outcome of an attempt the worker stopped waiting for (``why``): counted as
-    an attempt whose worker was lost, since the task may have done part of its work,
-    after as long as it ran until then."""
-    record = ended_by_worker(attempt, AttemptOutcome.WORKER_LOST, WorkerLost, why)
-    ran = 0.0 if attempt.started_at is None else time.monotonic() - attempt.started_at
-    return Outcome(attempt, record, duration=ran)
 
 
 #: The errors the worker records itself (the task raised none of them), by class path.

@@ -12,12 +12,13 @@ lease later, by when the process and its thread are gone.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 
 from jobstate.tasks.worker.execution import Attempt
 
-__all__ = ["overdue_attempts"]
+__all__ = ["next_due", "overdue_attempts"]
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -70,3 +71,15 @@ def overdue_attempts(
                 worker_id,
             )
     return newly_stuck
+
+
+def next_due(attempts: Iterable[Attempt], *, grace: float) -> float:
+    """The monotonic instant the first of ``attempts`` is due a look: its timeout, or
+    ``grace`` after its interrupt; infinity when none has either."""
+    due = math.inf
+    for attempt in attempts:
+        if attempt.interrupted_at is not None:
+            due = min(due, attempt.interrupted_at + grace)
+        elif attempt.deadline is not None:
+            due = min(due, attempt.deadline)
+    return due
