@@ -61,7 +61,7 @@ from jobstate.tasks.compat import task_finished
 from jobstate.tasks.options import TaskOptions
 from jobstate.tasks.results import task_result
 from jobstate.tasks.worker.execution import Attempt, Outcome, class_path
-from jobstate.tasks.worker.settled import SettledAttempt, note_cancel
+from jobstate.tasks.worker.settled import SettledAttempt, held, note_cancel
 from jobstate.tasks.worker.task_claims import TaskClaim
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class Reporter:
     def _settled(
         self, outcome: Outcome, settlement: AttemptSettlement, result: CompletionResult
     ) -> SettledAttempt:
-        claim = _claim(outcome.attempt)
+        claim = held(outcome.attempt)
         unconfirmed = claim in self._unconfirmed
         self._unconfirmed.discard(claim)
         if result.completed:
@@ -197,7 +197,7 @@ class Reporter:
             with translated_database_errors("The report of ended task attempts", self.using):
                 return self._write(outcomes, settlements, claim)
         except StoreUnavailable:
-            self._unconfirmed.update(_claim(outcome.attempt) for outcome in outcomes)
+            self._unconfirmed.update(held(outcome.attempt) for outcome in outcomes)
             raise
 
     def _write(
@@ -434,10 +434,6 @@ def _why_final(outcome: Outcome) -> str:
     if refusal is not None and job.attempts < (job.max_attempts or 1):
         return f"not retried: {refusal}"
     return "no attempt left"
-
-
-def _claim(attempt: Attempt) -> tuple[Any, Any]:
-    return attempt.job.id, attempt.job.claim_token
 
 
 def _logged(job: Job | None, record: TaskAttempt) -> bool:
