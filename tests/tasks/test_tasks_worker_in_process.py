@@ -23,7 +23,7 @@ import pytest
 from jobstate.core.states import JobStatus
 from jobstate.exceptions import StoreUnavailable
 from jobstate.tasks.backend import JobStateBackend
-from jobstate.tasks.compat import TaskResultStatus, builtin_tasks, task_backends
+from jobstate.tasks.compat import TaskResultStatus, builtin_tasks, task_backends, task_finished
 from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
 from jobstate.tasks.worker.execution import Attempt, ExecutionPool
 from jobstate.tasks.worker.presence import WorkerPresence
@@ -294,3 +294,44 @@ def test_a_task_claimed_again_while_its_lost_attempt_still_runs_keeps_both_track
     assert (summary.started, summary.succeeded, summary.lost) == (2, 1, 1)
     result = first_attempt_waits.get_result(queued.id)
     assert result.return_value == 2 and result.attempts == 2
+
+
+def test_a_slow_task_finished_receiver_does_not_hold_up_the_worker(
+    settings: Any, memory_tasks: MemoryTasks
+) -> None:
+    """A ``task_finished`` receiver that takes long (a webhook, a slow log handler) ran
+    on the worker's control loop: until it returned, the worker claimed nothing and
+    renewed no lease, so a healthy task still running elsewhere in the worker was
+    recovered and run twice. Found by an outside pass. Now the next task runs while the
+    receiver still blocks, and every receiver call is made before the worker stops."""
+    use_options(settings, MAX_ATTEMPTS=3)
+    first, second = add.enqueue(1, 2), add.enqueue(3, 4)
+    entered, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    def slow_receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.id == first.id:
+            entered.set()
+            release.wait(10)
+        finished.append(task_result.id)
+
+    task_finished.connect(slow_receiver)
+    summaries: list[WorkerSummary] = []
+    thread = threading.Thread(
+        target=lambda: summaries.append(run_worker(batch=True, concurrency=1)), daemon=True
+    )
+    try:
+        thread.start()
+        assert entered.wait(10), "task_finished was not sent for the first task"
+        deadline = time.monotonic() + 5
+        while add.get_result(second.id).status != SUCCESSFUL:
+            assert time.monotonic() < deadline, "the worker waited for the slow receiver"
+            time.sleep(0.01)
+        assert not release.is_set() and finished == []
+    finally:
+        release.set()
+        thread.join(15)
+        task_finished.disconnect(slow_receiver)
+    (summary,) = summaries
+    assert (summary.started, summary.succeeded) == (2, 2)
+    assert finished == [first.id, second.id]

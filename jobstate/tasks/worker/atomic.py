@@ -165,16 +165,17 @@ class AtomicReporter(Reporter):
             if not result.completed:
                 note_cancel(outcome.attempt, result)
             item = SettledAttempt(outcome, settlement, result.completed)
-            self.announce(item, self._log, item)
-            if not item.written:
-                logger.warning(
-                    "Task %s %s is atomic: what its body wrote was rolled back with its report",
-                    outcome.attempt.job.task_path,
-                    outcome.attempt.job.id,
-                )
-            elif result.job is not None:
-                self.announce(item, self._finished, outcome, result.job)
-            outcome.exception = None
+            self.announce(item, result.job if item.written else None)
             done.append(item)
         settled, claimed = super().settle_and_claim(rest, claim)
         return [*done, *settled], claimed
+
+    def _log(self, item: SettledAttempt) -> None:
+        super()._log(item)
+        attempt = item.outcome.attempt
+        if attempt.settled is not None and not item.written:
+            logger.warning(
+                "Task %s %s is atomic: what its body wrote was rolled back with its report",
+                attempt.job.task_path,
+                attempt.job.id,
+            )

@@ -68,3 +68,11 @@ class WorkerSummary:
     the worker stopped because of them (``jobstate_worker`` then exits with status 4)."""
     unknown: int = 0
     """Tasks handed back, uncounted, because this worker could not import them."""
+
+    def counts(self) -> str:
+        """The counts of the worker's stop line."""
+        return (
+            f"{self.started} started, {self.succeeded} succeeded, {self.retrying} retrying, "
+            f"{self.failed} failed, {self.cancelled} cancelled, {self.lost} lost, "
+            f"{self.handed_back} handed back, {self.interrupted} interrupted"
+        )

@@ -8,16 +8,17 @@ of the worker itself:
   claims before its housekeeping (beat, recovery, schedules), so the first claim is
   made before the start line is logged;
 - it settles ended attempts in batches (:mod:`.reports`); a batch of successes also
-  claims the slots it frees, in one store call (one statement on PostgreSQL);
+  claims the slots it frees, in one store call (one statement on PostgreSQL); their
+  log lines and ``task_finished`` go to a thread of their own (:mod:`.announcer`), so
+  the host's receivers never hold up the loop;
 - it registers itself when it starts (host, pid, worker id, backend, queues,
   concurrency, lease: the console's Workers page), and once per beat it renews the
   leases of every task it holds, in one statement, and moves its own last beat; now and
   then it recovers tasks whose worker died (their lease ran out). When it stops
   gracefully it says so, so the console shows it stopped rather than lost;
-- it interrupts an attempt that runs past the backend's ``TIMEOUT`` and fails it once
-  its thread has stopped; when the thread does not stop within ``grace`` of the
-  interrupt, the worker stops (see :meth:`TaskWorker._enforce_timeouts`); the same for
-  an attempt whose task was cancelled, seen within ``interval`` (:mod:`.cancellation`);
+- it interrupts an attempt past the backend's ``TIMEOUT``, or whose task was cancelled
+  (seen within ``interval``, :mod:`.cancellation`), and fails it once its thread has
+  stopped; when the thread does not stop within ``grace``, the worker stops;
 - it hands back, uncounted, a task whose dotted path it cannot import, for a worker
   with newer code, or fails it once enqueued longer than ``UNKNOWN_TASK_TIMEOUT`` ago;
 - it evaluates the periodic schedules (:mod:`jobstate.schedules`) when it starts and
@@ -42,7 +43,6 @@ import queue
 import signal
 import time
 from collections.abc import Collection
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jobstate.core.wakeup import Wakeup
@@ -51,6 +51,7 @@ from jobstate.stores import get_state_store
 from jobstate.stores.base import StateStore
 from jobstate.tasks.backend import JobStateBackend
 from jobstate.tasks.policies import StoredPolicy
+from jobstate.tasks.worker.announcer import Announcer
 from jobstate.tasks.worker.atomic import AtomicReporter
 from jobstate.tasks.worker.cancellation import CancelWatch
 from jobstate.tasks.worker.config import (
@@ -59,10 +60,10 @@ from jobstate.tasks.worker.config import (
     WorkerSummary,
     default_worker_id,
 )
-from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome, timed_out
+from jobstate.tasks.worker.execution import Attempt, ExecutionPool, Outcome
 from jobstate.tasks.worker.lost_claims import UnsureClaims
 from jobstate.tasks.worker.presence import WorkerPresence
-from jobstate.tasks.worker.settled import held, interrupted
+from jobstate.tasks.worker.settled import abandoned, held
 from jobstate.tasks.worker.shutdown import stop_signals
 from jobstate.tasks.worker.task_claims import KeyedPace, TaskClaim
 from jobstate.tasks.worker.timeouts import next_due, overdue_attempts
@@ -80,6 +81,8 @@ logger = logging.getLogger("jobstate.worker")
 _RETRY_CAP = 30.0
 #: Recovery of lost tasks runs twice per lease, within these bounds.
 _RECOVERY_BOUNDS = (1.0, 60.0)
+#: The least a stopping worker waits for its last announcements (when ``grace`` is less).
+_ANNOUNCE_WAIT = 5.0
 
 
 class TaskWorker:
@@ -100,8 +103,13 @@ class TaskWorker:
                 f"JOBSTATE['STATE_STORE'] ({type(self.store).__qualname__}) does not support "
                 "tasks (supports_tasks is False); the worker has nothing to claim from."
             )
+        self._announcer = Announcer(name="jobstate-announcer")
         self.reporter = AtomicReporter(
-            self.store, using=config.using, options=self.options, sender=type(backend)
+            self.store,
+            using=config.using,
+            options=self.options,
+            sender=type(backend),
+            announcer=self._announcer,
         )
         self.summary = WorkerSummary(worker_id=config.worker_id)
         self._wake = Wakeup()
@@ -258,6 +266,10 @@ class TaskWorker:
     def _claim_request(self, ending: Collection[tuple[Any, Any]] = ()) -> TaskClaim | None:
         """The claim of the free slots once the attempts ``ending`` (as held) are
         settled (and what ``--max-tasks`` still allows); ``None`` when there is none."""
+        if self._announcer.lagging():
+            # A slow task_finished receiver or log handler: claim nothing until the
+            # announcements catch up (see .announcer).
+            return None
         running = len(self._active.keys() - ending) if ending else len(self._active)
         free = self.config.concurrency - running
         if self.config.max_tasks is not None:
@@ -365,16 +377,16 @@ class TaskWorker:
         self._presence.beat()
 
     def _renew_leases(self) -> None:
-        held = [attempt for attempt in self._active.values() if not attempt.claim_lost]
+        holding = [attempt for attempt in self._active.values() if not attempt.claim_lost]
         claims = [
             (attempt.job.id, attempt.job.claim_token)
-            for attempt in held
+            for attempt in holding
             if attempt.job.claim_token is not None
         ]
         if not claims:
             return
         renewed = set(self.store.extend_claim_leases(claims, self.options.lease))
-        missing = [attempt for attempt in held if attempt.job.id not in renewed]
+        missing = [attempt for attempt in holding if attempt.job.id not in renewed]
         if missing:
             # Cancelled or recovered elsewhere: the watch tells which, and stops the
             # cancelled ones.
@@ -441,20 +453,13 @@ class TaskWorker:
             logger.error("Could not report the tasks still held while stopping: %s", exc)
         finally:
             self._pool.stop()
+            self._announcer.close(max(self.config.grace, _ANNOUNCE_WAIT))
         self._presence.stopped(self.summary.stopped_by or self._stop_requested or "error")
         logger.info(
-            "jobstate_worker %s stopped (%s): %d started, %d succeeded, %d retrying, "
-            "%d failed, %d cancelled, %d lost, %d handed back, %d interrupted",
+            "jobstate_worker %s stopped (%s): %s",
             self.config.worker_id,
             self.summary.stopped_by or self._stop_requested or "error",
-            self.summary.started,
-            self.summary.succeeded,
-            self.summary.retrying,
-            self.summary.failed,
-            self.summary.cancelled,
-            self.summary.lost,
-            self.summary.handed_back,
-            self.summary.interrupted,
+            self.summary.counts(),
         )
 
     def _finish_running(self) -> None:
@@ -480,18 +485,11 @@ class TaskWorker:
         # The threads still running end with this process, which exits right after these
         # reports: a retry of theirs is not due before a lease has passed, as after a
         # crash, so it cannot start while one of them still runs.
-        hold = self.options.lease
-        late = [attempt for attempt in self._active.values() if attempt.abandon()]
         why = f"the worker stopped and its grace of {self.config.grace:g} s ran out"
-        for attempt in late:
+        for attempt in [attempt for attempt in self._active.values() if attempt.abandon()]:
             if attempt.interrupted_at is None:
                 self.summary.interrupted += 1
-                self._ended.put(replace(interrupted(attempt, why), retry_hold=hold))
-                continue
-            note = "its thread did not stop after the interrupt; the worker exited"
-            record = timed_out(attempt, note=note)
-            ran = time.monotonic() - (attempt.started_at or time.monotonic())
-            self._ended.put(Outcome(attempt, record, duration=ran, retry_hold=hold))
+            self._ended.put(abandoned(attempt, why, hold=self.options.lease))
         self._settle_ended()
 
     def _waiting(self) -> bool:

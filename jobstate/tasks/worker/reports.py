@@ -60,6 +60,7 @@ from jobstate.stores.errors import translated_database_errors
 from jobstate.tasks.compat import task_finished
 from jobstate.tasks.options import TaskOptions
 from jobstate.tasks.results import task_result
+from jobstate.tasks.worker.announcer import Announcer
 from jobstate.tasks.worker.execution import Attempt, Outcome, class_path
 from jobstate.tasks.worker.settled import SettledAttempt, held, note_cancel
 from jobstate.tasks.worker.task_claims import TaskClaim
@@ -91,12 +92,20 @@ class Reporter:
     """Writes the reports of one worker's attempts to ``store`` on database ``using``."""
 
     def __init__(
-        self, store: StateStore, *, using: str, options: TaskOptions, sender: type
+        self,
+        store: StateStore,
+        *,
+        using: str,
+        options: TaskOptions,
+        sender: type,
+        announcer: Announcer | None = None,
     ) -> None:
         self.store = store
         self.using = using
         self.options = options
         self.sender = sender
+        #: Where the settled attempts are announced; ``None``: on the caller's thread.
+        self.announcer = announcer
         #: The claims (job id, token) whose last report died with its connection and so
         #: may have been written.
         self._unconfirmed: set[tuple[Any, Any]] = set()
@@ -143,24 +152,39 @@ class Reporter:
             for outcome, settlement, result in zip(outcomes, settlements, results, strict=True)
         ]
         for item, result in zip(settled, results, strict=True):
-            self.announce(item, self._log, item)
-            if item.written and not item.settlement.retrying and result.job is not None:
-                self.announce(item, self._finished, item.outcome, result.job)
-        for outcome in outcomes:
-            # The exception holds the task's frames (and their locals): let them go.
-            outcome.exception = None
+            final = item.written and not item.settlement.retrying
+            self.announce(item, result.job if final else None)
         return settled, claimed
 
-    def announce(self, item: SettledAttempt, step: Callable[..., None], *args: Any) -> None:
-        """Run ``step`` (the attempt's log line, or ``task_finished``) of an attempt whose
-        report is written: the host's code runs there (its log handlers and signal
-        receivers, and the task's exception, which a handler formats with its
-        traceback: an exception whose attributes raise fails that). The worker goes
-        on whatever it raises, and says so in a plain line on stderr, as logging may
-        be what failed."""
+    def announce(self, item: SettledAttempt, finished: Job | None) -> None:
+        """Log the settled attempt's line and, given ``finished`` (its task's row at
+        its final status), send ``task_finished``; then let go of the exception the
+        task raised, which holds the task's frames and their locals. On the
+        announcer's thread (:mod:`.announcer`) when there is one."""
+
+        def announcement() -> None:
+            self._guarded(item, self._log, item)
+            if finished is not None:
+                self._guarded(item, self._finished, item.outcome, finished)
+            item.outcome.exception = None
+
+        if self.announcer is None:
+            announcement()
+        else:
+            self.announcer.put(announcement)
+
+    def _guarded(self, item: SettledAttempt, step: Callable[..., None], *args: Any) -> None:
+        """Run ``step`` (the attempt's log line, or ``task_finished``): the host's code
+        runs there (its log handlers and signal receivers, and the task's exception,
+        which a handler formats with its traceback: an exception whose attributes
+        raise fails that). The worker goes on whatever it raises, and says so in a
+        plain line on stderr, as logging may be what failed."""
         try:
             step(*args)
-        except Exception as exc:  # the host's handler, receiver or exception: see above
+        # The host's handler, receiver or exception, whatever it raises (a receiver's
+        # SystemExit included): on the announcer's thread, nothing else would see it,
+        # and the announcements after it would never be made.
+        except BaseException as exc:
             job = item.outcome.attempt.job
             line = (
                 f"jobstate_worker: the end of task {job.task_path} {job.id} attempt "

@@ -5,7 +5,8 @@ can claim its own recovered task again while the first attempt's thread still ru
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from jobstate.core.attempt_log import AttemptOutcome, AttemptSettlement
@@ -13,9 +14,9 @@ from jobstate.core.states import JobStatus
 from jobstate.exceptions import WorkerLost
 from jobstate.stores.base import CompletionResult
 from jobstate.tasks.worker.config import WorkerSummary
-from jobstate.tasks.worker.execution import Attempt, Outcome, ended_by_worker
+from jobstate.tasks.worker.execution import Attempt, Outcome, ended_by_worker, timed_out
 
-__all__ = ["SettledAttempt", "held", "interrupted", "note_cancel"]
+__all__ = ["SettledAttempt", "abandoned", "held", "interrupted", "note_cancel"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ def interrupted(attempt: Attempt, why: str) -> Outcome:
     record = ended_by_worker(attempt, AttemptOutcome.WORKER_LOST, WorkerLost, why)
     ran = 0.0 if attempt.started_at is None else time.monotonic() - attempt.started_at
     return Outcome(attempt, record, duration=ran)
+
+
+def abandoned(attempt: Attempt, why: str, *, hold: timedelta) -> Outcome:
+    """The outcome of an attempt still running when the worker stops for good (``why``):
+    :func:`interrupted`, or timed out when it had been interrupted already. Its thread
+    ends with the process, so its retry is held back by ``hold`` (a lease), as after a
+    crash: it cannot start while this attempt still runs."""
+    if attempt.interrupted_at is None:
+        return replace(interrupted(attempt, why), retry_hold=hold)
+    note = "its thread did not stop after the interrupt; the worker exited"
+    ran = time.monotonic() - (attempt.started_at or time.monotonic())
+    return Outcome(attempt, timed_out(attempt, note=note), duration=ran, retry_hold=hold)
 
 
 def held(attempt: Attempt) -> tuple[Any, Any]:
