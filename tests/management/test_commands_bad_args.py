@@ -50,7 +50,7 @@ CASES: list[tuple[list[str], str]] = [
     (["prune_jobstate", "--older-than", "0"], "--older-than"),
     (["prune_jobstate", "--older-than", "forever"], "--older-than"),
     (["prune_jobstate", "--older-than", "1e-13"], "--older-than"),
-    (["prune_jobstate", "--older-than", "1e30"], "above 0 and at most 100000, got 1e30"),
+    (["prune_jobstate", "--older-than", "100000.5"], "above 0 and at most 100000, got 100000.5"),
     (["prune_jobstate", "--dry-run", "--batch-size", "-1"], "--batch-size"),
     # A traceback: the alias was checked inside argparse.
     (["run_bulk_operation", "1", "--database", "nope"], "--database 'nope'"),
@@ -76,6 +76,26 @@ CASES: list[tuple[list[str], str]] = [
     (["jobstate_metrics", "--database", "nope"], "--database 'nope'"),
     (["jobstate_metrics", "--format", "xml"], "unrecognized arguments: --format"),
     (["jobstate_ready", "--bogus"], "unrecognized arguments: --bogus"),
+    # Accepted: Python's int() and float() read spaces around a number, underscores
+    # between its digits and the digits of every script; an option takes 0-9 only.
+    (["jobstate_worker", "--concurrency", " 5 "], "argument --concurrency: ' 5 ' is not"),
+    (["jobstate_worker", "--concurrency", "\u0665"], "argument --concurrency: '\u0665' is not"),
+    (["jobstate_worker", "--max-tasks", "1_000"], "argument --max-tasks: '1_000' is not"),
+    (["jobstate_worker", "--max-tasks", "\uff15"], "argument --max-tasks: '\uff15' is not"),
+    (["jobstate_worker", "--interval", "0.5 "], "argument --interval: '0.5 ' is not"),
+    (["jobstate_worker", "--interval", "\u0661"], "argument --interval: '\u0661' is not"),
+    (["jobstate_worker", "--grace", "1_0"], "argument --grace: '1_0' is not"),
+    (["jobstate_worker", "--grace", "\uff13\uff10"], "argument --grace: '\uff13\uff10' is not"),
+    (["deliver_notifications", "--loop", "--interval", " 2"], "argument --interval: ' 2' is"),
+    (["deliver_notifications", "--limit", "1_0"], "argument --limit: '1_0' is not"),
+    (["reap_stale", "--stale-after", "1_000"], "argument --stale-after: '1_000' is not"),
+    (["reap_stale", "--limit", "\u0665"], "argument --limit: '\u0665' is not"),
+    (["reap_stale", "--batch-size", "\t5"], "argument --batch-size: '\\t5' is not"),
+    (["reap_stale", "--time-budget", "6\u0660"], "argument --time-budget: '6\u0660' is not"),
+    (["prune_jobstate", "--older-than", "3_0"], "argument --older-than: '3_0' is not"),
+    (["prune_jobstate", "--older-than", "1e3"], "argument --older-than: '1e3' is not"),
+    (["run_bulk_operation", "\u0661"], "argument operation: '\u0661' is not"),
+    (["run_bulk_operation", "1", "--batch-size", "+5"], "argument --batch-size: '+5' is not"),
 ]
 
 

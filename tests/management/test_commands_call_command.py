@@ -32,6 +32,12 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("prune_jobstate", {"batch_size": 1.5}, "argument --batch-size:"),
     ("deliver_notifications", {"limit": 0}, "argument --limit: must be at least 1, got 0"),
     ("deliver_notifications", {"loop": True, "interval": 1e12}, "argument --interval:"),
+    # Read by Python's int() and float(), which take spaces, underscores and the digits
+    # of every script.
+    ("jobstate_worker", {"concurrency": " 5 ", "batch": True}, "argument --concurrency: ' 5 '"),
+    ("jobstate_worker", {"grace": "1_0", "batch": True}, "argument --grace: '1_0' is not"),
+    ("reap_stale", {"limit": "\uff15"}, "argument --limit: '\uff15' is not"),
+    ("prune_jobstate", {"older_than": "\u0663"}, "argument --older-than: '\u0663' is not"),
 ]
 
 
@@ -52,6 +58,18 @@ def test_a_number_or_a_text_is_read_as_the_command_line_reads_it() -> None:
     call_command("prune_jobstate", "--older-than", "30", "--dry-run", "--json", stdout=as_arguments)
     assert as_keywords.getvalue() == as_arguments.getvalue()
     assert '"dry_run": true' in as_keywords.getvalue()
+
+
+@pytest.mark.django_db
+def test_a_float_keyword_is_read_as_its_plain_decimal_form() -> None:
+    """``str(0.00001)`` is ``'1e-05'``, which the command line refuses: a float keyword
+    is read as the decimal it is."""
+    as_keywords, as_arguments = StringIO(), StringIO()
+    call_command("prune_jobstate", older_than=1e-5, dry_run=True, json=True, stdout=as_keywords)
+    call_command(
+        "prune_jobstate", "--older-than", "0.00001", "--dry-run", "--json", stdout=as_arguments
+    )
+    assert as_keywords.getvalue() == as_arguments.getvalue()
 
 
 #: A value of 100 kB, as a file pasted by mistake.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import unicodedata
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -29,8 +28,9 @@ from jobstate.exceptions import (
     JobStateError,
     StoreError,
 )
-from jobstate.stores.contracts.validation import BIGINT_MAX, DURATION_LIMIT, require_text
+from jobstate.stores.contracts.validation import require_text
 
+from ._numbers import option_text, positive_int, positive_seconds, quoted
 from ._stops import exit_stopped, interrupted_by_stop_signals
 
 if TYPE_CHECKING:
@@ -40,79 +40,6 @@ if TYPE_CHECKING:
 EXIT_FAILED = 1
 #: Exit status for invalid options or settings (argparse uses it too).
 EXIT_USAGE = 2
-
-
-def quoted(text: str) -> str:
-    """``text`` quoted for an error message, cut when it is long (:func:`shown`)."""
-    return shown(repr(text))
-
-
-def plain(value: object) -> str:
-    """``value`` as an error message repeats it unquoted (a number), cut the same way."""
-    return shown(str(value))
-
-
-#: Longest ``--interval`` of a relay loop: a wait longer than a day is a typo, and
-#: ``threading.Event.wait`` refuses timeouts past ``threading.TIMEOUT_MAX``.
-INTERVAL_LIMIT = timedelta(days=1)
-
-
-def _seconds(text: str, *, limit: timedelta) -> timedelta:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number of seconds") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {plain(text)}")
-    if seconds > limit.total_seconds():
-        raise argparse.ArgumentTypeError(
-            f"must be at most {limit.total_seconds():.0f} seconds, got {plain(text)}"
-        )
-    duration = timedelta(seconds=seconds)
-    if not duration:
-        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {plain(text)}")
-    return duration
-
-
-def positive_seconds(text: str) -> timedelta:
-    """``--stale-after`` / ``--time-budget``: a positive, finite number of seconds, at
-    most the longest duration a store accepts."""
-    return _seconds(text, limit=DURATION_LIMIT)
-
-
-def interval_seconds(text: str) -> timedelta:
-    """``--interval``: a positive number of seconds, at most :data:`INTERVAL_LIMIT`."""
-    return _seconds(text, limit=INTERVAL_LIMIT)
-
-
-def positive_days(text: str) -> timedelta:
-    """``--older-than``: a positive, finite number of days (fractions allowed)."""
-    try:
-        days = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number of days") from None
-    if not days > 0 or days > 100_000:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of days above 0 and at most 100000, got {plain(text)}"
-        )
-    duration = timedelta(days=days)
-    if not duration:
-        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {plain(text)}")
-    return duration
-
-
-def positive_int(text: str) -> int:
-    """``--limit`` / ``--batch-size``: an integer from 1 to 2**63-1 (what a database
-    ``LIMIT`` takes)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {plain(value)}")
-    if value > BIGINT_MAX:
-        raise argparse.ArgumentTypeError(f"must be at most {BIGINT_MAX}, got {plain(value)}")
-    return value
 
 
 def checked_name(value: str, *, option: str) -> str:
@@ -409,7 +336,7 @@ class JobStateCommand(BaseCommand):
             if not callable(action.type) or not isinstance(value, str | int | float):
                 continue
             try:
-                typed[action.dest] = action.type(str(value))
+                typed[action.dest] = action.type(option_text(value))
             except argparse.ArgumentTypeError as exc:
                 flag = max(action.option_strings, key=len, default=action.dest)
                 raise CommandError(f"argument {flag}: {exc}", returncode=EXIT_USAGE) from exc

@@ -68,10 +68,9 @@ from ._common import (
     add_output_options,
     checked_name,
     command_error,
-    interval_seconds,
     known_database,
-    positive_int,
 )
+from ._numbers import interval_seconds, positive_int
 from ._stops import deferred_stop_signals
 
 #: The outcome counters of a pass, in the order a summary names them.

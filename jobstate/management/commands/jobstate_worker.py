@@ -54,12 +54,9 @@ from ._common import (
     backend_named,
     checked_name,
     command_error,
-    interval_seconds,
-    plain,
-    positive_int,
-    quoted,
     require_migrated,
 )
+from ._numbers import decimal, integer, interval_seconds, plain, positive_int, quoted
 
 #: The worker stopped because a timed-out task's thread did not stop (3 is the
 #: reloader's "restart me").
@@ -79,10 +76,7 @@ GRACE_LIMIT_SECONDS = 86_400.0
 
 
 def _concurrency(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not an integer") from None
+    value = integer(text)
     if not 1 <= value <= CONCURRENCY_LIMIT:
         raise argparse.ArgumentTypeError(
             f"must be from 1 to {CONCURRENCY_LIMIT}, got {plain(value)}"
@@ -91,10 +85,7 @@ def _concurrency(text: str) -> int:
 
 
 def _grace(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number of seconds") from None
+    seconds = decimal(text, unit="seconds")
     if not 0 <= seconds <= GRACE_LIMIT_SECONDS:
         raise argparse.ArgumentTypeError(
             f"must be from 0 to {GRACE_LIMIT_SECONDS:g} seconds, got {plain(text)}"

@@ -22,12 +22,8 @@ from django.core.management.base import CommandParser
 
 from jobstate.maintenance import SweepReport, SweepResult, run_retention_sweeps
 
-from ._common import (
-    ProgressLine,
-    SweepCommand,
-    known_database,
-    positive_days,
-)
+from ._common import ProgressLine, SweepCommand, known_database
+from ._numbers import positive_days
 
 _NOUNS: dict[str, tuple[str, str]] = {
     "audit": ("audit entry", "audit entries"),

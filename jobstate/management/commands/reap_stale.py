@@ -24,14 +24,8 @@ from django.core.management.base import CommandParser
 from jobstate.core.conf import jobstate_settings
 from jobstate.maintenance import SweepReport, SweepResult, run_reaping_sweeps
 
-from ._common import (
-    ProgressLine,
-    SweepCommand,
-    known_database,
-    plain,
-    positive_int,
-    positive_seconds,
-)
+from ._common import ProgressLine, SweepCommand, known_database
+from ._numbers import plain, positive_int, positive_seconds
 
 #: How each sweep's count reads: (one, many, done verb, dry-run verb, what moved).
 _WORDING: dict[str, tuple[str, str, str, str, str]] = {

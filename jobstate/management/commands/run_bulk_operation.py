@@ -26,8 +26,8 @@ from ._common import (
     JobStateCommand,
     known_database,
     misconfigured_error,
-    positive_int,
 )
+from ._numbers import positive_int
 
 
 class Command(JobStateCommand):
