@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -91,3 +92,38 @@ def test_a_one_shot_relay_sends_what_it_claimed_before_it_stops() -> None:
     assert "Traceback" not in err
     assert set(Notification.objects.values_list("state", flat=True)) == {State.DELIVERED}
     assert Job.objects.count() == 5
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["one-shot", "loop"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_stops_the_relay_at_once_and_says_so(signum: int, loop: bool) -> None:
+    # Found by an operator's pass: the one-shot relay exited on the second signal
+    # without a word, where the worker says it is exiting at once and what happens to
+    # what it held.
+    store = DatabaseStateStore()
+    slow = NotificationRequest("callable", "tests.outbox.test_relay.slow_delivery", {})
+    for n in range(10):
+        store.create_job(request_id=f"r{n}", target="llm")
+        job = store.claim_next_inhub_job(["llm"], "worker-1")
+        assert job is not None
+        assert store.complete_job_with_notifications(job, {"status": "done"}, [slow])
+    process = manage_py("deliver_notifications", *(["--loop"] if loop else []), "--json")
+
+    def claimed() -> bool:
+        assert process.poll() is None, finish(process)
+        return Notification.objects.filter(state=State.DELIVERING).exists()
+
+    wait_for(claimed, timeout=30, what="the relay to claim")
+    process.send_signal(signum)
+    time.sleep(0.3)
+    code, out, err = stopped(process, signum)
+
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, err
+    assert out == ""
+    assert (
+        f"deliver_notifications: {name} again: stopped at once. What the pass had claimed "
+        "and not sent is due again when its lease ends.\n"
+    ) in err
+    assert "Traceback" not in err
+    assert Notification.objects.filter(state=State.DELIVERING).exists()

@@ -9,10 +9,10 @@ may run at once, on one machine or several.
 Shutdown: the first SIGTERM or SIGINT lets the pass in progress finish the sends of the
 notifications it has already claimed (at most ``--limit``, and a pass stops sending once
 half of ``OUTBOX_LEASE`` is spent), then the command claims nothing more and exits 0. A
-second signal exits at once with status 128 + the signal number; what that pass had
-claimed but not settled is due again when its lease ends. A signal the process was
-started ignoring stays ignored (a background job of a shell script ignores SIGINT; see
-:mod:`jobstate.core.stop_signals`).
+second signal exits at once with status 128 + the signal number, saying so on stderr;
+what that pass had claimed but not settled is due again when its lease ends. A signal
+the process was started ignoring stays ignored (a background job of a shell script
+ignores SIGINT; see :mod:`jobstate.core.stop_signals`).
 
 Exit status: 0 the relay ran, whatever the receivers answered (delivered, failed and
 scheduled for a retry, dead-lettered, or left for the next pass); 1 the database or the
@@ -148,11 +148,22 @@ class Command(JobStateCommand):
             store = get_state_store(using=known_database(options["database"]))
         except (JobStateError, ImproperlyConfigured) as exc:
             raise command_error(exc) from exc
-        if options["loop"]:
-            self.relay_loop(store, **options)
-            return
-        with deferred_stop_signals() as received:
-            report = self.relay_pass(store, **options)
+        try:
+            if options["loop"]:
+                self.relay_loop(store, **options)
+                return
+            with deferred_stop_signals() as received:
+                report = self.relay_pass(store, **options)
+        except StopAtOnce as stop:
+            # The second signal, which does not wait for the sends: say so, as the
+            # worker does, and what becomes of the rows the pass held.
+            signum = int(stop.code or 0) - 128
+            self.stderr.write(
+                f"deliver_notifications: {signal.Signals(signum).name} again: stopped at "
+                "once. What the pass had claimed and not sent is due again when its lease "
+                "ends."
+            )
+            raise
         if received:
             self.stderr.write(
                 f"Stopped by {signal.Signals(received[0]).name} after the pass: it sent "
