@@ -243,6 +243,14 @@ class JobStateSettings:
             problems += _pair_problems(user)
         return problems
 
+    def read_all(self) -> None:
+        """Read every setting now; each is kept until the next ``setting_changed``. The
+        worker does as it starts: the code it runs (a task) may change
+        ``settings.JOBSTATE``, an item of the dict or the whole dict, and a setting read
+        later would be that value, one the system checks never saw."""
+        for name in DEFAULTS:
+            getattr(self, name)
+
     def reload(self) -> None:
         for name in list(self._cache):
             self.__dict__.pop(name, None)

@@ -209,3 +209,20 @@ def first_attempt_waits(context: TaskContext[Any, Any], hold: str) -> int:
         while not Path(hold, "go").exists() and time.monotonic() < until:
             time.sleep(0.01)
     return context.attempt
+
+
+@task
+def changes_the_payload_limit(limit: Any, how: str, fails: bool) -> str:
+    """Hostile code: changes ``settings.JOBSTATE['MAX_PAYLOAD_BYTES']`` in the worker's
+    process as it runs, to ``limit`` (a value the setting's check may refuse), by
+    setting the dict's item (``how="item"``) or a new dict (``how="dict"``); then raises
+    (``fails``) or returns, for the worker to report either way."""
+    from django.conf import settings
+
+    if how == "dict":
+        settings.JOBSTATE = {**settings.JOBSTATE, "MAX_PAYLOAD_BYTES": limit}
+    else:
+        settings.JOBSTATE["MAX_PAYLOAD_BYTES"] = limit
+    if fails:
+        raise Boom("failed after changing the payload limit")
+    return "done"

@@ -33,7 +33,7 @@ from tests.support.hostile_tasks import (
     returns_a_generator,
     turns_autocommit_off,
 )
-from tests.support.task_functions import add, always_fails
+from tests.support.task_functions import add, always_fails, changes_the_payload_limit
 from tests.support.tasks_kit import run_batch, start_worker, use_options, wait_for
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -268,3 +268,28 @@ def test_after_a_task_left_a_transaction_open_the_next_tasks_start_clean(setting
     # Nothing the three wrote outside a committed transaction was kept.
     sources = dict(Job.objects.filter(target="t").values_list("request_id", "source"))
     assert sources == {"first": "", "second": "", "third": ""}
+
+
+@pytest.mark.parametrize(
+    ("limit", "how", "fails"),
+    [("lots", "item", False), (0, "dict", True), (1, "item", True), (None, "dict", False)],
+)
+def test_a_task_that_changes_the_payload_limit_is_reported_and_the_worker_goes_on(
+    settings: Any, limit: Any, how: str, fails: bool
+) -> None:
+    """The task changed ``settings.JOBSTATE['MAX_PAYLOAD_BYTES']`` as it ran. The worker
+    read the setting at its first report, so the new value counted: one the setting's
+    check refuses stopped the worker with status 2, a tiny one refused even the
+    failure's record and stopped it with status 1, the task's row left RUNNING either
+    way. The worker keeps the settings it started with."""
+    options = use_options(settings, MAX_ATTEMPTS=1)
+    hostile_one = changes_the_payload_limit.enqueue(limit, how, fails)
+    after = add.enqueue(2, 3)
+    run_batch(options, "--concurrency", "1", tracebacks=fails)
+    result = changes_the_payload_limit.get_result(hostile_one.id)
+    if fails:
+        assert result.status == FAILED
+        assert "failed after changing the payload limit" in result.errors[0].traceback
+    else:
+        assert result.status == SUCCESSFUL and result.return_value == "done"
+    assert add.get_result(after.id).status == SUCCESSFUL

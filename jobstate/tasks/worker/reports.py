@@ -46,6 +46,7 @@ from jobstate.core.attempt_log import (
     settle_attempt,
     storable_class_path,
 )
+from jobstate.core.conf import jobstate_settings
 from jobstate.core.states import ClaimReport, JobStatus
 from jobstate.exceptions import (
     InvalidPatch,
@@ -109,6 +110,9 @@ class Reporter:
         #: The claims (job id, token) whose last report died with its connection and so
         #: may have been written.
         self._unconfirmed: set[tuple[Any, Any]] = set()
+        # What a report is checked against (MAX_PAYLOAD_BYTES) is what the worker
+        # started with, whatever a task does to settings.JOBSTATE.
+        jobstate_settings.read_all()
 
     def settle(self, outcomes: Sequence[Outcome]) -> list[SettledAttempt]:
         """Report every outcome; return what each report did, in order. A report the
