@@ -9,7 +9,7 @@ the URL (for example from a link on the dashboard).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.contrib import admin
@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from jobstate.console.job_search import SearchError, apply_job_filter
+from jobstate.console.job_search import SearchError, apply_job_filter, shortened
 from jobstate.core.conf import jobstate_settings
 from jobstate.models import BulkOperation, Job
 from jobstate.stores.base import JobRunStatus
@@ -39,6 +39,7 @@ __all__ = [
     "TargetFilter",
     "TaskFilter",
     "TriggerFilter",
+    "offered_value",
 ]
 
 #: Audit events the admin's own actions write (besides the store's ``rerun``,
@@ -89,6 +90,21 @@ def job_filter(queryset: QuerySet[Any], parameter: str, value: str | None) -> Qu
         return apply_job_filter(queryset, parameter, value)
     except SearchError as exc:
         raise IncorrectLookupParameters(exc) from exc
+
+
+def offered_value(list_filter: admin.SimpleListFilter, offered: Iterable[str]) -> str | None:
+    """The value of a filter whose values are only those it offers (a state, a
+    liveness): ``None`` when none is given; another value is the list's "incorrect
+    lookup" (the whole list, and a message naming it), as a jobs list filter's is, rather
+    than the list unfiltered without a word."""
+    value = list_filter.value()
+    if not value:
+        return None
+    if value not in offered:
+        raise IncorrectLookupParameters(
+            f"Unknown {list_filter.title} filter {shortened(str(value))!r}."
+        )
+    return str(value)
 
 
 class JobChoicesFilter(FixedChoicesFilter):
@@ -193,9 +209,10 @@ class RunLivenessFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         cutoff = Now() - jobstate_settings.STALE_RUN_AFTER
         running = queryset.filter(status=JobRunStatus.RUNNING)
-        if self.value() == "stale":
+        value = offered_value(self, ("stale", "fresh"))
+        if value == "stale":
             return running.filter(heartbeat_at__lte=cutoff)
-        if self.value() == "fresh":
+        if value == "fresh":
             return running.filter(heartbeat_at__gt=cutoff)
         return queryset
 
@@ -208,9 +225,10 @@ class LockStateFilter(admin.SimpleListFilter):
         return [("held", _("Held")), ("expired", _("Expired"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "held":
+        value = offered_value(self, ("held", "expired"))
+        if value == "held":
             return queryset.filter(expires_at__gt=Now())
-        if self.value() == "expired":
+        if value == "expired":
             return queryset.filter(expires_at__lte=Now())
         return queryset
 
@@ -267,8 +285,9 @@ class BulkOperationFilter(admin.SimpleListFilter):
         # ASCII digits only (str.isdigit() takes "²", which int() refuses), and short
         # enough for int() (it refuses more than 4,300 digits).
         if not (value.isascii() and value.isdigit() and len(value) <= 19) or int(value) >= 2**63:
-            raise IncorrectLookupParameters(f"Unknown bulk operation {value!r}.")
+            raise IncorrectLookupParameters(f"Unknown bulk operation {shortened(value)!r}.")
         operation = BulkOperation.objects.filter(pk=int(value)).first()
         if operation is None:
-            return queryset.none()
+            # Its entries are read from its start on: without it, none can be told.
+            raise IncorrectLookupParameters(f"There is no bulk operation #{int(value)}.")
         return queryset.filter(ts__gte=operation.created_at, detail__via=f"bulk:{operation.pk}")

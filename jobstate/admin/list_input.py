@@ -9,13 +9,13 @@ from typing import Any
 from django.contrib.admin import FieldListFilter, SimpleListFilter, helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
-from django.contrib.admin.views.main import ERROR_FLAG, SEARCH_VAR
+from django.contrib.admin.views.main import ERROR_FLAG, PAGE_VAR, SEARCH_VAR
 from django.core.exceptions import ValidationError
 from django.db.models import Field
 from django.http import HttpRequest
 from django.utils.translation import gettext as _
 
-from jobstate.console.job_search import unreadable_text
+from jobstate.console.job_search import shortened, unreadable_text
 
 __all__ = [
     "filter_parameters",
@@ -23,6 +23,7 @@ __all__ = [
     "unapplied",
     "unreadable_parameter",
     "unusable_find_value",
+    "unusable_page",
 ]
 
 
@@ -89,13 +90,31 @@ def unapplied(request: HttpRequest, exc: IncorrectLookupParameters) -> str:
         why = " ".join(cause.messages)
     else:
         why = str(cause) if cause is not None else ""
-    shown = [f"{name}={value[:50]}" for name, value in request.GET.items() if name != ERROR_FLAG]
+    shown = [
+        f"{name[:50]}={shortened(str(value))}"
+        for name, value in request.GET.items()
+        if name != ERROR_FLAG
+    ]
     message = _("The list cannot be shown with %(parameters)s.") % {
         "parameters": ", ".join(shown) or _("these parameters")
     }
     if why:
         message += " " + why
     return message + " " + _("The whole list is shown.")
+
+
+def unusable_page(request: HttpRequest) -> str | None:
+    """Why the list's page number (``?p=``) is no number, or ``None``: Django's list
+    would show the first page without a word. (A number out of range Django refuses
+    itself.) An empty one is the first page."""
+    value = request.GET.get(PAGE_VAR, "")
+    if not value:
+        return None
+    try:
+        int(value)
+    except ValueError:
+        return _("That page number is not an integer.")
+    return None
 
 
 def filter_parameters(model_admin: Any, request: HttpRequest) -> set[str]:

@@ -31,6 +31,7 @@ from jobstate.admin.list_input import (
     repeated_parameter,
     unapplied,
     unreadable_parameter,
+    unusable_page,
 )
 from jobstate.admin.paginator import EstimatedCountPaginator
 from jobstate.console.job_search import unreadable_text
@@ -281,8 +282,12 @@ class ScaledAdmin(admin.ModelAdmin):
         """The list; when a filter, the ordering or the page cannot be applied, Django
         shows the whole list (``?e=1``), and this says which parameters and why. A
         lookup that is none of the list's filters is such a parameter too, rather than
-        Django's "Bad Request"."""
+        Django's "Bad Request". So is a page number that is no number, which Django
+        would read as the first page without a word."""
         try:
+            page_problem = unusable_page(request)
+            if page_problem is not None:
+                raise IncorrectLookupParameters(page_problem)
             return super().get_changelist_instance(request)
         except DisallowedModelAdminLookup as exc:
             if ERROR_FLAG not in request.GET:

@@ -39,9 +39,11 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.display import moment
+from jobstate.admin.filters import offered_value
 from jobstate.admin.list_cells import breakable
 from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.schedule_page import next_run_text, recent_runs_table, schedule_buttons
+from jobstate.console.job_search import shortened
 from jobstate.exceptions import ScheduleError, UnknownSchedule
 from jobstate.models import Job, OccurrenceTrigger, Schedule, ScheduleOccurrence
 from jobstate.schedules import (
@@ -80,7 +82,7 @@ class ScheduleStateFilter(admin.SimpleListFilter):
         return [(state, _state_label(state)) for state in ("active", "paused", "removed")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
+        value = offered_value(self, ("active", "paused", "removed"))
         if value == "active":
             return queryset.filter(removed_at__isnull=True, paused=False)
         if value == "paused":
@@ -162,7 +164,7 @@ class ScheduleAdmin(ReadOnlyAdmin):
         pk = Schedule.objects.filter(key=key).values_list("pk", flat=True).first()
         if pk is not None:
             return HttpResponseRedirect(admin_change_url(Schedule, pk, self.admin_site.name))
-        messages.info(request, _("No schedule has the key %(key)s.") % {"key": key})
+        messages.info(request, _("No schedule has the key %(key)s.") % {"key": shortened(key)})
         return HttpResponseRedirect(schedules)
 
     def render_change_form(

@@ -43,9 +43,11 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.display import moment
+from jobstate.admin.filters import offered_value
 from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
 from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.worker_page import worker_jobs
+from jobstate.console.job_search import shortened
 from jobstate.core.bidi import isolated
 from jobstate.core.states import CLAIMED_JOB_STATUSES
 from jobstate.models import Job, Worker
@@ -79,8 +81,8 @@ class WorkerStateFilter(admin.SimpleListFilter):
         return [(state, _state_label(state)) for state in ("live", "lost", "stopped")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value in ("live", "lost", "stopped"):
+        value = offered_value(self, ("live", "lost", "stopped"))
+        if value is not None:
             return queryset.filter(state=value)
         return queryset
 
@@ -205,7 +207,7 @@ class WorkerAdmin(ReadOnlyAdmin):
         messages.info(
             request,
             _("No registered worker is called %(id)s; these are the jobs that name it.")
-            % {"id": worker_id},
+            % {"id": shortened(worker_id)},
         )
         search = "worker:" + json.dumps(worker_id)
         jobs = reverse(f"{self.admin_site.name}:jobstate_job_changelist")

@@ -59,6 +59,7 @@ from jobstate.console.redaction import redacted_keys
 from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus
 from jobstate.exceptions import JobStateError
 from jobstate.models import Job
+from jobstate.stores.contracts.validation import column_limit
 from jobstate.stores.database.backends import BackendOperations, database_ops
 
 __all__ = [
@@ -74,11 +75,15 @@ __all__ = [
     "filter_jobs",
     "parse_search",
     "recent_window_start",
+    "shortened",
     "unreadable_text",
 ]
 
 #: How many of the newest jobs a search term that no index serves looks at.
 RECENT_SEARCH_WINDOW = 100_000
+
+#: How much of a value a message repeats: a URL may carry thousands of characters.
+SHOWN_AT_MOST = 80
 
 #: The longest search the list accepts.
 SEARCH_LIMIT = 500
@@ -113,6 +118,12 @@ def unreadable_text(text: str) -> str | None:
     return None
 
 
+def shortened(value: str, limit: int = SHOWN_AT_MOST) -> str:
+    """``value`` as a message repeats it: whole when it is at most ``limit`` characters,
+    else its first ``limit`` and an ellipsis."""
+    return value if len(value) <= limit else f"{value[:limit]}…"
+
+
 def _readable(text: str, what: str) -> str:
     why = unreadable_text(text)
     if why is not None:
@@ -123,8 +134,12 @@ def _readable(text: str, what: str) -> str:
 # --- filter parameters -------------------------------------------------------------------
 
 
-def _exact(field_name: str) -> Callable[[QuerySet[Job], str], QuerySet[Job]]:
+def _exact(parameter: str, field_name: str) -> Callable[[QuerySet[Job], str], QuerySet[Job]]:
     def narrow(rows: QuerySet[Job], value: str) -> QuerySet[Job]:
+        longest = column_limit("Job", field_name)
+        if longest is not None and len(value) > longest:
+            # No job holds it; the pages repeating the filter would be that wide.
+            raise SearchError(f"{parameter} must be at most {longest} characters.")
         return rows.filter(**{field_name: value})
 
     return narrow
@@ -132,7 +147,7 @@ def _exact(field_name: str) -> Callable[[QuerySet[Job], str], QuerySet[Job]]:
 
 def _status(rows: QuerySet[Job], value: str) -> QuerySet[Job]:
     if value not in JobStatus.values:
-        raise SearchError(f"Unknown status {value!r}.")
+        raise SearchError(f"Unknown status {shortened(value)!r}.")
     return rows.filter(status=value)
 
 
@@ -142,7 +157,7 @@ def _lease(rows: QuerySet[Job], value: str) -> QuerySet[Job]:
         return claimed.filter(lease_until__lt=Now())
     if value == "held":
         return claimed.filter(lease_until__gte=Now())
-    raise SearchError(f"Unknown lease filter {value!r}.")
+    raise SearchError(f"Unknown lease filter {shortened(value)!r}.")
 
 
 def _delayed(rows: QuerySet[Job], value: str) -> QuerySet[Job]:
@@ -152,16 +167,16 @@ def _delayed(rows: QuerySet[Job], value: str) -> QuerySet[Job]:
         return rows.filter(status=JobStatus.QUEUED).filter(
             Q(run_after__isnull=True) | Q(run_after__lte=Now())
         )
-    raise SearchError(f"Unknown delay filter {value!r}.")
+    raise SearchError(f"Unknown delay filter {shortened(value)!r}.")
 
 
 #: The jobs list's filter parameters (as they appear in its URL) and what each does.
 FILTER_PARAMETERS: dict[str, Callable[[QuerySet[Job], str], QuerySet[Job]]] = {
     "status__exact": _status,
-    "target": _exact("target"),
-    "task": _exact("task_path"),
-    "queue": _exact("queue_name"),
-    "source": _exact("source"),
+    "target": _exact("target", "target"),
+    "task": _exact("task", "task_path"),
+    "queue": _exact("queue", "queue_name"),
+    "source": _exact("source", "source"),
     "lease": _lease,
     "delayed": _delayed,
 }
@@ -278,7 +293,7 @@ def parse_search(term: str) -> JobSearch:
         name, value = match.group("field"), match.group("value")
         if name is None:
             if re.fullmatch(r"[a-z]+:", value):
-                raise SearchError(f"{value} needs a value.")
+                raise SearchError(f"{shortened(value)} needs a value.")
             if exact:
                 raise SearchError(
                     "Only one bare term (an id, request id or thread) per search; "
@@ -288,7 +303,7 @@ def parse_search(term: str) -> JobSearch:
             continue
         if name not in SEARCH_FIELDS:
             known = ", ".join(f"{known}:" for known in SEARCH_FIELDS)
-            raise SearchError(f"Unknown search field {name!r}; the fields are {known}.")
+            raise SearchError(f"Unknown search field {shortened(name)!r}; the fields are {known}.")
         conditions.append((name, _parse_value(name, value)))
     return JobSearch(exact=exact, conditions=conditions)
 
@@ -304,15 +319,15 @@ def _parse_value(name: str, raw: str) -> Any:
     if not equals or not key or not value_text:
         raise SearchError("input: takes key=value, for example input:customer=42.")
     if '"' in key or "\\" in key:
-        raise SearchError(f"The input key {key!r} holds a double quote or a backslash.")
+        raise SearchError(f"The input key {shortened(key)!r} holds a double quote or a backslash.")
     path = key.split(".")
     if any(not part for part in path):
-        raise SearchError(f"The input key {key!r} has an empty part.")
+        raise SearchError(f"The input key {shortened(key)!r} has an empty part.")
     hidden = redacted_keys()
     if any(part.casefold() in hidden for part in path):
         # The console hides these values; a search could confirm a guess of one.
         raise SearchError(
-            f"input: cannot search under {key!r}: the console hides the values of "
+            f"input: cannot search under {shortened(key)!r}: the console hides the values of "
             "JOBSTATE['ADMIN_REDACTED_KEYS']."
         )
     contained: Any = _json_value(value_text)
