@@ -37,7 +37,13 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from jobstate.admin.action_log import log_console_action
-from jobstate.admin.common import ReadOnlyAdmin, RejectForm, ScaledAdmin, choice_badge
+from jobstate.admin.common import (
+    SEEN_FIELD,
+    ReadOnlyAdmin,
+    RejectForm,
+    ScaledAdmin,
+    choice_badge,
+)
 from jobstate.admin.display import moment
 from jobstate.admin.page_bases import moment_field, redirect_with_query
 from jobstate.console.bulk import (
@@ -45,8 +51,10 @@ from jobstate.console.bulk import (
     advance_bulk_operation,
     applicable_jobs,
     cancel_bulk_operation,
+    latest_operation_id,
     running_twin,
     start_bulk_operation,
+    twin_since,
 )
 from jobstate.console.job_search import (
     FILTER_PARAMETERS,
@@ -63,6 +71,10 @@ logger = logging.getLogger("jobstate.admin")
 #: Parameters of the jobs list's URL that do not narrow it (ordering, page, "show all",
 #: the "incorrect lookup" note, facets).
 _NOT_FILTERS = {"o", "p", "all", "e", "_facets"}
+
+#: The confirmation form's field that carries the newest operation's id as the page
+#: was shown: what tells the form sent again from a new confirmation.
+OPERATIONS_SEEN_FIELD = f"{SEEN_FIELD}operations"
 
 #: The permission suffix (``has_<suffix>_permission`` on the job admin) of each action.
 PERMISSIONS = {
@@ -188,8 +200,21 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
             "reason": reason,
         }
         with transaction.atomic():
-            operation = running_twin(**asked)
-            if operation is not None:
+            operation = _started_from_this_page(request, asked) or running_twin(**asked)
+            if operation is not None and operation.state != BulkState.RUNNING:
+                model_admin.message_user(
+                    request,
+                    format_html(
+                        '{} <a href="{}">{}</a> ({}). {}',
+                        _("This operation already ran:"),
+                        _progress_url(model_admin, operation),
+                        _("bulk operation #%(id)d") % {"id": operation.pk},
+                        operation.get_state_display(),
+                        _("Nothing more was started."),
+                    ),
+                    messages.WARNING,
+                )
+            elif operation is not None:
                 model_admin.message_user(
                     request,
                     _("This operation is already running; nothing more was started."),
@@ -202,11 +227,7 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
                 log_console_action(
                     request, [operation], f"{TITLES[BulkAction(action)]}: {described}"
                 )
-        return HttpResponseRedirect(
-            reverse(
-                f"{model_admin.admin_site.name}:jobstate_job_bulk_progress", args=[operation.pk]
-            )
-        )
+        return HttpResponseRedirect(_progress_url(model_admin, operation))
     context = {
         **model_admin.admin_site.each_context(request),
         "title": TITLES[BulkAction(action)],
@@ -217,11 +238,36 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
         "count": count,
         "filter_lines": describe_filter(filters, search),
         "filter_query": query.urlencode(),
+        "seen_field": OPERATIONS_SEEN_FIELD,
+        "seen_operation": latest_operation_id(),
         "form": form if action == BulkAction.REJECT else None,
         "changelist_url": changelist + (f"?{query.urlencode()}" if query else ""),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/jobstate/bulk_confirmation.html", context)
+
+
+def _started_from_this_page(request: HttpRequest, asked: dict[str, Any]) -> BulkOperation | None:
+    """The operation this confirmation form already started, when it is sent again (the
+    back button, then the submit): the form carries the newest operation's id as the
+    page was shown (:data:`OPERATIONS_SEEN_FIELD`), and one with the same action,
+    filter, search and operator recorded since is this form's. ``None`` for a form
+    without it (an older page, a hand-made request)."""
+    seen = request.POST.get(OPERATIONS_SEEN_FIELD, "")
+    # ASCII digits only, and short enough to be an id.
+    if not (seen.isascii() and seen.isdigit() and len(seen) <= 19):
+        return None
+    return twin_since(
+        action=asked["action"],
+        filters=asked["filters"],
+        search=asked["search"],
+        operator=asked["operator"],
+        after=int(seen),
+    )
+
+
+def _progress_url(model_admin: ScaledAdmin, operation: BulkOperation) -> str:
+    return reverse(f"{model_admin.admin_site.name}:jobstate_job_bulk_progress", args=[operation.pk])
 
 
 def progress_view(model_admin: ScaledAdmin, request: HttpRequest, pk: int) -> HttpResponse:

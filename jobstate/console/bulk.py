@@ -52,9 +52,11 @@ __all__ = [
     "advance_bulk_operation",
     "applicable_jobs",
     "cancel_bulk_operation",
+    "latest_operation_id",
     "matching_jobs",
     "running_twin",
     "start_bulk_operation",
+    "twin_since",
 ]
 
 #: Jobs per batch (one transaction).
@@ -117,6 +119,36 @@ def running_twin(
     )
     wanted = dict(filters)
     return next((operation for operation in candidates if operation.filters == wanted), None)
+
+
+def latest_operation_id(using: str = "default") -> int:
+    """The id of the newest operation, 0 when there is none: what a confirmation page
+    carries, so that the same confirmation sent again once its operation has run (the
+    back button, then the submit) is told from a new one (:func:`twin_since`)."""
+    newest = BulkOperation.objects.using(using).order_by("-pk").values_list("pk", flat=True)
+    return newest.first() or 0
+
+
+def twin_since(
+    *,
+    action: str,
+    filters: Mapping[str, str],
+    search: str,
+    operator: str,
+    after: int,
+    using: str = "default",
+) -> BulkOperation | None:
+    """The newest operation of ``operator`` with this action, filter and search
+    recorded after the operation ``after`` (running or not), or ``None``: the one a
+    confirmation page opened when ``after`` was the newest has already started."""
+    candidates = BulkOperation.objects.using(using).filter(
+        pk__gt=after, action=action, operator=operator, search=search.strip()
+    )
+    wanted = dict(filters)
+    return next(
+        (operation for operation in candidates.order_by("-pk") if operation.filters == wanted),
+        None,
+    )
 
 
 def start_bulk_operation(

@@ -5,12 +5,15 @@ after its operation ran."""
 
 from __future__ import annotations
 
+import html
+import re
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
 from django.test import Client
 
-from jobstate.models import AuditEntry, BulkOperation
+from jobstate.models import AuditEntry, BulkOperation, Job
 from jobstate.stores.database import DatabaseStateStore
 from tests.support.admin_kit import shown_messages
 
@@ -120,3 +123,51 @@ def test_the_values_a_list_offers_say_nothing(admin_client: Client, url: str) ->
     assert response.status_code == 200
     assert shown_messages(response) == []
     assert not response.redirect_chain
+
+
+def hidden_fields(page: str) -> dict[str, str]:
+    """The hidden fields of a confirmation page's form, as its submit posts them."""
+    found = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page)
+    return {html.unescape(name): html.unescape(value) for name, value in found}
+
+
+def store_jobs() -> list[Job]:
+    return list(Job.objects.filter(target="mail"))
+
+
+def run_bulk(client: Client, operation: Any) -> None:
+    url = f"/admin/jobstate/job/bulk-operation/{operation.pk}/"
+    while BulkOperation.objects.get(pk=operation.pk).state == "running":
+        client.post(url, {"step": "1"})
+
+
+def test_a_bulk_confirmation_sent_again_after_its_operation_ran_starts_nothing(
+    admin_client: Client,
+) -> None:
+    store = DatabaseStateStore()
+    for n in range(3):
+        job = store.create_job(request_id=f"mail-{n}", target="mail")
+        store.reject_queued_job(job.id, by="someone", reason="")
+    form = hidden_fields(admin_client.get(f"{BULK}requeue/?target=mail").content.decode())
+    assert "_filter" in form
+    first = admin_client.post(f"{BULK}requeue/", form)
+    (operation,) = BulkOperation.objects.all()
+    assert first["Location"] == f"/admin/jobstate/job/bulk-operation/{operation.pk}/"
+    run_bulk(admin_client, operation)
+    # The back button and the same form again.
+    again = admin_client.post(f"{BULK}requeue/", form, follow=True)
+    assert BulkOperation.objects.count() == 1
+    said = shown_messages(again)
+    assert len(said) == 1, said
+    assert "already ran" in said[0] and "already running" not in said[0], said
+    assert f'href="/admin/jobstate/job/bulk-operation/{operation.pk}/"' in said[0], said
+    # A page opened afresh starts a new operation over the same filter.
+    for job in store_jobs():
+        store.reject_queued_job(job.id, by="someone", reason="")
+    form = hidden_fields(admin_client.get(f"{BULK}requeue/?target=mail").content.decode())
+    fresh = admin_client.post(f"{BULK}requeue/", form)
+    assert BulkOperation.objects.count() == 2
+    assert (
+        fresh["Location"]
+        == f"/admin/jobstate/job/bulk-operation/{BulkOperation.objects.latest('pk').pk}/"
+    )
