@@ -30,6 +30,7 @@ from jobstate.admin.display import (
     moment,
     worker_link,
 )
+from jobstate.admin.links import job_schedule
 from jobstate.admin.task_display import concurrency_text, policy_text, unique_text
 from jobstate.console.redaction import Redactor
 from jobstate.core.attempt_log import LeftOut, attempt_history
@@ -116,6 +117,9 @@ def _source(name: str) -> str:
 def _is_empty(job: Job, name: str) -> bool:
     """Whether ``name`` shows nothing on ``job``'s page; a field this module does not
     know (an admin method added later) is never judged empty."""
+    if name == "started_by":
+        # Only a job a schedule enqueued was started by something the console knows.
+        return job_schedule(job) is None
     field = _source(name)
     if not hasattr(job, field) or field in ("task_args", "task_kwargs"):
         return False

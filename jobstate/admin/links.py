@@ -58,13 +58,21 @@ def scheduled_run_key(trigger_source: str, triggered_by: str | None) -> str | No
 
 def job_schedule(job: Job) -> ScheduleOccurrence | None:
     """The occurrence (with its schedule) that enqueued ``job``, or ``None``: one query
-    on the occurrences' ``result_id`` index."""
-    return (
-        ScheduleOccurrence.objects.filter(result_id=job.pk)
-        .select_related("schedule")
-        .order_by("-id")
-        .first()
-    )
+    on the occurrences' ``result_id`` index, kept on the job for the page's other use."""
+    if not hasattr(job, _OCCURRENCE_ATTRIBUTE):
+        occurrence = (
+            ScheduleOccurrence.objects.filter(result_id=job.pk)
+            .select_related("schedule")
+            .order_by("-id")
+            .first()
+        )
+        setattr(job, _OCCURRENCE_ATTRIBUTE, occurrence)
+    found: ScheduleOccurrence | None = getattr(job, _OCCURRENCE_ATTRIBUTE)
+    return found
+
+
+#: Where :func:`job_schedule` keeps what it found on the job object.
+_OCCURRENCE_ATTRIBUTE = "_jobstate_schedule_occurrence"
 
 
 def scheduled_run(job: Job, site: str = "admin") -> SafeString | None:

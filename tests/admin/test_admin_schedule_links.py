@@ -58,10 +58,13 @@ def test_a_scheduled_job_links_its_schedule(
     followed = admin_client.get(find_url("five"))
     assert followed.status_code == 302
     assert followed["Location"] == f"{SCHEDULES}{schedules['five'].pk}/change/"
-    # A job no schedule enqueued says so.
+    assert "Started by:" in page
+    # A job no schedule enqueued leaves the field out, as its page leaves out every
+    # empty field (docs/console.md), rather than "Started by: —".
     other = DatabaseStateStore().create_job(request_id="by-hand", target="mail")
     plain = admin_client.get(f"{JOBS}{other.pk}/change/").content.decode()
     assert find_url("five") not in plain
+    assert "Started by" not in plain and "started by" not in plain.lower(), plain
 
 
 def test_an_unknown_schedule_key_leads_to_the_schedules_list(admin_client: Client) -> None:
