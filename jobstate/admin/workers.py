@@ -282,8 +282,18 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description=gettext_lazy("queues"))
     def queues_cell(self, worker: Worker) -> SafeString | str:
+        # Each name in its own element: on a phone's "All columns" it stays whole.
+        names = (
+            format_html_join(
+                ", ",
+                '<span class="jobstate-queue-name">{}</span>',
+                ((isolated(str(name)),) for name in worker.queues),
+            )
+            if worker.queues
+            else self.queues_display(worker)
+        )
         return with_sub(
-            self.queues_display(worker),
+            names,
             _("concurrency %(n)s") % {"n": worker.concurrency} if worker.concurrency else "",
         )
 

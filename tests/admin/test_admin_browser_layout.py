@@ -1,10 +1,12 @@
-"""The console's lists and pages as a newcomer sees them, on a 1440x900 screen and a
-390x844 phone, in headless Chromium (as in :mod:`tests.admin.test_admin_browser`),
-measured from the elements' boxes:
+"""The console's lists and pages as a newcomer sees them, on a 1440x900 screen, a
+1366x768 laptop and a 390x844 phone, in headless Chromium (as in
+:mod:`tests.admin.test_admin_browser`), measured from the elements' boxes:
 
-- every column header of the jobs, workers, notifications, audit, runs and schedules
-  lists is inside the viewport (no sideways scrolling), with long task paths, long
-  worker ids and time-ordered ids in the rows;
+- every column header of the jobs, workers, notifications, audit, runs, schedules and
+  bulk operations lists is inside the viewport and the list's box (no sideways
+  scrolling), with long task paths, long worker ids and time-ordered ids in the rows;
+- on a phone, "All columns" shows every column of the Workers and Queues pages, each
+  wide enough to read;
 - the first job's status badge is visible on the phone;
 - the Overview link on the app's page is one line;
 - links contrast with what is behind them (WCAG ratio at least 3:1);
@@ -32,6 +34,7 @@ import pytest
 from jobstate.core.states import AuditSeverity, AuditStage, JobRunStatus, JobStatus
 from jobstate.models import (
     AuditEntry,
+    BulkOperation,
     Job,
     JobRun,
     Notification,
@@ -55,8 +58,9 @@ pytestmark = [
 
 SCREENSHOTS = ARTIFACTS / "screenshots"
 DESKTOP = {"width": 1440, "height": 900}
+LAPTOP = {"width": 1366, "height": 768}
 PHONE = {"width": 390, "height": 844}
-SIZES = {"desktop": DESKTOP, "phone": PHONE}
+SIZES = {"desktop": DESKTOP, "laptop": LAPTOP, "phone": PHONE}
 
 LISTS = {
     "jobs": "/admin/jobstate/job/",
@@ -65,6 +69,7 @@ LISTS = {
     "audit": "/admin/jobstate/auditentry/",
     "runs": "/admin/jobstate/jobrun/",
     "schedules": "/admin/jobstate/schedule/",
+    "bulk": "/admin/jobstate/bulkoperation/",
 }
 OTHER_PAGES = {
     "app": "/admin/jobstate/",
@@ -73,7 +78,6 @@ OTHER_PAGES = {
     "locks": "/admin/jobstate/runtimelock/",
     "approvals": "/admin/jobstate/approvaldecision/",
     "replays": "/admin/jobstate/deliveryreplay/",
-    "bulk": "/admin/jobstate/bulkoperation/",
 }
 
 LONG_TASK = "project.billing.reconciliation.tasks.reconcile_customer_invoices_for_region"
@@ -164,10 +168,21 @@ def _rows() -> None:
             job_key="jobstate.maintenance.prune_finished_jobs_and_their_history",
             overlap_key=f"jobstate.maintenance.prune_finished_jobs_and_their_history:{n}",
             status=JobRunStatus.RUNNING if n == 0 else JobRunStatus.SUCCEEDED,
-            trigger_source="schedule",
-            triggered_by="nightly-prune-of-finished-jobs",
+            trigger_source="SCHEDULER",
+            triggered_by=f"nightly-prune-of-finished-jobs @ 2026-12-0{n + 1}T02:30:00+01:00",
             started_at=now - timedelta(minutes=n),
             duration_ms=None if n == 0 else 12_345,
+        )
+    for state in ("running", "done", "cancelled"):
+        BulkOperation.objects.create(
+            action="requeue",
+            state=state,
+            operator="operator-ada",
+            filters={"target": "tasks:default"},
+            cutoff=now,
+            total=12_345,
+            done=12_000,
+            skipped=345,
         )
     definition = parse_declaration(
         "nightly-reconciliation-of-customer-invoices",
@@ -542,6 +557,17 @@ def long_names(live_server: Any) -> Iterator[tuple[Page, str]]:
         lease=timedelta(minutes=1),
         started_at=now,
     )
+    for state in ("running", "done", "cancelled"):
+        BulkOperation.objects.create(
+            action="requeue",
+            state=state,
+            operator="operator-ada",
+            filters={"target": "tasks:default"},
+            cutoff=now,
+            total=12_345,
+            done=12_000,
+            skipped=345,
+        )
     definition = parse_declaration(
         LONGEST_KEY, {"task": "tests.support.task_functions.add", "cron": "0 3 * * *"}
     )
@@ -588,3 +614,50 @@ def test_names_as_long_as_allowed_fit_a_wide_screen_and_a_phone(
                     "e => [e.scrollWidth, e.clientWidth]"
                 )
                 assert inner[0] <= inner[1], (name, size, inner)
+
+
+def _column_widths(page: Page, selector: str) -> dict[str, float]:
+    """The width of each shown cell of the first row of the table ``selector``, by its
+    class."""
+    return dict(
+        page.eval_on_selector_all(
+            f"{selector} tbody tr:first-child td",
+            """els => els.filter(e => e.getBoundingClientRect().width > 0)
+                .map(e => [e.className, e.getBoundingClientRect().width])""",
+        )
+    )
+
+
+def test_all_columns_on_a_phone_are_readable_on_the_workers_and_queues_pages(
+    console: tuple[Page, str],
+) -> None:
+    """The Workers page's "All columns" squeezed its queues to a column one word-piece
+    wide; the Queues page left out two columns with no way to see them on a phone."""
+    page, base = console
+    page.set_viewport_size(PHONE)
+    for name, table, hidden in (
+        ("workers", "#result_list", "td.field-queues_cell"),
+        ("queues", "#jobstate-queues", "td.jobstate-delayed"),
+    ):
+        path = LISTS.get(name) or OTHER_PAGES[name]
+        page.goto(base + path)
+        page.wait_for_selector(table)
+        assert not page.locator(f"{table} {hidden}").first.is_visible(), name
+        button = page.locator("#jobstate-columns-toggle")
+        assert button.is_visible() and button.inner_text() == "All columns", name
+        button.click()
+        _shoot(page, f"{name}-all-columns", "phone")
+        assert page.locator(f"{table} {hidden}").first.is_visible(), name
+        # No column is squeezed to a letter or two (a badge "live" is 30 px wide).
+        widths = _column_widths(page, table)
+        assert min(widths.values()) >= 30, (name, widths)
+        # The table scrolls in its own box; the page stays as wide as the screen.
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], name
+        button.click()
+        assert not page.locator(f"{table} {hidden}").first.is_visible(), name
+    # A worker's queues read as whole names, not pieces ("invoices-/eu-/west-1-").
+    page.goto(base + LISTS["workers"])
+    page.locator("#jobstate-columns-toggle").click()
+    broken = page.eval_on_selector_all("#result_list td.field-queues_cell", _BROKEN_WORDS)
+    page.locator("#jobstate-columns-toggle").click()
+    assert broken == [], broken

@@ -152,7 +152,9 @@
   // by the server), the label shown being what a click will do; ``state`` is the ARIA
   // attribute that says whether it is on (``inverted`` when "on" means collapsed).
   function listToggle(options) {
-    var changelist = document.getElementById("changelist");
+    // A list, or a page of the console's own with a table (data-jobstate-columns).
+    var changelist =
+      document.getElementById("changelist") || document.querySelector("[data-jobstate-columns]");
     var button = document.getElementById(options.button);
     if (!changelist || !button) {
       return;
