@@ -467,7 +467,16 @@ def check_schedules(**kwargs: Any) -> list[CheckMessage]:
             messages += [Error(problem, id="jobstate.E030") for problem in problems]
             continue
         messages += [
-            Error(problem, id="jobstate.E031")
+            Error(problem, hint=_E031_HINT, id="jobstate.E031")
             for problem in target_problems(parse_declaration(key, declared))
         ]
     return messages
+
+
+#: Django's migrate runs every check, so a target that does not import yet (its code not
+#: deployed, or deployed with the migration that needs migrating first) would keep the
+#: operator from migrating at all.
+_E031_HINT = (
+    "Correct the schedule or deploy the code it names; meanwhile the schedule is skipped, "
+    "and 'manage.py migrate --skip-checks' migrates."
+)
