@@ -17,7 +17,7 @@ def test_announcements_run_in_order_on_their_own_thread() -> None:
     seen: list[tuple[int, str]] = []
     for number in range(5):
         announcer.put(lambda number=number: seen.append((number, threading.current_thread().name)))
-    announcer.close(5)
+    announcer.close("the end", timeout=5)
     assert seen == [(number, "announcer-under-test") for number in range(5)]
 
 
@@ -31,22 +31,71 @@ def test_a_backlog_past_its_bound_is_lagging_until_it_drains() -> None:
         assert announcer.lagging()
     finally:
         release.set()
-    announcer.close(5)
+    announcer.close("the end", timeout=5)
     assert not announcer.lagging()
 
 
 def test_a_stop_that_cannot_wait_says_how_many_were_not_made(
-    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     announcer = Announcer(name="announcer-under-test")
     release = threading.Event()
     announcer.put(lambda: release.wait(10))
     announcer.put(lambda: None)
     try:
-        with caplog.at_level(logging.ERROR, logger="jobstate.worker"):
-            announcer.close(0.2)
+        assert announcer.close("the stop line", timeout=0.2) == 2
     finally:
         release.set()
-    (record,) = caplog.records
-    assert "without announcing the end of 2 task attempt(s)" in record.getMessage()
-    assert "within 0.2 s" in record.getMessage()
+    err = capsys.readouterr().err
+    assert "2 log line(s) or task_finished announcement(s) were not made" in err
+    assert "within 0.2 s" in err and err.endswith("the stop line\n")
+
+
+def test_what_a_deferring_thread_logs_is_handled_on_the_announcers_thread_in_order(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A log handler that blocks held up the worker's control loop, which logs its own
+    lines (a cancel, a recovery, the stop): leases were not renewed, and a task ran
+    twice. Found by an outside pass."""
+    announcer = Announcer(name="announcer-under-test")
+    logger = logging.getLogger("jobstate.worker")
+    with caplog.at_level(logging.INFO, logger="jobstate.worker"), announcer.deferring_logs():
+        logger.info("first")
+        announcer.put(lambda: logger.info("second"))
+        logger.warning("third")
+        # Nothing is handled on this thread: the lines wait for the announcer.
+        assert all(record.threadName != "announcer-under-test" for record in caplog.records)
+        assert announcer.close("last", timeout=5) == 0
+    assert [record.getMessage() for record in caplog.records] == [
+        "first",
+        "second",
+        "third",
+        "last",
+    ]
+    # Each record keeps the thread that made it.
+    assert caplog.records[0].threadName == threading.current_thread().name
+    assert caplog.records[1].threadName == "announcer-under-test"
+    # Past the block, this thread's lines are handled at once again.
+    logger.warning("after the block")
+    assert caplog.records[-1].getMessage() == "after the block"
+
+
+def test_a_receiver_that_leaves_a_transaction_open_does_not_spoil_the_next(
+    capsys: pytest.CaptureFixture[str], transactional_db: None
+) -> None:
+    """A receiver that left ``transaction.atomic()`` open broke the announcer thread's
+    connection for every later receiver. Found by an outside pass."""
+    from django.db import connection, transaction
+
+    from jobstate.models import Job
+
+    announcer = Announcer(name="announcer-under-test")
+    counts: list[int] = []
+    announcer.put(lambda: transaction.atomic().__enter__())
+    announcer.put(lambda: counts.append(Job.objects.count()))
+    assert announcer.close("end", timeout=5) == 0
+    assert counts == [0]
+    assert "a task_finished receiver left a transaction.atomic() block open" in (
+        capsys.readouterr().err
+    )
+    assert not connection.in_atomic_block

@@ -335,3 +335,52 @@ def test_a_slow_task_finished_receiver_does_not_hold_up_the_worker(
     (summary,) = summaries
     assert (summary.started, summary.succeeded) == (2, 2)
     assert finished == [first.id, second.id]
+
+
+def test_a_log_handler_that_blocks_does_not_hold_up_the_worker(
+    settings: Any, memory_tasks: MemoryTasks
+) -> None:
+    """A handler of the worker's log that blocks (a stalled network handler) blocked
+    the control loop at its next line of its own (its start line, a cancel, a recovery,
+    the stop): nothing was claimed and no lease renewed meanwhile, and a healthy task
+    ran twice. Found by an outside pass. The loop's lines are handled on the
+    announcer's thread, in order, so the next tasks run while the handler blocks."""
+    use_options(settings, MAX_ATTEMPTS=3)
+    first, second = add.enqueue(1, 2), add.enqueue(3, 4)
+    entered, release = threading.Event(), threading.Event()
+    lines: list[str] = []
+
+    class Stalled(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if " started: " in record.getMessage():
+                entered.set()
+                release.wait(10)
+            lines.append(record.getMessage())
+
+    handler = Stalled()
+    worker_log = logging.getLogger("jobstate.worker")
+    worker_log.addHandler(handler)
+    level = worker_log.level
+    worker_log.setLevel(logging.INFO)
+    summaries: list[WorkerSummary] = []
+    thread = threading.Thread(
+        target=lambda: summaries.append(run_worker(batch=True, concurrency=1)), daemon=True
+    )
+    try:
+        thread.start()
+        assert entered.wait(10), "the worker's start line was not logged"
+        deadline = time.monotonic() + 5
+        while add.get_result(second.id).status != SUCCESSFUL:
+            assert time.monotonic() < deadline, "the worker waited for the blocked handler"
+            time.sleep(0.01)
+        assert add.get_result(first.id).status == SUCCESSFUL and not release.is_set()
+    finally:
+        release.set()
+        thread.join(15)
+        worker_log.removeHandler(handler)
+        worker_log.setLevel(level)
+    (summary,) = summaries
+    assert (summary.started, summary.succeeded, summary.unannounced) == (2, 2, 0)
+    # Every line was handled, in the order the worker logged them.
+    assert " started: " in lines[0] and " stopped (" in lines[-1]
+    assert sum("attempt 1/3 successful" in line for line in lines) == 2

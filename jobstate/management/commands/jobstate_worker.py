@@ -216,6 +216,9 @@ class Command(JobStateCommand):
 
     #: How many tasks the worker gave up on, once it ran: ``run_from_argv`` reads it.
     _gave_up_on_tasks = 0
+    #: How many announcements the worker could not make as it stopped (see
+    #: :mod:`~jobstate.tasks.worker.announcer`).
+    _unannounced = 0
 
     def run_from_argv(self, argv: list[str]) -> None:
         """``manage.py jobstate_worker``: once the worker has stopped, a thread of a
@@ -229,11 +232,16 @@ class Command(JobStateCommand):
         self._leave_given_up_threads(0)
 
     def _leave_given_up_threads(self, code: Any) -> None:
-        if not self._gave_up_on_tasks:
+        if not (self._gave_up_on_tasks or self._unannounced):
             return
-        from jobstate.tasks.worker.shutdown import exit_leaving_given_up_threads
+        from jobstate.tasks.worker.shutdown import (
+            exit_leaving_given_up_threads,
+            exit_past_a_stuck_announcer,
+        )
 
         status = code if isinstance(code, int) else int(code is not None)
+        if self._unannounced:
+            exit_past_a_stuck_announcer(status)
         exit_leaving_given_up_threads(status, self._gave_up_on_tasks)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -313,6 +321,7 @@ class Command(JobStateCommand):
             watcher = CodeWatcher(worker.request_stop) if reload else None
             summary = worker.run()
             self._gave_up_on_tasks = summary.interrupted + summary.stuck
+            self._unannounced = summary.unannounced
             if watcher is not None:
                 watcher.stop()
         except (InvalidJobState, ImproperlyConfigured, ImproperlyConfiguredStore) as exc:

@@ -1,49 +1,89 @@
-"""Announcing settled attempts off the control loop.
+"""Announcing settled attempts, and logging, off the control loop.
 
 Once an attempt's report is written, the worker logs the attempt's line and sends
 ``task_finished``. Both run the host's code: its log handlers, its signal receivers, and
 the task's own exception, which a handler formats. Run on the control loop, a receiver
-that takes long (a webhook, a slow log handler) held up everything the loop does: no
-lease was renewed meanwhile, so a healthy task that was still running was recovered and
-run a second time elsewhere, and no task was claimed.
+or a log handler that takes long (a webhook, a handler writing to a stalled network
+socket) held up everything the loop does: no lease was renewed meanwhile, so a healthy
+task that was still running was recovered and run a second time elsewhere, and no task
+was claimed.
 
-An :class:`Announcer` runs them on a thread of its own, in the order the reports were
-written. The loop never waits for it, except in two cases:
+An :class:`Announcer` runs them on a thread of its own, in order. The control loop's
+own log records go the same way (:meth:`Announcer.deferring_logs`): they are made on
+the loop, with its thread and time, and handed to the host's handlers on the
+announcer's thread, so a handler that blocks never blocks the loop, and the lines keep
+their order. The loop never waits for the announcer, except in two cases:
 
 - more than ``backlog`` announcements are waiting: the worker claims nothing until the
   announcer catches up (:meth:`Announcer.lagging`), so a slow receiver slows the worker
   down rather than piling up the finished tasks, and the exceptions they hold, in memory;
-- the worker stops: it waits for the announcements still queued, up to ``grace`` (at
-  least 5 s), before its last line (:meth:`Announcer.close`).
+- the worker stops: it waits for what is still queued, up to a deadline, before it exits
+  (:meth:`Announcer.close`).
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from functools import partial
 
 from django.db import close_old_connections, connections
 
-__all__ = ["Announcer"]
+from jobstate.core.attempt_log import storable_class_path
+from jobstate.core.left_open import roll_back_left_open
+
+__all__ = ["DEFERRED_LOGGERS", "Announcer", "write_plainly"]
 
 logger = logging.getLogger("jobstate.worker")
+
+#: The loggers whose records the control loop defers to its announcer.
+DEFERRED_LOGGERS = ("jobstate.worker", "jobstate.schedules")
 
 #: How many announcements may wait before the worker stops claiming.
 DEFAULT_BACKLOG = 256
 
 
+def write_plainly(line: str) -> None:
+    """Write ``line`` on stderr without logging: logging may be what failed or blocks."""
+    with suppress(OSError, ValueError):  # a closed or broken stderr
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+
+
+class _Deferral(logging.Filter):
+    """On the deferred loggers: a record made on a thread that defers its logs is handed
+    to that thread's announcer, and not handled there and then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        announcer: Announcer | None = getattr(self.local, "announcer", None)
+        if announcer is None:
+            return True
+        # On the announcer's thread this filter lets the record through.
+        announcer.put(partial(logging.getLogger(record.name).handle, record))
+        return False
+
+
+_DEFERRAL = _Deferral()
+
+
 class Announcer:
-    """Runs announcements (callables that raise nothing) in order, on one thread."""
+    """Runs announcements in order, on one thread; see the module docstring."""
 
     def __init__(self, *, name: str, backlog: int = DEFAULT_BACKLOG) -> None:
         self._name = name
         self._backlog = backlog
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def put(self, announcement: Callable[[], None]) -> None:
+    def put(self, announcement: Callable[[], object]) -> None:
         """Queue ``announcement``; the thread starts with the first one."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
@@ -54,22 +94,41 @@ class Announcer:
         """More announcements wait than the backlog allows."""
         return self._queue.qsize() > self._backlog
 
-    def close(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the queued announcements; say how many were
-        never made when that runs out (the thread is a daemon: it ends with the
-        process)."""
+    @contextmanager
+    def deferring_logs(self) -> Iterator[None]:
+        """Within the block, what this thread logs on :data:`DEFERRED_LOGGERS` is
+        handled on the announcer's thread."""
+        for name in DEFERRED_LOGGERS:
+            logger = logging.getLogger(name)
+            if _DEFERRAL not in logger.filters:
+                logger.addFilter(_DEFERRAL)
+        _DEFERRAL.local.announcer = self
+        try:
+            yield
+        finally:
+            _DEFERRAL.local.announcer = None
+
+    def close(self, last_line: str, *, timeout: float) -> int:
+        """Log ``last_line`` (the worker's stop line) after the queued announcements,
+        waiting up to ``timeout`` seconds for them; return how many were not made. Those
+        are counted, and the line written plainly, on stderr: a handler may be what
+        blocks. (The thread is a daemon: it ends with the process.)"""
+        logger.info("%s", last_line)
         thread = self._thread
         if thread is None:
-            return
+            return 0
         self._queue.put(None)
         thread.join(timeout)
-        if thread.is_alive():
-            logger.error(
-                "The worker stops without announcing the end of %d task attempt(s): a "
-                "task_finished receiver or a log handler did not return within %g s",
-                max(self._queue.qsize() - 1, 0) + 1,
-                timeout,
-            )
+        if not thread.is_alive():
+            return 0
+        # The one it is making, and the queued ones but the end marker.
+        unmade = self._queue.qsize()
+        write_plainly(
+            f"jobstate_worker: {unmade} log line(s) or task_finished announcement(s) were "
+            f"not made: a receiver or log handler did not return within {timeout:g} s"
+        )
+        write_plainly(last_line)
+        return unmade
 
     def _serve(self) -> None:
         try:
@@ -77,9 +136,23 @@ class Announcer:
                 announcement = self._queue.get()
                 if announcement is None:
                     return
-                announcement()
-                # As a request's end does: a receiver that used the database leaves
-                # no broken or expired connection to the next one.
-                close_old_connections()
+                self._make(announcement)
         finally:
             connections.close_all()
+
+    def _make(self, announcement: Callable[[], object]) -> None:
+        try:
+            announcement()
+        # The host's code (a handler, a filter, a receiver): whatever it raises, the
+        # announcements after it are still made.
+        except BaseException as exc:
+            write_plainly(
+                f"jobstate_worker: a log line or task_finished announcement raised "
+                f"{storable_class_path(type(exc))}"
+            )
+        # As a request's end does: a receiver that used the database leaves no open
+        # block, broken or expired connection to the next one.
+        left_open = roll_back_left_open("a task_finished receiver")
+        if left_open is not None:
+            write_plainly(f"jobstate_worker: {left_open}")
+        close_old_connections()

@@ -68,6 +68,9 @@ class WorkerSummary:
     the worker stopped because of them (``jobstate_worker`` then exits with status 4)."""
     unknown: int = 0
     """Tasks handed back, uncounted, because this worker could not import them."""
+    unannounced: int = 0
+    """Log lines and ``task_finished`` announcements not made when the worker stopped: a
+    receiver or log handler did not return in time (see :mod:`.announcer`)."""
 
     def counts(self) -> str:
         """The counts of the worker's stop line."""

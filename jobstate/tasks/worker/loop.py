@@ -8,9 +8,8 @@ of the worker itself:
   claims before its housekeeping (beat, recovery, schedules), so the first claim is
   made before the start line is logged;
 - it settles ended attempts in batches (:mod:`.reports`); a batch of successes also
-  claims the slots it frees, in one store call (one statement on PostgreSQL); their
-  log lines and ``task_finished`` go to a thread of their own (:mod:`.announcer`), so
-  the host's receivers never hold up the loop;
+  claims the slots it frees, in one store call (one statement on PostgreSQL); its log
+  lines and ``task_finished`` go to a thread of their own (:mod:`.announcer`);
 - it registers itself when it starts (host, pid, worker id, backend, queues,
   concurrency, lease: the console's Workers page), and once per beat it renews the
   leases of every task it holds, in one statement, and moves its own last beat; now and
@@ -21,9 +20,8 @@ of the worker itself:
   stopped; when the thread does not stop within ``grace``, the worker stops;
 - it hands back, uncounted, a task whose dotted path it cannot import, for a worker
   with newer code, or fails it once enqueued longer than ``UNKNOWN_TASK_TIMEOUT`` ago;
-- it evaluates the periodic schedules (:mod:`jobstate.schedules`) when it starts and
-  at each next slot (at least once a minute): however many workers evaluate a slot, it
-  is enqueued once, so workers need no other scheduler;
+- it evaluates the periodic schedules (:mod:`jobstate.schedules`) at each next slot
+  (at least once a minute): however many workers evaluate a slot, it is enqueued once;
 - between rounds it sleeps until an attempt ends, a notification names one of its
   queues (:mod:`.waiter`, PostgreSQL), a timeout, beat or slot is due, or ``interval``
   passes.
@@ -81,7 +79,7 @@ logger = logging.getLogger("jobstate.worker")
 _RETRY_CAP = 30.0
 #: Recovery of lost tasks runs twice per lease, within these bounds.
 _RECOVERY_BOUNDS = (1.0, 60.0)
-#: The least a stopping worker waits for its last announcements (when ``grace`` is less).
+#: The least a stopping worker waits for its last announcements (past ``grace``).
 _ANNOUNCE_WAIT = 5.0
 
 
@@ -148,7 +146,10 @@ class TaskWorker:
         """Work until ``--batch`` or ``--max-tasks`` says the work is done, or a stop
         is requested; then let the running tasks finish (up to ``grace``), hand back the
         rest and return what was done."""
-        with stop_signals(lambda signum: self.request_stop(signal.Signals(signum).name)):
+        with (
+            stop_signals(lambda signum: self.request_stop(signal.Signals(signum).name)),
+            self._announcer.deferring_logs(),
+        ):
             self._pool = ExecutionPool(
                 self.config.concurrency,
                 self._attempt_ended,
@@ -436,6 +437,7 @@ class TaskWorker:
         finish within ``grace`` (renewing their leases meanwhile); count and hand back
         the ones still running; stop the threads."""
         assert self._pool is not None
+        deadline = time.monotonic() + self.config.grace
         if self._listener is not None:
             self._listener.stop()
         unstarted = [attempt for attempt in self._active.values() if attempt.hand_back()]
@@ -453,14 +455,15 @@ class TaskWorker:
             logger.error("Could not report the tasks still held while stopping: %s", exc)
         finally:
             self._pool.stop()
-            self._announcer.close(max(self.config.grace, _ANNOUNCE_WAIT))
-        self._presence.stopped(self.summary.stopped_by or self._stop_requested or "error")
-        logger.info(
-            "jobstate_worker %s stopped (%s): %s",
-            self.config.worker_id,
-            self.summary.stopped_by or self._stop_requested or "error",
-            self.summary.counts(),
-        )
+        reason = self.summary.stopped_by or self._stop_requested or "error"
+        try:
+            self._presence.stopped(reason)
+        finally:
+            counts = self.summary.counts()
+            self.summary.unannounced = self._announcer.close(
+                f"jobstate_worker {self.config.worker_id} stopped ({reason}): {counts}",
+                timeout=max(deadline - time.monotonic(), _ANNOUNCE_WAIT),
+            )
 
     def _finish_running(self) -> None:
         self.summary.stopped_by = self._stop_requested or "error"

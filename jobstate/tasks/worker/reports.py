@@ -28,9 +28,7 @@ recovered as lost attempts once their leases run out.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +59,7 @@ from jobstate.stores.errors import translated_database_errors
 from jobstate.tasks.compat import task_finished
 from jobstate.tasks.options import TaskOptions
 from jobstate.tasks.results import task_result
-from jobstate.tasks.worker.announcer import Announcer
+from jobstate.tasks.worker.announcer import Announcer, write_plainly
 from jobstate.tasks.worker.execution import Attempt, Outcome, class_path
 from jobstate.tasks.worker.settled import SettledAttempt, held, note_cancel
 from jobstate.tasks.worker.task_claims import TaskClaim
@@ -190,13 +188,11 @@ class Reporter:
         # and the announcements after it would never be made.
         except BaseException as exc:
             job = item.outcome.attempt.job
-            line = (
+            write_plainly(
                 f"jobstate_worker: the end of task {job.task_path} {job.id} attempt "
                 f"{job.attempts} was reported, but logging or announcing it raised "
-                f"{storable_class_path(type(exc))}\n"
+                f"{storable_class_path(type(exc))}"
             )
-            with suppress(OSError, ValueError):  # a closed or broken stderr
-                sys.stderr.write(line)
 
     def _settled(
         self, outcome: Outcome, settlement: AttemptSettlement, result: CompletionResult

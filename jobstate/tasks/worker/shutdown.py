@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import FrameType
 from typing import Any
 
@@ -112,4 +112,15 @@ def exit_leaving_given_up_threads(status: int, tasks: int) -> None:
         "" if tasks == 1 else "s",
     )
     _flush()
+    os._exit(status)
+
+
+def exit_past_a_stuck_announcer(status: int) -> None:
+    """End the process with ``status`` now: the worker stopped while its announcer was
+    still inside a ``task_finished`` receiver or a log handler (see
+    :mod:`.announcer`). Python's exit would flush the log's handlers, waiting for a
+    lock that thread may hold; what is on stdout and stderr is written out first."""
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):
+            stream.flush()
     os._exit(status)
