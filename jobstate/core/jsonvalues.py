@@ -129,7 +129,11 @@ def ensure_json(value: Any, *, field: str) -> Any:
     try:
         size = len(encoded.encode("utf-8"))
     except UnicodeEncodeError as exc:  # a lone surrogate: no database can store it
-        raise InvalidPayload(f"{field} contains text that is not valid Unicode: {exc}") from exc
+        surrogate = exc.object[exc.start : exc.end]
+        raise InvalidPayload(
+            f"{field} contains text that is not valid Unicode: a lone surrogate "
+            f"({surrogate!r}), which no database can store."
+        ) from exc
     if size > limit:
         raise _too_large(field, size)
     try:

@@ -20,6 +20,7 @@ any process. The options are described in :mod:`jobstate.tasks.options`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from datetime import datetime
 from functools import cached_property
@@ -114,6 +115,7 @@ class JobStateBackend(BaseTaskBackend):
         whose key a job of this backend holds returns that job's result (same ``id``),
         writes nothing and sends no ``task_enqueued``."""
         self.validate_task(task)
+        _check_importable(task)
         try:
             # normalize_json returns JSON of the shape it is given: a list, a dict.
             job_args = cast("list[Any]", normalize_json(list(args)))
@@ -236,3 +238,20 @@ def _with_policy(new_task: NewTask, declared: TaskPolicy) -> NewTask:
         policy=stored or None,
         **keys,
     )
+
+
+def _check_importable(task: Task[Any, Any]) -> None:
+    """Refuse ``task`` when a worker cannot find it by its dotted path: defined in
+    ``manage.py shell`` or in a script run as ``__main__``, it would be queued under a
+    path no worker imports. The module is looked up, not imported: it is loaded, since
+    the task's function is."""
+    func = task.func
+    found: object = None if func.__module__ == "__main__" else sys.modules.get(func.__module__)
+    for part in func.__qualname__.split("."):
+        found = getattr(found, part, None)
+    if not (isinstance(found, Task) and found.func is func):
+        raise InvalidTask(
+            f"{task.module_path} cannot be imported by a worker, so no worker could run it: "
+            "define the task in a module of your project (its tasks.py, say) and import it "
+            "from there."
+        )

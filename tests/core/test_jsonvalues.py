@@ -71,3 +71,15 @@ def test_a_value_json_changes_is_refused_naming_the_part_that_changes(
     with pytest.raises(InvalidPayload) as caught:
         ensure_json(value, field="input")
     assert str(caught.value) == (f"input does not survive a JSON round trip unchanged: {says}.")
+
+
+def test_a_lone_surrogate_is_refused_naming_it_not_a_position_in_the_stored_text() -> None:
+    """The message named the codec's position in the stored JSON ("position 11" for a
+    one-character argument), which the user never sees. Found by a newcomer's pass."""
+    with pytest.raises(InvalidPayload) as caught:
+        ensure_json({"args": ["ok", "\ud800"]}, field="input")
+    message = str(caught.value)
+    assert message == (
+        "input contains text that is not valid Unicode: a lone surrogate ('\\ud800'), "
+        "which no database can store."
+    )

@@ -27,6 +27,7 @@ from jobstate.tasks.compat import (
     InvalidTask,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    task,
     task_backends,
 )
 from jobstate.tasks.options import parse_task_options
@@ -168,6 +169,23 @@ def test_a_run_after_or_priority_of_the_wrong_type_is_refused_by_name(
     with pytest.raises(InvalidTask) as refused:
         add.using(**options).enqueue(1, 2)
     assert str(refused.value) == says
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("module", ["django.core.management.commands.shell", "__main__"])
+def test_a_task_no_worker_can_import_is_refused_at_enqueue(module: str) -> None:
+    """A task defined in ``manage.py shell`` (or a script run as ``__main__``) was
+    queued under a path no worker can import: each worker handed it back, advising a
+    restart, for an hour. Found by a newcomer's pass."""
+    namespace: dict[str, Any] = {"__name__": module, "task": task}
+    exec("@task\ndef defined_in_a_shell(x):\n    return x\n", namespace)
+    with pytest.raises(InvalidTask) as refused:
+        namespace["defined_in_a_shell"].enqueue(1)
+    assert str(refused.value) == (
+        f"{module}.defined_in_a_shell cannot be imported by a worker, so no worker could "
+        "run it: define the task in a module of your project (its tasks.py, say) and "
+        "import it from there."
+    )
     assert not Job.objects.exists()
 
 
