@@ -54,6 +54,25 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     return [Error(problem, id="jobstate.E001") for problem in jobstate_settings.problems()]
 
 
+#: The least ``MAX_PAYLOAD_BYTES``: a failed attempt's error (up to 4,000 bytes) and the
+#: record of a refused report must fit, or a failing task cannot be reported at all.
+PAYLOAD_BYTES_FLOOR = 4096
+
+
+@register(JobStateTags.settings)
+def check_payload_limit(**kwargs: Any) -> list[CheckMessage]:
+    """``MAX_PAYLOAD_BYTES`` leaves room for jobstate's own records (``jobstate.E005``)."""
+    try:
+        limit = jobstate_settings.MAX_PAYLOAD_BYTES
+    except ImproperlyConfigured:
+        return []  # jobstate.E001 says what is wrong with the setting
+    problem = (
+        f"JOBSTATE['MAX_PAYLOAD_BYTES'] is {limit}; it must be at least {PAYLOAD_BYTES_FLOOR}: "
+        "a failing task's error, which jobstate stores under the same limit, would not fit."
+    )
+    return [] if limit >= PAYLOAD_BYTES_FLOOR else [Error(problem, id="jobstate.E005")]
+
+
 @register(JobStateTags.settings)
 def check_stores(**kwargs: Any) -> list[CheckMessage]:
     """``STATE_STORE`` and ``RUN_STORE`` each import to a store class of their kind
@@ -473,8 +492,7 @@ def check_schedules(**kwargs: Any) -> list[CheckMessage]:
     return messages
 
 
-#: Django's migrate runs every check, so a target that does not import yet (its code not
-#: deployed, or deployed with the migration that needs migrating first) would keep the
+#: Django's migrate runs every check: a target that does not import yet would keep the
 #: operator from migrating at all.
 _E031_HINT = (
     "Correct the schedule or deploy the code it names; meanwhile the schedule is skipped, "

@@ -22,6 +22,7 @@ from jobstate.checks import (
     check_channels,
     check_database_guarantees,
     check_operations_modules,
+    check_payload_limit,
     check_pooler_settings,
     check_schedules,
     check_settings,
@@ -128,6 +129,17 @@ def test_a_store_setting_that_names_no_store_of_its_kind_fails_the_check(
     [message] = check_stores()
 
     assert message.id == "jobstate.E004" and says in message.msg, message.msg
+
+
+def test_a_payload_limit_below_what_jobstates_own_records_need_fails_the_check(
+    settings: Any,
+) -> None:
+    settings.JOBSTATE = {"MAX_PAYLOAD_BYTES": 4095}
+    [message] = check_payload_limit()
+    assert message.id == "jobstate.E005"
+    assert message.msg.startswith("JOBSTATE['MAX_PAYLOAD_BYTES'] is 4095; it must be at least 4096")
+    settings.JOBSTATE = {"MAX_PAYLOAD_BYTES": 4096}
+    assert check_payload_limit() == []
 
 
 def test_a_channel_whose_module_raises_at_import_fails_the_check(settings: Any) -> None:

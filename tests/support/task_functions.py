@@ -226,3 +226,9 @@ def changes_the_payload_limit(limit: Any, how: str, fails: bool) -> str:
     if fails:
         raise Boom("failed after changing the payload limit")
     return "done"
+
+
+@task
+def fails_with_a_long_message(length: int) -> None:
+    """Raises a ``ValueError`` of ``length`` two-byte characters."""
+    raise ValueError("é" * length)

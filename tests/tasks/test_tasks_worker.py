@@ -26,6 +26,7 @@ from tests.support.task_functions import (
     async_add,
     echo,
     fails_before,
+    fails_with_a_long_message,
     nested,
     returns_a_deep_list,
     returns_a_list_31_deep,
@@ -314,6 +315,33 @@ def test_a_bad_jobstate_setting_stops_the_process_with_the_usage_status(settings
     assert code == 2, err
     assert "jobstate.E001" in err and "MAX_PAYLOAD_BYTES" in err, err
     assert "Traceback" not in err, err
+
+
+def test_a_payload_limit_too_small_for_the_workers_own_records_stops_it_at_start(
+    settings: Any,
+) -> None:
+    """With ``MAX_PAYLOAD_BYTES`` at 100, the first failing task made the worker exit 1
+    with its row left running: not even the record of a refused report fits. Found by an
+    outside pass. The check refuses such a limit before the worker claims anything, and
+    at the least it allows, a task failing with the longest error settles as failed."""
+    options = use_options(settings)
+    queued = fails_with_a_long_message.enqueue(5_000)
+    small = start_worker("--batch", options=options, JOBSTATE_TEST_MAX_PAYLOAD_BYTES="100")
+    try:
+        code, _out, err = finish(small)
+    finally:
+        stop(small)
+    assert code == 2, err
+    assert "jobstate.E005" in err and "at least 4096" in err, err
+    assert fails_with_a_long_message.get_result(queued.id).status == TaskResultStatus.READY
+    least = start_worker("--batch", options=options, JOBSTATE_TEST_MAX_PAYLOAD_BYTES="4096")
+    try:
+        code, _out, err = finish(least)
+    finally:
+        stop(least)
+    assert code == 0, err
+    result = fails_with_a_long_message.get_result(queued.id)
+    assert result.status == TaskResultStatus.FAILED and len(result.errors) == 1
 
 
 def test_invalid_numbers_are_refused_by_the_process(settings: Any) -> None:
