@@ -45,6 +45,7 @@ from jobstate.admin.common import (
     choice_badge,
 )
 from jobstate.admin.display import moment
+from jobstate.admin.filters import OfferedChoicesFilter
 from jobstate.admin.page_bases import moment_field, redirect_with_query
 from jobstate.console.bulk import (
     BulkOperationFinished,
@@ -396,7 +397,7 @@ class BulkOperationAdmin(ReadOnlyAdmin):
         "created",
         "progress_link",
     ]
-    list_filter = ["action", "state"]
+    list_filter = [("action", OfferedChoicesFilter), ("state", OfferedChoicesFilter)]
     phone_hidden_columns = ("operator", "skipped", "created")
     empty_list_text = gettext_lazy(
         "No bulk operations. One is recorded when an operator requeues, rejects or "

@@ -33,6 +33,7 @@ __all__ = [
     "DelayedFilter",
     "ExpiredLeaseFilter",
     "LockStateFilter",
+    "OfferedChoicesFilter",
     "QueueFilter",
     "RunLivenessFilter",
     "SourceFilter",
@@ -105,6 +106,23 @@ def offered_value(list_filter: admin.SimpleListFilter, offered: Iterable[str]) -
             f"Unknown {list_filter.title} filter {shortened(str(value))!r}."
         )
     return str(value)
+
+
+class OfferedChoicesFilter(admin.ChoicesFieldListFilter):
+    """A model field's choices filter (``?status__exact=``) that names a value outside
+    the field's choices as the list's "incorrect lookup" (see :func:`offered_value`),
+    where Django's filters by it and shows an empty list without a word."""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        offered = {str(value) for value, _title in self.field.flatchoices}
+        given = self.used_parameters.get(self.lookup_kwarg, ())
+        for value in given if isinstance(given, list | tuple) else [given]:
+            if str(value) not in offered:
+                raise IncorrectLookupParameters(
+                    f"Unknown {self.title} filter {shortened(str(value))!r}."
+                )
+        narrowed = super().queryset(request, queryset)
+        return queryset if narrowed is None else narrowed
 
 
 class JobChoicesFilter(FixedChoicesFilter):

@@ -23,7 +23,12 @@ from jobstate.admin.common import (
     redacted_field,
 )
 from jobstate.admin.display import short_id
-from jobstate.admin.filters import AuditEventFilter, AuditStageFilter, BulkOperationFilter
+from jobstate.admin.filters import (
+    AuditEventFilter,
+    AuditStageFilter,
+    BulkOperationFilter,
+    OfferedChoicesFilter,
+)
 from jobstate.admin.list_cells import breakable, cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
 from jobstate.console.redaction import Redactor
@@ -92,7 +97,12 @@ class AuditEntryAdmin(LedgerAdmin):
     # The stage under the event, the summary under the title, the request id under the
     # job's id.
     list_display = ["when", "severity_display", "event_cell", "what", "job_cell"]
-    list_filter = [("stage", AuditStageFilter), "severity", AuditEventFilter, BulkOperationFilter]
+    list_filter = [
+        ("stage", AuditStageFilter),
+        ("severity", OfferedChoicesFilter),
+        AuditEventFilter,
+        BulkOperationFilter,
+    ]
     phone_hidden_columns = ("event_cell",)
     empty_list_text = gettext_lazy(
         "No audit entries. Every transition of a job (created, claimed, finished, "

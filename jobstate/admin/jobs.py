@@ -39,6 +39,7 @@ from jobstate.admin.display import moment, short_id, worker_link
 from jobstate.admin.filters import (
     DelayedFilter,
     ExpiredLeaseFilter,
+    OfferedChoicesFilter,
     QueueFilter,
     SourceFilter,
     TargetFilter,
@@ -148,7 +149,7 @@ class JobAdmin(TaskFieldsAdmin):
         "Finished jobs stay until prune_jobstate removes them."
     )
     list_filter = [
-        "status",
+        ("status", OfferedChoicesFilter),
         TargetFilter,
         TaskFilter,
         QueueFilter,

@@ -29,7 +29,7 @@ from jobstate.admin.common import (
     row_redactor,
 )
 from jobstate.admin.display import moment, short_id
-from jobstate.admin.filters import ChannelFilter
+from jobstate.admin.filters import ChannelFilter, OfferedChoicesFilter
 from jobstate.admin.list_cells import cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
 from jobstate.console.redaction import Redactor, redactor
@@ -127,7 +127,7 @@ class NotificationAdmin(ReadOnlyAdmin):
         "job asked to be told (a callback URL or a configured channel); relays deliver it "
         "after the commit, and it stays here with its attempts until it is pruned."
     )
-    list_filter = ["state", ChannelFilter]
+    list_filter = [("state", OfferedChoicesFilter), ChannelFilter]
     list_select_related = ["job"]
     search_fields = ["idempotency_key"]
     search_help_text = gettext_lazy("An exact notification id, job id or idempotency key.")

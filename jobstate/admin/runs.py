@@ -27,7 +27,7 @@ from jobstate.admin.common import (
     relative_time,
     with_database_now,
 )
-from jobstate.admin.filters import RunLivenessFilter, TriggerFilter
+from jobstate.admin.filters import OfferedChoicesFilter, RunLivenessFilter, TriggerFilter
 from jobstate.admin.links import schedule_link, scheduled_run_key
 from jobstate.admin.list_cells import breakable, cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
@@ -107,7 +107,7 @@ class JobRunAdmin(ReadOnlyAdmin):
             return "—"
         return one_line(cut_middle(run.overlap_key, 8), run.overlap_key)
 
-    list_filter = ["status", TriggerFilter, RunLivenessFilter]
+    list_filter = [("status", OfferedChoicesFilter), TriggerFilter, RunLivenessFilter]
     search_fields = ["job_key"]
     search_help_text = gettext_lazy("An exact run id, job key or overlap key.")
     # Served by the jobstate_run_started_idx index.

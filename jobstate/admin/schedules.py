@@ -39,7 +39,7 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.display import moment
-from jobstate.admin.filters import offered_value
+from jobstate.admin.filters import OfferedChoicesFilter, offered_value
 from jobstate.admin.list_cells import breakable
 from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.schedule_page import next_run_text, recent_runs_table, schedule_buttons
@@ -133,7 +133,7 @@ class ScheduleAdmin(ReadOnlyAdmin):
         "enqueue_due_schedules or the Celery beat first evaluates the periodic "
         "schedules declared in the JOBSTATE settings; each due slot is then enqueued once."
     )
-    list_filter = [ScheduleStateFilter, "kind"]
+    list_filter = [ScheduleStateFilter, ("kind", OfferedChoicesFilter)]
     search_fields = ["key"]
     search_help_text = gettext_lazy("Part of a schedule key or what it runs.")
     ordering = ["key"]

@@ -43,7 +43,7 @@ from jobstate.admin.common import (
     with_database_now,
 )
 from jobstate.admin.display import moment
-from jobstate.admin.filters import offered_value
+from jobstate.admin.filters import OfferedChoicesFilter, offered_value
 from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
 from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.worker_page import worker_jobs
@@ -161,7 +161,7 @@ class WorkerAdmin(ReadOnlyAdmin):
         "a hub worker or an executor), beats while it runs and stays listed, stopped, "
         "after it exits until it is pruned."
     )
-    list_filter = [WorkerStateFilter, "kind"]
+    list_filter = [WorkerStateFilter, ("kind", OfferedChoicesFilter)]
     search_fields = ["worker_id"]
     search_help_text = gettext_lazy("A worker id, a host or a pid, exactly.")
     ordering = ["-started_at", "-id"]

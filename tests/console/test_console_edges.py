@@ -93,6 +93,12 @@ def test_a_message_repeats_a_long_value_shortened(
         (f"{JOBS}?p=abc", "page"),
         ("/admin/jobstate/worker/?p=abc", "page"),
         ("/admin/jobstate/auditentry/?p=1.5", "page"),
+        # A field's own choices: Django filtered by any value, showing an empty list.
+        (f"{JOBS}?status__exact=zzz", "zzz"),
+        ("/admin/jobstate/auditentry/?severity__exact=loud", "loud"),
+        ("/admin/jobstate/notification/?state__exact=gone", "gone"),
+        ("/admin/jobstate/bulkoperation/?action__exact=explode", "explode"),
+        ("/admin/jobstate/jobrun/?status__exact=zzz", "zzz"),
     ],
 )
 def test_a_filter_value_or_page_no_list_offers_is_named_and_the_whole_list_shown(
@@ -116,6 +122,9 @@ def test_a_filter_value_or_page_no_list_offers_is_named_and_the_whole_list_shown
         "/admin/jobstate/runtimelock/?state=held",
         f"{JOBS}?p=1",
         f"{JOBS}?p=",
+        f"{JOBS}?status__exact=error",
+        "/admin/jobstate/auditentry/?severity__exact=error",
+        "/admin/jobstate/bulkoperation/?state__exact=running",
     ],
 )
 def test_the_values_a_list_offers_say_nothing(admin_client: Client, url: str) -> None:
