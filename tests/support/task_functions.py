@@ -7,11 +7,12 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from jobstate.tasks.compat import TaskContext, task
+from jobstate.tasks.compat import TaskContext, task, task_finished
 
 
 class Boom(Exception):
@@ -232,3 +233,13 @@ def changes_the_payload_limit(limit: Any, how: str, fails: bool) -> str:
 def fails_with_a_long_message(length: int) -> None:
     """Raises a ``ValueError`` of ``length`` two-byte characters."""
     raise ValueError("é" * length)
+
+
+def _stuck_receiver(sender: Any, **kwargs: Any) -> None:
+    """A ``task_finished`` receiver that never returns (a webhook with no timeout)."""
+    threading.Event().wait()
+
+
+if os.environ.get("JOBSTATE_TEST_STUCK_RECEIVER"):
+    # Only in a worker started with it: the test process imports this module too.
+    task_finished.connect(_stuck_receiver)

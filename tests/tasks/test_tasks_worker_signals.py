@@ -209,6 +209,31 @@ def test_a_second_signal_exits_at_once_even_when_the_log_blocks(
     assert code == 128 + signal.SIGTERM
 
 
+def test_a_receiver_that_never_returns_delays_a_stop_by_a_bounded_wait(settings: Any) -> None:
+    """A ``task_finished`` receiver that never returns: the worker goes on with its
+    tasks, and when told to stop it waits for the announcements until its grace is
+    over (5 s at least), says what it could not announce, and exits, settled."""
+    options = use_options(settings)
+    queued = [add.enqueue(n, n) for n in range(3)]
+    worker = start_worker("--grace", "1", options=options, JOBSTATE_TEST_STUCK_RECEIVER="1")
+    try:
+        # The receiver of the first task never returns; the others run all the same.
+        wait_for(
+            lambda: all(add.get_result(r.id).status == SUCCESSFUL for r in queued),
+            what="every task to succeed",
+        )
+        worker.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code, _out, err = finish(worker, timeout=30)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    assert 4 < time.monotonic() - signalled < 15, err
+    assert "log line(s) or task_finished announcement(s) were not made" in err, err
+    assert err.rstrip().endswith("0 handed back, 0 interrupted"), err
+    assert "3 started, 3 succeeded" in err
+
+
 def test_a_killed_workers_task_is_recovered_and_succeeds_on_attempt_two(settings: Any) -> None:
     options = use_options(settings, MAX_ATTEMPTS=2, LEASE=1.0)
     task = started_then_sleeps.enqueue(2)
