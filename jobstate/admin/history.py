@@ -145,7 +145,9 @@ class AuditEntryAdmin(LedgerAdmin):
 
     @admin.display(description=gettext_lazy("event / stage"), ordering="event")
     def event_cell(self, entry: AuditEntry) -> SafeString | str:
-        return with_sub(breakable(entry.event), entry.get_stage_display())
+        # An event is one name of words joined by underscores: it wraps between them
+        # ("retry_/scheduled") rather than inside one ("retry_sched/uled").
+        return with_sub(breakable(entry.event, "._-:/"), entry.get_stage_display())
 
     @admin.display(description=gettext_lazy("what happened"))
     def what(self, entry: AuditEntry) -> SafeString | str:

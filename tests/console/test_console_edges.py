@@ -180,3 +180,11 @@ def test_a_bulk_confirmation_sent_again_after_its_operation_ran_starts_nothing(
         fresh["Location"]
         == f"/admin/jobstate/job/bulk-operation/{BulkOperation.objects.latest('pk').pk}/"
     )
+
+
+def test_an_audit_event_wraps_between_its_words_not_inside_one(admin_client: Client) -> None:
+    """At 1366 px the audit list broke "retry_scheduled" as "retry_sched/uled". Found
+    by an outside pass."""
+    AuditEntry.objects.create(event="retry_scheduled", request_id="first")
+    listed = admin_client.get("/admin/jobstate/auditentry/").content.decode()
+    assert "retry_<wbr>scheduled" in listed
