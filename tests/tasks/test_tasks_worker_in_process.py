@@ -15,6 +15,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -296,6 +297,36 @@ def test_a_task_claimed_again_while_its_lost_attempt_still_runs_keeps_both_track
     assert result.return_value == 2 and result.attempts == 2
 
 
+def run_past_a_block(
+    entered: threading.Event,
+    release: threading.Event,
+    last_id: str,
+    what: str,
+    meanwhile: Callable[[], None] = lambda: None,
+) -> WorkerSummary:
+    """Run a ``--batch`` worker of one thread on its own thread; once the host's code
+    (``what``) blocks on ``release`` (``entered`` set), the task ``last_id`` must still
+    succeed, within 5 s, and ``meanwhile`` is called, before ``release`` is set. The
+    worker's summary."""
+    summaries: list[WorkerSummary] = []
+    thread = threading.Thread(
+        target=lambda: summaries.append(run_worker(batch=True, concurrency=1)), daemon=True
+    )
+    try:
+        thread.start()
+        assert entered.wait(10), f"{what} was not reached"
+        deadline = time.monotonic() + 5
+        while add.get_result(last_id).status != SUCCESSFUL:
+            assert time.monotonic() < deadline, f"the worker waited for the blocked {what}"
+            time.sleep(0.01)
+        meanwhile()
+    finally:
+        release.set()
+        thread.join(15)
+    (summary,) = summaries
+    return summary
+
+
 def test_a_slow_task_finished_receiver_does_not_hold_up_the_worker(
     settings: Any, memory_tasks: MemoryTasks
 ) -> None:
@@ -315,24 +346,16 @@ def test_a_slow_task_finished_receiver_does_not_hold_up_the_worker(
             release.wait(10)
         finished.append(task_result.id)
 
+    def nothing_announced_yet() -> None:
+        assert finished == []
+
     task_finished.connect(slow_receiver)
-    summaries: list[WorkerSummary] = []
-    thread = threading.Thread(
-        target=lambda: summaries.append(run_worker(batch=True, concurrency=1)), daemon=True
-    )
     try:
-        thread.start()
-        assert entered.wait(10), "task_finished was not sent for the first task"
-        deadline = time.monotonic() + 5
-        while add.get_result(second.id).status != SUCCESSFUL:
-            assert time.monotonic() < deadline, "the worker waited for the slow receiver"
-            time.sleep(0.01)
-        assert not release.is_set() and finished == []
+        summary = run_past_a_block(
+            entered, release, second.id, "task_finished", nothing_announced_yet
+        )
     finally:
-        release.set()
-        thread.join(15)
         task_finished.disconnect(slow_receiver)
-    (summary,) = summaries
     assert (summary.started, summary.succeeded) == (2, 2)
     assert finished == [first.id, second.id]
 
@@ -362,24 +385,12 @@ def test_a_log_handler_that_blocks_does_not_hold_up_the_worker(
     worker_log.addHandler(handler)
     level = worker_log.level
     worker_log.setLevel(logging.INFO)
-    summaries: list[WorkerSummary] = []
-    thread = threading.Thread(
-        target=lambda: summaries.append(run_worker(batch=True, concurrency=1)), daemon=True
-    )
     try:
-        thread.start()
-        assert entered.wait(10), "the worker's start line was not logged"
-        deadline = time.monotonic() + 5
-        while add.get_result(second.id).status != SUCCESSFUL:
-            assert time.monotonic() < deadline, "the worker waited for the blocked handler"
-            time.sleep(0.01)
-        assert add.get_result(first.id).status == SUCCESSFUL and not release.is_set()
+        summary = run_past_a_block(entered, release, second.id, "the start line")
     finally:
-        release.set()
-        thread.join(15)
         worker_log.removeHandler(handler)
         worker_log.setLevel(level)
-    (summary,) = summaries
+    assert add.get_result(first.id).status == SUCCESSFUL
     assert (summary.started, summary.succeeded, summary.unannounced) == (2, 2, 0)
     # Every line was handled, in the order the worker logged them.
     assert " started: " in lines[0] and " stopped (" in lines[-1]
