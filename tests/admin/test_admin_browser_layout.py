@@ -84,6 +84,22 @@ LONG_TASK = "project.billing.reconciliation.tasks.reconcile_customer_invoices_fo
 LONG_WORKER = "worker-eu-west-1-production-batch-7f9c2d1e4b6a:host-ip-10-24-187-203:31337"
 
 
+def _bulk_operations(now: datetime) -> None:
+    """A running, a finished and a cancelled bulk operation, with counts in the
+    thousands."""
+    for state in ("running", "done", "cancelled"):
+        BulkOperation.objects.create(
+            action="requeue",
+            state=state,
+            operator="operator-ada",
+            filters={"target": "tasks:default"},
+            cutoff=now,
+            total=12_345,
+            done=12_000,
+            skipped=345,
+        )
+
+
 def _rows() -> None:
     """Rows like a busy site's: time-ordered ids made within the same millisecond or
     so (they share their first characters), long task paths and worker ids."""
@@ -173,17 +189,7 @@ def _rows() -> None:
             started_at=now - timedelta(minutes=n),
             duration_ms=None if n == 0 else 12_345,
         )
-    for state in ("running", "done", "cancelled"):
-        BulkOperation.objects.create(
-            action="requeue",
-            state=state,
-            operator="operator-ada",
-            filters={"target": "tasks:default"},
-            cutoff=now,
-            total=12_345,
-            done=12_000,
-            skipped=345,
-        )
+    _bulk_operations(now)
     definition = parse_declaration(
         "nightly-reconciliation-of-customer-invoices",
         {"task": "tests.support.task_functions.add", "cron": "30 2 * * 1-5", "args": [1, 1]},
@@ -565,17 +571,7 @@ def long_names(live_server: Any) -> Iterator[tuple[Page, str]]:
         lease=timedelta(minutes=1),
         started_at=now,
     )
-    for state in ("running", "done", "cancelled"):
-        BulkOperation.objects.create(
-            action="requeue",
-            state=state,
-            operator="operator-ada",
-            filters={"target": "tasks:default"},
-            cutoff=now,
-            total=12_345,
-            done=12_000,
-            skipped=345,
-        )
+    _bulk_operations(now)
     definition = parse_declaration(
         LONGEST_KEY, {"task": "tests.support.task_functions.add", "cron": "0 3 * * *"}
     )

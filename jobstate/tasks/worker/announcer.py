@@ -150,6 +150,8 @@ class Announcer:
                 f"jobstate_worker: a log line or task_finished announcement raised "
                 f"{storable_class_path(type(exc))}"
             )
+        if not connections.all(initialized_only=True):
+            return  # what most receivers and handlers do: no database
         # As a request's end does: a receiver that used the database leaves no open
         # block, broken or expired connection to the next one.
         left_open = roll_back_left_open("a task_finished receiver")
