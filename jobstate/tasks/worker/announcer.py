@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import partial
 
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from jobstate.core.attempt_log import storable_class_path
-from jobstate.core.left_open import roll_back_left_open
+from jobstate.tasks.worker.task_connections import release_task_connections
 
 __all__ = ["DEFERRED_LOGGERS", "Announcer", "write_plainly"]
 
@@ -154,7 +154,6 @@ class Announcer:
             return  # what most receivers and handlers do: no database
         # As a request's end does: a receiver that used the database leaves no open
         # block, broken or expired connection to the next one.
-        left_open = roll_back_left_open("a task_finished receiver")
+        left_open = release_task_connections("a task_finished receiver")
         if left_open is not None:
             write_plainly(f"jobstate_worker: {left_open}")
-        close_old_connections()

@@ -82,8 +82,14 @@ def _say_and_flush(signum: int) -> None:
 def _flush() -> None:
     """Write out what the process has buffered before ``os._exit`` skips it."""
     logging.shutdown()
+    _flush_streams()
+
+
+def _flush_streams() -> None:
+    """Write out what stdout and stderr hold (a closed or broken one is left)."""
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        with suppress(OSError, ValueError):
+            stream.flush()
 
 
 def exit_leaving_given_up_threads(status: int, tasks: int) -> None:
@@ -120,7 +126,5 @@ def exit_past_a_stuck_announcer(status: int) -> None:
     still inside a ``task_finished`` receiver or a log handler (see
     :mod:`.announcer`). Python's exit would flush the log's handlers, waiting for a
     lock that thread may hold; what is on stdout and stderr is written out first."""
-    for stream in (sys.stdout, sys.stderr):
-        with suppress(OSError, ValueError):
-            stream.flush()
+    _flush_streams()
     os._exit(status)

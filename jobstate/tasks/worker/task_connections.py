@@ -17,10 +17,10 @@ from jobstate.core.left_open import roll_back_left_open
 __all__ = ["release_task_connections"]
 
 
-def release_task_connections() -> TransactionManagementError | None:
-    """Close what a task left behind on this thread's connections; the error its
-    attempt fails with when it left a ``transaction.atomic()`` block open or autocommit
-    off, else ``None``."""
-    left_open = roll_back_left_open("the task")
+def release_task_connections(actor: str = "the task") -> TransactionManagementError | None:
+    """Close what a task (or another ``actor`` of the host's code, a ``task_finished``
+    receiver) left behind on this thread's connections; the error naming it when it
+    left a ``transaction.atomic()`` block open or autocommit off, else ``None``."""
+    left_open = roll_back_left_open(actor)
     close_old_connections()
     return left_open
