@@ -48,7 +48,7 @@ def _exact_float(literal: str) -> float:
 JSON_DEPTH_LIMIT = 31
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
+def nested_deeper_than(value: Any, limit: int) -> bool:
     """Whether ``value`` (strict JSON) has more than ``limit`` levels of lists and
     objects, walked without recursion."""
     stack = [(value, 1)]
@@ -152,7 +152,7 @@ def ensure_json(value: Any, *, field: str) -> Any:
     if (
         isinstance(value, dict | list)
         and encoded.count("[") + encoded.count("{") > JSON_DEPTH_LIMIT
-        and _deeper_than(value, JSON_DEPTH_LIMIT)
+        and nested_deeper_than(value, JSON_DEPTH_LIMIT)
     ):
         raise InvalidPayload(
             f"{field} is nested more than {JSON_DEPTH_LIMIT} levels deep (lists and "

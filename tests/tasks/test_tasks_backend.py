@@ -5,6 +5,7 @@ options, and the ``NOTIFY`` an enqueue sends on PostgreSQL."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 import uuid
 from datetime import timedelta
@@ -151,6 +152,27 @@ def test_a_task_that_cannot_be_queued_raises_and_writes_nothing(make: Any, error
     with pytest.raises(error):
         make()
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "says"),
+    [
+        ((nested(30),), {}, "args[0] is nested more than 29 levels deep"),
+        ((1, {"a": nested(29)}), {}, "args[1] is nested more than 29 levels deep"),
+        ((), {"payload": nested(30)}, "kwargs['payload'] is nested more than 29 levels deep"),
+    ],
+)
+def test_an_argument_nested_too_deeply_is_named_with_the_depth_it_may_have(
+    args: Any, kwargs: Any, says: str
+) -> None:
+    # The arguments are stored two levels down, inside the job's input {"args": [...]}:
+    # the message names the argument and its own limit, not the input's 31 levels.
+    with pytest.raises(InvalidPayload, match=re.escape(says)):
+        echo.enqueue(*args, **kwargs)
+    assert not Job.objects.exists()
+    # The deepest an argument may be is stored.
+    echo.enqueue(nested(29))
+    assert Job.objects.count() == 1
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from jobstate.core.conf import jobstate_settings
-from jobstate.core.jsonvalues import ensure_json
+from jobstate.core.jsonvalues import JSON_DEPTH_LIMIT, ensure_json, nested_deeper_than
 from jobstate.core.states import (
     RELEASE_JOB_STATUSES,
     TASK_TARGET_PREFIX,
@@ -363,12 +363,38 @@ def task_job_fields(task: NewTask) -> dict[str, Any]:
         fields.update(_unique_fields(task))
     if task.concurrency_digest is not None or task.concurrency_limit is not None:
         fields.update(_concurrency_fields(task))
-    cleaned = clean_job_fields(fields, allowed=JOB_CREATE_FIELDS, action="enqueue_task")
+    try:
+        cleaned = clean_job_fields(fields, allowed=JOB_CREATE_FIELDS, action="enqueue_task")
+    except InvalidPayload as exc:
+        too_deep = _argument_too_deep(task)
+        if too_deep is None:
+            raise
+        raise InvalidPayload(too_deep) from exc
     for name in ("task_path", "queue_name"):
         require_text(cleaned[name], field=name, max_length=None)
     if cleaned["max_attempts"] < 1:
         raise InvalidPatch("max_attempts must be at least 1.", field="max_attempts")
     return cleaned
+
+
+#: The levels left to one argument inside the job's input: ``{"args": [argument]}``.
+ARGUMENT_DEPTH_LIMIT = JSON_DEPTH_LIMIT - 2
+
+
+def _argument_too_deep(task: NewTask) -> str | None:
+    """Why the input of ``task`` nests too deeply, naming the argument, when one does:
+    the input's own limit counts two levels the caller never wrote."""
+    arguments = [(f"args[{n}]", value) for n, value in enumerate(task.args)]
+    arguments += [(f"kwargs[{name!r}]", value) for name, value in task.kwargs.items()]
+    for name, value in arguments:
+        if isinstance(value, dict | list) and nested_deeper_than(value, ARGUMENT_DEPTH_LIMIT):
+            return (
+                f"{name} is nested more than {ARGUMENT_DEPTH_LIMIT} levels deep (lists and "
+                f"objects): a task's arguments are stored inside its job's input, which "
+                f"jobstate keeps at most {JSON_DEPTH_LIMIT} levels deep on every database, "
+                "MariaDB's limit."
+            )
+    return None
 
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
