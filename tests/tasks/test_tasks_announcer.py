@@ -51,6 +51,45 @@ def test_a_stop_that_cannot_wait_says_how_many_were_not_made(
     assert "within 0.2 s" in err and err.endswith("the stop line\n")
 
 
+def test_a_gathered_round_is_made_after_its_block_and_counted_whole_when_a_stop_cannot_wait(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    announcer = Announcer(name="announcer-under-test", backlog=1)
+    started, release = threading.Event(), threading.Event()
+    seen: list[int] = []
+    announcer.put(lambda: (started.set(), release.wait(10)))
+    assert started.wait(5)
+    announcer.put(lambda: seen.append(-1))
+    with announcer.gathering():
+        for number in range(3):
+            announcer.put(lambda number=number: seen.append(number))
+        with announcer.gathering():  # an inner block belongs to the outer round
+            announcer.put(lambda: seen.append(3))
+        # Nothing of the round is queued until the block ends.
+        assert not announcer.lagging()
+    # Behind the blocked one, a single one and a round of four wait: two rounds, past a
+    # backlog of 1.
+    assert announcer.lagging()
+    try:
+        assert announcer.close("the stop line", timeout=0.2) == 6
+    finally:
+        release.set()
+    assert "6 log line(s) or task_finished announcement(s) were not made" in capsys.readouterr().err
+    assert seen == []
+
+
+def test_gathered_rounds_are_made_in_order() -> None:
+    announcer = Announcer(name="announcer-under-test")
+    seen: list[int] = []
+    for first in (0, 2):
+        with announcer.gathering():
+            announcer.put(lambda first=first: seen.append(first))
+            announcer.put(lambda first=first: seen.append(first + 1))
+    announcer.put(lambda: seen.append(4))
+    assert announcer.close("the end", timeout=5) == 0
+    assert seen == [0, 1, 2, 3, 4]
+
+
 def test_what_a_deferring_thread_logs_is_handled_on_the_announcers_thread_in_order(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

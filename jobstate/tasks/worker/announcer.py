@@ -43,7 +43,8 @@ logger = logging.getLogger("jobstate.worker")
 #: The loggers whose records the control loop defers to its announcer.
 DEFERRED_LOGGERS = ("jobstate.worker", "jobstate.schedules")
 
-#: How many announcements may wait before the worker stops claiming.
+#: How many rounds of announcements (see :meth:`Announcer.gathering`) may wait before
+#: the worker stops claiming.
 DEFAULT_BACKLOG = 256
 
 
@@ -74,24 +75,65 @@ class _Deferral(logging.Filter):
 _DEFERRAL = _Deferral()
 
 
+_Rounds = queue.SimpleQueue[list[Callable[[], object]] | None]
+
+
+def _drained(rounds: _Rounds) -> Iterator[list[Callable[[], object]] | None]:
+    """What ``rounds`` holds now, taken out of it."""
+    while True:
+        try:
+            yield rounds.get_nowait()
+        except queue.Empty:
+            return
+
+
 class Announcer:
     """Runs announcements in order, on one thread; see the module docstring."""
 
     def __init__(self, *, name: str, backlog: int = DEFAULT_BACKLOG) -> None:
         self._name = name
         self._backlog = backlog
-        self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self._queue: _Rounds = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        #: Announcements put within :meth:`gathering`, not yet queued.
+        self._gathered: list[Callable[[], object]] | None = None
+        #: What is left of the round the thread is making.
+        self._unmade = 0
 
     def put(self, announcement: Callable[[], object]) -> None:
         """Queue ``announcement``; the thread starts with the first one."""
+        if self._gathered is not None:
+            self._gathered.append(announcement)
+        else:
+            self._enqueue([announcement])
+
+    @contextmanager
+    def gathering(self) -> Iterator[None]:
+        """Within the block, what is put is queued together at its end. A round of
+        the control loop settles and claims in the block: the announcer's thread wakes
+        once a round, after the round's next tasks started, rather than once per
+        announcement in the middle of the round, competing with it for the
+        interpreter."""
+        if self._gathered is not None:
+            yield
+            return
+        gathered: list[Callable[[], object]] = []
+        self._gathered = gathered
+        try:
+            yield
+        finally:
+            self._gathered = None
+            if gathered:
+                self._enqueue(gathered)
+
+    def _enqueue(self, announcements: list[Callable[[], object]]) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
-        self._queue.put(announcement)
+        self._queue.put(announcements)
 
     def lagging(self) -> bool:
-        """More announcements wait than the backlog allows."""
+        """More rounds of announcements wait than the backlog allows."""
         return self._queue.qsize() > self._backlog
 
     @contextmanager
@@ -121,8 +163,8 @@ class Announcer:
         thread.join(timeout)
         if not thread.is_alive():
             return 0
-        # The one it is making, and the queued ones but the end marker.
-        unmade = self._queue.qsize()
+        # The ones it is making, and the queued ones but the end marker.
+        unmade = self._unmade + sum(len(round_ or ()) for round_ in _drained(self._queue))
         write_plainly(
             f"jobstate_worker: {unmade} log line(s) or task_finished announcement(s) were "
             f"not made: a receiver or log handler did not return within {timeout:g} s"
@@ -133,10 +175,13 @@ class Announcer:
     def _serve(self) -> None:
         try:
             while True:
-                announcement = self._queue.get()
-                if announcement is None:
+                announcements = self._queue.get()
+                if announcements is None:
                     return
-                self._make(announcement)
+                self._unmade = len(announcements)
+                for announcement in announcements:
+                    self._make(announcement)
+                    self._unmade -= 1
         finally:
             connections.close_all()
 

@@ -155,7 +155,9 @@ class TaskWorker:
                 self._attempt_ended,
                 name="jobstate-task",
             )
-            self._start_listener()
+            self._listener = start_listener(
+                self.config, target=self.backend.target, queues=self.queues, wake=self._wake.set
+            )
             try:
                 if not self._register():
                     return self.summary
@@ -339,16 +341,17 @@ class TaskWorker:
         request = None
         if claim:
             request = self._claim_request({held(item.attempt) for item in self._pending})
-        with self._unsure.watching(request):
-            settled, jobs = self.reporter.settle_and_claim(self._pending, request)
-        self._pending = []
-        for item in settled:
-            self._active.pop(held(item.outcome.attempt), None)
-            item.count_in(self.summary)
-        if request is None or jobs is None:
-            return None
-        self._start(jobs)
-        return request.limit, len(jobs)
+        with self._announcer.gathering():  # queued once the next tasks started
+            with self._unsure.watching(request):
+                settled, jobs = self.reporter.settle_and_claim(self._pending, request)
+            self._pending = []
+            for item in settled:
+                self._active.pop(held(item.outcome.attempt), None)
+                item.count_in(self.summary)
+            if request is None or jobs is None:
+                return None
+            self._start(jobs)
+            return request.limit, len(jobs)
 
     def _watch_cancels(self, lost: list[Attempt] | None = None) -> None:
         """Stop the attempts whose task was cancelled (every ``interval``, or at once
@@ -426,11 +429,6 @@ class TaskWorker:
         return max(min(wake_at, due) - now, 0.0)
 
     # --- start and stop --------------------------------------------------------------
-
-    def _start_listener(self) -> None:
-        self._listener = start_listener(
-            self.config, target=self.backend.target, queues=self.queues, wake=self._wake.set
-        )
 
     def _wind_down(self) -> None:
         """Claim nothing more; hand back what no thread started; let the running tasks
