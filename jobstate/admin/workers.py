@@ -49,7 +49,7 @@ from jobstate.admin.list_input import unusable_find_value
 from jobstate.admin.worker_page import worker_jobs
 from jobstate.console.job_search import shortened
 from jobstate.core.bidi import isolated
-from jobstate.core.states import CLAIMED_JOB_STATUSES
+from jobstate.core.states import CLAIMED_JOB_STATUSES, WorkerKind
 from jobstate.models import Job, Worker
 
 __all__ = ["RUNNING_SHOWN", "WorkerAdmin", "WorkerStateFilter", "worker_state"]
@@ -169,6 +169,13 @@ class WorkerAdmin(ReadOnlyAdmin):
     fields = _WORKER_FIELDS
     readonly_fields = _WORKER_FIELDS
     change_form_template = "admin/jobstate/worker/change_form.html"
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if obj is not None and obj.kind != WorkerKind.TASKS:
+            # A backend alias is a task worker's: a relay or an executor has none.
+            return [name for name in fields if name != "backend"]
+        return fields
 
     def get_urls(self) -> list[URLPattern]:
         find = path(

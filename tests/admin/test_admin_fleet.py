@@ -116,6 +116,26 @@ def test_the_workers_page_shows_live_lost_and_stopped_workers_and_their_jobs(
     assert 'id="jobstate-live"' in page and "jobstate/live.js" in page
 
 
+def test_a_workers_page_shows_a_backend_only_for_a_task_worker(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    # A backend alias is a task worker's: a relay or an executor has none, and a
+    # "Backend: -" row on its page suggested something was missing.
+    register(store, "app-1:100:tasks", backend="emails")
+    register(store, "relay:app-1:9", kind=WorkerKind.RELAY, backend="", queues=None)
+    register(store, "executor-7", kind=WorkerKind.EXECUTOR, backend="", queues=None)
+    for worker_id, shown in (
+        ("app-1:100:tasks", True),
+        ("relay:app-1:9", False),
+        ("executor-7", False),
+    ):
+        pk = Worker.objects.get(worker_id=worker_id).pk
+        page = admin_client.get(f"{WORKERS}{pk}/change/").content.decode()
+        assert "field-worker_id" in page
+        assert ("field-backend" in page) is shown, worker_id
+        assert ("emails" in page) is shown, worker_id
+
+
 def test_the_workers_page_filters_by_state(admin_client: Client, store: DatabaseStateStore) -> None:
     register(store, "w-live")
     register(store, "w-lost")
