@@ -20,7 +20,6 @@ from jobstate.admin.bulk_actions import bulk_links, bulk_urls
 from jobstate.admin.common import (
     REDACTOR_ATTRIBUTE,
     ActionSpec,
-    choice_badge,
     confirmed_action,
     database_now,
     json_block,
@@ -73,7 +72,6 @@ from jobstate.models import AuditEntry, Job, Notification
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
     CLAIMED_JOB_STATUSES,
-    JobStatus,
 )
 
 __all__ = ["JobAdmin"]
@@ -217,15 +215,19 @@ class JobAdmin(TaskFieldsAdmin):
 
     # --- columns and fields ----------------------------------------------------------
 
-    @admin.display(description=gettext_lazy("request id"), ordering="request_id")
+    @admin.display(description=gettext_lazy("id / request id"), ordering="request_id")
     def request_id_cell(self, job: Job) -> SafeString:
-        # Cut in the middle: request ids sharing a prefix (a time, a tenant) stay
-        # distinct; whole in the tooltip and on the job's page.
-        return one_line(cut_middle(job.request_id, 8), job.request_id)
+        # A task by its id: what enqueue's result and the worker's lines name (its own
+        # request id, "task-…", is named nowhere else). Any other job by its request
+        # id. Cut in the middle: ids sharing a prefix (a time, a tenant) stay distinct;
+        # whole in the tooltip and on the job's page.
+        name = str(job.id) if job.task_path is not None else job.request_id
+        return one_line(cut_middle(name, 8), name)
 
     @admin.display(description=gettext_lazy("status"), ordering="status")
     def status_display(self, job: Job) -> SafeString:
-        return choice_badge(job.status, JobStatus(job.status).label)
+        # A task's as Django names it (SUCCESSFUL, FAILED), as on its page.
+        return job_status_badge(job)
 
     @admin.display(description=gettext_lazy("task / target"), ordering="target")
     def task_or_target(self, job: Job) -> SafeString | str:

@@ -115,6 +115,26 @@ def test_a_tasks_page_is_titled_by_its_task_path_with_its_status_and_short_id(
     assert headings and not any(task.request_id in heading for heading in headings)
 
 
+def test_the_jobs_list_names_a_task_by_its_result_id_and_its_status_as_django_does(
+    admin_client: Client,
+) -> None:
+    # A newcomer enqueues a task, sees result.id and the worker's line name the same id,
+    # and looks for it in the list: the task's own request id ("task-…") matched neither.
+    task = add.enqueue(1, 2)
+    Job.objects.filter(id=task.id).update(status="done")
+    hub = get_state_store().create_job(request_id="invoice-4711", target="mail")
+    page = admin_client.get(JOBS).content.decode()
+    rows = re.findall(r"<tr>.*?</tr>", page, re.S)
+    (row,) = [row for row in rows if str(task.id) in row]
+    assert f'title="{task.id}">{str(task.id)[:8]}…{str(task.id)[-8:]}</span>' in row
+    assert Job.objects.get(id=task.id).request_id not in page
+    assert ">SUCCESSFUL</span>" in row and ">Done</span>" not in row
+    # Any other job keeps its request id and its own status label.
+    (hub_row,) = [row for row in rows if str(hub.id) in row]
+    assert 'title="invoice-4711">invoice-4711</span>' in hub_row
+    assert ">Queued</span>" in hub_row
+
+
 @pytest.mark.parametrize(
     ("status", "shown"),
     [("queued", "READY"), ("running", "RUNNING"), ("done", "SUCCESSFUL"), ("error", "FAILED")],
