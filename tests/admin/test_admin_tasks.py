@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobstate.core.states import NewTask
-from jobstate.models import Job
+from jobstate.models import AuditEntry, Job
 from jobstate.stores import get_state_store
 from jobstate.tasks.compat import TaskResultStatus
 from tests.support.admin_kit import JOBS, act, confirm_page, failed_task, thrice_failed_task
@@ -113,6 +113,23 @@ def test_a_tasks_page_is_titled_by_its_task_path_with_its_status_and_short_id(
     assert ">FAILED<" in subtitle and short in subtitle and str(task.id) in subtitle
     headings = re.findall(r"<h[12][^>]*>.*?</h[12]>", html.split('id="content"', 1)[1], re.S)
     assert headings and not any(task.request_id in heading for heading in headings)
+
+
+def test_a_successful_tasks_empty_audit_trail_says_where_its_story_is(
+    admin_client: Client,
+) -> None:
+    # A successful attempt writes no audit entry (the hot path): a bare "No audit
+    # entries." under a task that ran looked like something was lost.
+    task = add.enqueue(1, 2)
+    Job.objects.filter(id=task.id).update(status="done")
+    html = admin_client.get(f"{JOBS}{task.id}/change/").content.decode()
+    trail = section(html, "jobstate-audit-trail")
+    assert "are under Attempts and events" in trail
+    assert "A successful attempt writes none" in trail
+    hub = get_state_store().create_job(request_id="hub-quiet", target="mail")
+    AuditEntry.objects.filter(job_id=hub.id).delete()
+    html = admin_client.get(f"{JOBS}{hub.id}/change/").content.decode()
+    assert "<p>No audit entries.</p>" in section(html, "jobstate-audit-trail")
 
 
 def test_the_jobs_list_names_a_task_by_its_result_id_and_its_status_as_django_does(
