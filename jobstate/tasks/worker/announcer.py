@@ -101,7 +101,8 @@ class Announcer:
         self._unmade = 0
 
     def put(self, announcement: Callable[[], object]) -> None:
-        """Queue ``announcement``; the thread starts with the first one."""
+        """Queue ``announcement``; the thread starts with the first one. Called on the
+        control loop's thread only, as :meth:`gathering` is."""
         if self._gathered is not None:
             self._gathered.append(announcement)
         else:
