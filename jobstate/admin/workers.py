@@ -30,7 +30,7 @@ from django.db.models.functions import Now, RowNumber
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
@@ -140,6 +140,11 @@ _WORKER_FIELDS = (
     "stopped_moment",
     "stopped_reason",
 )
+
+
+#: Between the jobs a worker runs: a comma on a wide screen; on a phone, where each job
+#: takes a line of its own, none (a comma left alone on its line otherwise).
+_LINK_SEPARATOR = mark_safe('<span class="jobstate-list-sep">, </span>')
 
 
 @admin.register(Worker)
@@ -333,7 +338,7 @@ class WorkerAdmin(ReadOnlyAdmin):
         if not count:
             return "—"
         links = format_html_join(
-            ", ",
+            _LINK_SEPARATOR,
             '<a href="{}">{}</a>',
             ((admin_change_url(Job, pk, self.admin_site.name), label) for pk, label in jobs),
         )

@@ -276,6 +276,12 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
                 "e => [e.scrollWidth, e.clientWidth]"
             )
             assert inner[0] <= inner[1], (name, size, inner)
+            # No value spills out of its cell into the next one (an id running into
+            # the status badge beside it).
+            spilled = page.eval_on_selector_all(
+                "#result_list tbody th, #result_list tbody td", _SPILLED_VALUES
+            )
+            assert spilled == [], (name, size, spilled)
             if name == "bulk":
                 # Squeezed to fit, its action and counts read "requeu/e", "1200/0".
                 broken = page.eval_on_selector_all(
@@ -299,6 +305,17 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
     page.goto(base + LISTS["jobs"])
     shown = [header["text"].lower() for header in _headers(page) if header["shown"]]
     assert {"status", "task / target", "age / lease"} <= set(shown), shown
+
+
+#: The one-line values drawn past their cell's edge, into the next cell: "class: text
+#: (px over)".
+_SPILLED_VALUES = """cells => cells.flatMap(cell => {
+    const edge = cell.getBoundingClientRect().right;
+    return [...cell.querySelectorAll('.jobstate-one-line')]
+        .filter(e => e.getBoundingClientRect().right > edge + 0.5)
+        .map(e => `${cell.className}: ${e.textContent} (${
+            Math.round(e.getBoundingClientRect().right - edge)} px over)`);
+})"""
 
 
 #: The words of the elements ``selector`` picks that wrapped in the middle: a word
@@ -618,6 +635,30 @@ def test_names_as_long_as_allowed_fit_a_wide_screen_and_a_phone(
                     "e => [e.scrollWidth, e.clientWidth]"
                 )
                 assert inner[0] <= inner[1], (name, size, inner)
+                spilled = page.eval_on_selector_all(
+                    "#result_list tbody th, #result_list tbody td", _SPILLED_VALUES
+                )
+                assert spilled == [], (name, size, spilled)
+            if name == "workers" and size == "phone":
+                # A worker's whole id shows (two ids alike at their start stayed "w-…"
+                # on a phone), and its running jobs' commas keep to their jobs' lines.
+                ids = page.eval_on_selector_all(
+                    "#result_list tbody th a > .jobstate-one-line",
+                    "els => els.map(e => e.scrollWidth <= e.clientWidth)",
+                )
+                assert ids and all(ids), (size, ids)
+                lone = page.eval_on_selector_all("#result_list td.field-running_now", _LONE_COMMAS)
+                assert lone == 0, (size, lone)
+
+
+#: How many commas are drawn on a line of their own in the cells given.
+_LONE_COMMAS = """cells => cells.flatMap(cell => [...cell.querySelectorAll('.jobstate-list-sep')])
+    .filter(sep => {
+        const rects = [...sep.getClientRects()];
+        if (!rects.length) return false;
+        const prev = sep.previousElementSibling.getBoundingClientRect();
+        return Math.round(rects[0].top) > Math.round(prev.top);
+    }).length"""
 
 
 def _column_widths(page: Page, selector: str) -> dict[str, float]:
