@@ -19,6 +19,7 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from jobstate.admin.list_cells import breakable
 from jobstate.console.job_search import SearchError, apply_job_filter, shortened
 from jobstate.core.conf import jobstate_settings
 from jobstate.models import BulkOperation, Job
@@ -72,7 +73,9 @@ class FixedChoicesFilter(admin.SimpleListFilter):
         current = self.value()
         if current and current not in values:
             values.append(current)
-        return [(value, value) for value in values]
+        # A dotted path or a queue name wraps after its dots, dashes and colons in the
+        # narrow sidebar, not in the middle of a word.
+        return [(value, breakable(value)) for value in values]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
