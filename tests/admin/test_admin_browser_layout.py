@@ -355,6 +355,16 @@ def test_a_workers_page_and_a_jobs_page_with_long_names_fit_a_phone(
     assert LONG_TASK in page.locator("ol.jobstate-timeline").inner_text()
     scroll = page.evaluate("document.documentElement.scrollWidth")
     assert scroll <= PHONE["width"], ("job page", scroll)
+    for size, viewport in SIZES.items():
+        # Each summary value inside its own cell: the instants (enqueued, started,
+        # finished) were drawn 8 px past theirs, into the next one's.
+        page.set_viewport_size(viewport)
+        _shoot(page, "finished-job-page", size)
+        spilled = page.eval_on_selector_all(
+            "dl.jobstate-summary dd",
+            "els => els.filter(e => e.scrollWidth > e.clientWidth).map(e => e.textContent)",
+        )
+        assert spilled == [], (size, spilled)
 
 
 def test_a_notifications_history_page_fits_a_phone(console: tuple[Page, str]) -> None:
