@@ -132,6 +132,11 @@ _IDENTITY = (
     "concurrency",
 )
 
+#: A task worker's own: a relay has no backend and runs no jobs; an executor, registered
+#: by its claims, declares neither (its row's concurrency of 1 says nothing: it holds
+#: as many jobs as it claimed).
+_TASK_WORKER_FIELDS = ("backend", "concurrency")
+
 _WORKER_FIELDS = (
     *_IDENTITY,
     "lease",
@@ -178,8 +183,7 @@ class WorkerAdmin(ReadOnlyAdmin):
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = super().get_fields(request, obj)
         if obj is not None and obj.kind != WorkerKind.TASKS:
-            # A backend alias is a task worker's: a relay or an executor has none.
-            return [name for name in fields if name != "backend"]
+            return [name for name in fields if name not in _TASK_WORKER_FIELDS]
         return fields
 
     def get_urls(self) -> list[URLPattern]:
@@ -304,10 +308,9 @@ class WorkerAdmin(ReadOnlyAdmin):
             if worker.queues
             else self.queues_display(worker)
         )
-        return with_sub(
-            names,
-            _("concurrency %(n)s") % {"n": worker.concurrency} if worker.concurrency else "",
-        )
+        if worker.kind != WorkerKind.TASKS:
+            return names
+        return with_sub(names, _("concurrency %(n)s") % {"n": worker.concurrency})
 
     @admin.display(description=gettext_lazy("started"), ordering="started_at")
     def started_display(self, worker: Worker) -> str:

@@ -116,11 +116,12 @@ def test_the_workers_page_shows_live_lost_and_stopped_workers_and_their_jobs(
     assert 'id="jobstate-live"' in page and "jobstate/live.js" in page
 
 
-def test_a_workers_page_shows_a_backend_only_for_a_task_worker(
+def test_a_workers_page_shows_a_backend_and_a_concurrency_only_for_a_task_worker(
     admin_client: Client, store: DatabaseStateStore
 ) -> None:
     # A backend alias is a task worker's: a relay or an executor has none, and a
-    # "Backend: -" row on its page suggested something was missing.
+    # "Backend: -" row on its page suggested something was missing. An executor's
+    # "Concurrency: 1" (its row's default) sat beside the five jobs it held.
     register(store, "app-1:100:tasks", backend="emails")
     register(store, "relay:app-1:9", kind=WorkerKind.RELAY, backend="", queues=None)
     register(store, "executor-7", kind=WorkerKind.EXECUTOR, backend="", queues=None)
@@ -134,6 +135,11 @@ def test_a_workers_page_shows_a_backend_only_for_a_task_worker(
         assert "field-worker_id" in page
         assert ("field-backend" in page) is shown, worker_id
         assert ("emails" in page) is shown, worker_id
+        assert ("field-concurrency" in page) is shown, worker_id
+    listed = admin_client.get(WORKERS).content.decode()
+    assert "concurrency 4" in row_of(listed, "app-1:100:tasks")
+    for worker_id in ("relay:app-1:9", "executor-7"):
+        assert "concurrency" not in row_of(listed, worker_id), worker_id
 
 
 def test_the_workers_page_filters_by_state(admin_client: Client, store: DatabaseStateStore) -> None:
