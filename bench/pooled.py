@@ -23,7 +23,9 @@ so a task that never ran or ran twice is seen on the file, not on jobstate's own
    before, and each must exit 0.
 
 The rate is work time, from the first task's start to the last task's end on jobstate's
-own timestamps, as in ``python -m bench tasks``.
+own timestamps, as in ``python -m bench tasks``. Beside it, each arm's CPU time per task,
+by who spent it (the workers, PgBouncer, the database's server processes), and how busy
+the machine's cores were while it drained (:mod:`bench.cpu_share`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import IO
 
 import psycopg
 
+from bench import cpu_share
 from bench.pg import ROOT, BenchError, load_average
 from bench.pgbouncer import PGBOUNCER, PgBouncer
 from bench.tasks import WORK_SQL
@@ -52,6 +55,9 @@ _TARGET, _QUEUE = "tasks:jobstate", "default"
 
 #: Tasks enqueued per transaction.
 _ENQUEUE_CHUNK = 1000
+
+#: The database's server processes other than the asking connection's own.
+_SERVER_PIDS_SQL = "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
 
 #: The tasks that ended: done, and ended otherwise (failed: a claim cut off by the kill
 #: and never run, say, with no attempt left).
@@ -84,6 +90,11 @@ class Arm:
     retries_logged: int = 0
     tracebacks: int = 0
     kills: int = 0
+    #: CPU milliseconds per task by group (:data:`bench.cpu_share.GROUPS`); empty where
+    #: ``/proc`` cannot be read.
+    cpu_ms_per_task: dict[str, float] = field(default_factory=dict)
+    #: How busy the machine's cores were while the arm drained (1.0: all, all the time).
+    cores_busy: float = float("nan")
 
     @property
     def rate(self) -> float:
@@ -211,6 +222,30 @@ def _stop(arm: Arm, workers: list[subprocess.Popen[str]]) -> None:
             arm.exited_badly.append(f"{arm.name}-{n} ({code})")
 
 
+def _cpu_meter(
+    arm: Arm, pooler: PgBouncer, workers: list[subprocess.Popen[str]]
+) -> cpu_share.CpuMeter | None:
+    """What measures the CPU ``arm`` spends: its workers, the pooler when the arm goes
+    through it, and the database's server processes (found through the harness's own
+    connection, which is left out); ``None`` without ``/proc``."""
+    if not cpu_share.available():
+        return None
+    from django.db import connection
+
+    def groups() -> dict[str, list[int]]:
+        with connection.cursor() as cursor:
+            cursor.execute(_SERVER_PIDS_SQL, [pooler.database])
+            server = [int(pid) for (pid,) in cursor.fetchall()]
+        running = pooler.process is not None and pooler.process.poll() is None
+        return {
+            "workers": [worker.pid for worker in workers],
+            "pgbouncer": [pooler.process.pid] if arm.pooled and running and pooler.process else [],
+            "server": server,
+        }
+
+    return cpu_share.CpuMeter(groups)
+
+
 def _read_logs(arm: Arm, directory: Path) -> None:
     for n in range(arm.workers):
         text = (directory / f"{arm.name}-{n}.log").read_text(errors="replace")
@@ -255,6 +290,9 @@ def drain_arm(
 
         _wait(registered, timeout=60 + 2 * arm.workers, what=f"{arm.label}: every worker up")
         log(f"  {arm.label}: {arm.workers} workers up; load {load_average()}")
+        meter = _cpu_meter(arm, pooler, workers)
+        if meter is not None:
+            meter.start()
         store.resume_queue(target=_TARGET, queue=_QUEUE, by="bench")
 
         def drained() -> bool:
@@ -274,6 +312,13 @@ def drain_arm(
 
         # A claim whose reply the kill cut off comes back once its lease has run out.
         _wait(drained, timeout=300 + tasks / 20 + 2 * lease, what=f"{arm.label}: every task ended")
+        if meter is not None:
+            share = meter.stop()
+            arm.cpu_ms_per_task = {
+                group: round(share.per_task_ms(group, tasks), 3) for group in cpu_share.GROUPS
+            }
+            arm.cores_busy = round(share.busy_share, 3)
+            log(f"  {arm.label}: {share.summary(tasks)}")
         _stop(arm, workers)
     with connection.cursor() as cursor:
         # The same work time as the task benchmark's, on jobstate's own timestamps.
@@ -347,8 +392,9 @@ def run(
 def table(results: list[Arm]) -> str:
     lines = [
         "| arm | tasks | work time | tasks/s | most server connections | not done | never ran "
-        "| ran twice | workers exited | retries logged |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ran twice | workers exited | retries logged "
+        "| CPU ms per task: workers / PgBouncer / server | cores busy |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for arm in results:
         exited = len(arm.exited_early) + len(arm.exited_badly)
@@ -356,9 +402,15 @@ def table(results: list[Arm]) -> str:
             f"| {arm.label} | {arm.tasks} | {arm.seconds:.2f} s | {arm.rate:.0f} | "
             f"{arm.most_server_connections} | {arm.not_done} | {arm.lost} | {arm.ran_twice} | "
             f"{exited} | "
-            f"{arm.retries_logged} |"
+            f"{arm.retries_logged} | {_cpu_cell(arm)} | {arm.cores_busy:.0%} |"
         )
     return "\n".join(lines)
+
+
+def _cpu_cell(arm: Arm) -> str:
+    if not arm.cpu_ms_per_task:
+        return "-"
+    return " / ".join(f"{arm.cpu_ms_per_task[group]:.2f}" for group in cpu_share.GROUPS)
 
 
 def targets(results: list[Arm], *, pool_size: int) -> list[str]:

@@ -2,7 +2,8 @@
 the harness's own (pool of 2) and workers connected directly drain every task once,
 then PgBouncer is killed and started again mid-drain and still no task is lost or runs
 twice and no worker exits; the database never sees more server connections than the
-pool, and the harness drops its database. Speed is not asserted here."""
+pool, the CPU each arm spent is reported by who spent it, and the harness drops its
+database. Speed is not asserted here."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def test_workers_through_pgbouncer_killed_mid_drain_lose_nothing(tmp_path: Path)
         assert (arm["not_done"], arm["lost"], arm["ran_twice"]) == (0, 0, 0), arm
         assert arm["exited_early"] == [] and arm["exited_badly"] == [], arm
         assert arm["tracebacks"] == 0, arm
+        # Where the drain's CPU went: the workers and the server always spent some.
+        assert arm["cpu_ms_per_task"]["workers"] > 0 and arm["cpu_ms_per_task"]["server"] > 0
+        assert 0 < arm["cores_busy"] <= 1, arm
+    assert arms["direct"]["cpu_ms_per_task"]["pgbouncer"] == 0
     for name in ("pooled", "pooled-killed"):
         assert 0 < arms[name]["most_server_connections"] <= 2
     killed = arms["pooled-killed"]
