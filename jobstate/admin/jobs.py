@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
@@ -182,24 +182,17 @@ class JobAdmin(TaskFieldsAdmin):
         # Leases are judged on the clock that wrote them (see with_database_now).
         return with_database_now(super().get_queryset(request))
 
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
-    ) -> tuple[QuerySet[Any], bool]:
-        """The list narrowed by the search (:mod:`jobstate.console.job_search`); a search it
-        cannot read shows why and lists nothing."""
-        if not search_term.strip():
-            return queryset, False
-        try:
-            return parse_search(search_term).apply(queryset), False
-        except SearchError as exc:
-            fields = ", ".join(f"{name}: ({what})" for name, what in SEARCH_FIELDS.items())
-            self.message_user(
-                request,
-                _("Search not understood: %(error)s Search fields: %(fields)s.")
-                % {"error": exc, "fields": fields},
-                messages.ERROR,
-            )
-            return queryset.none(), False
+    def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
+        """The list narrowed by the search (:mod:`jobstate.console.job_search`);
+        :class:`SearchError` for one it cannot read."""
+        return parse_search(term).apply(queryset) if term else queryset
+
+    def search_refusal(self, exc: SearchError) -> str:
+        fields = ", ".join(f"{name}: ({what})" for name, what in SEARCH_FIELDS.items())
+        return _("Search not understood: %(error)s Search fields: %(fields)s.") % {
+            "error": exc,
+            "fields": fields,
+        }
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

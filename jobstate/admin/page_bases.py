@@ -34,7 +34,7 @@ from jobstate.admin.list_input import (
     unusable_page,
 )
 from jobstate.admin.paginator import EstimatedCountPaginator
-from jobstate.console.job_search import unreadable_text
+from jobstate.console.job_search import SearchError, bounded_search, unreadable_text
 from jobstate.console.redaction import Redactor
 from jobstate.console.redaction import redactor as make_redactor
 
@@ -232,11 +232,28 @@ class ScaledAdmin(admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
-        return self.search(queryset, search_term), False
+        """The list narrowed by :meth:`search`. A search the list cannot read (longer
+        than any list reads, see :func:`~jobstate.console.job_search.bounded_search`)
+        is refused before any query: an error message says why, and no row is listed.
+        A list without a search box ignores ``q``, as Django's does."""
+        if not self.get_search_fields(request):
+            return queryset, False
+        try:
+            return self.search(queryset, bounded_search(search_term)), False
+        except SearchError as exc:
+            self.message_user(request, self.search_refusal(exc), messages.ERROR)
+            return queryset.none(), False
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
-        """Narrow ``queryset`` to ``term``; subclasses call :func:`exact_search`."""
+        """Narrow ``queryset`` to ``term`` (stripped, at most ``SEARCH_LIMIT``
+        characters); subclasses call :func:`exact_search`, or raise
+        :class:`~jobstate.console.job_search.SearchError` for a search they cannot
+        read."""
         return queryset
+
+    def search_refusal(self, exc: SearchError) -> str:
+        """What the list says when it refuses a search."""
+        return str(exc)
 
     #: The JSON fields of a row whose members under redacted keys are hidden, and whose
     #: values are masked in the row's text fields (see :mod:`jobstate.console.redaction`).

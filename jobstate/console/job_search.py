@@ -71,6 +71,7 @@ __all__ = [
     "SearchError",
     "apply_job_filter",
     "attempted_by",
+    "bounded_search",
     "db_instant",
     "filter_jobs",
     "parse_search",
@@ -85,7 +86,7 @@ RECENT_SEARCH_WINDOW = 100_000
 #: How much of a value a message repeats: a URL may carry thousands of characters.
 SHOWN_AT_MOST = 80
 
-#: The longest search the list accepts.
+#: The longest search a console list accepts.
 SEARCH_LIMIT = 500
 
 #: The list's search parameter (Django admin's ``q``).
@@ -105,7 +106,18 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class SearchError(JobStateError, ValueError):
-    """A search or filter the jobs list cannot read; the message says why."""
+    """A search or filter a console list cannot read; the message says why."""
+
+
+def bounded_search(term: str) -> str:
+    """``term`` without the spaces around it; :class:`SearchError` when it is longer
+    than :data:`SEARCH_LIMIT`. Every console list checks its search here before any
+    query: a pasted page of text matches no row, and would otherwise list nothing
+    without a word (or be compared with every row, on a list that matches parts)."""
+    term = term.strip()
+    if len(term) > SEARCH_LIMIT:
+        raise SearchError(f"A search is at most {SEARCH_LIMIT} characters.")
+    return term
 
 
 def unreadable_text(text: str) -> str | None:
@@ -275,9 +287,7 @@ class JobSearch:
 
 def parse_search(term: str) -> JobSearch:
     """Read a search of the jobs list; :class:`SearchError` when it is malformed."""
-    term = _readable(term.strip(), "that")
-    if len(term) > SEARCH_LIMIT:
-        raise SearchError(f"A search is at most {SEARCH_LIMIT} characters.")
+    term = bounded_search(_readable(term, "that"))
     if len(re.findall(r'(?<!\\)"', term)) % 2:
         raise SearchError("A quote is not closed.")
     exact = ""

@@ -11,7 +11,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from jobstate.models import AuditEntry, BulkOperation, Job
 from jobstate.stores.database import DatabaseStateStore
@@ -110,6 +112,42 @@ def test_a_filter_value_or_page_no_list_offers_is_named_and_the_whole_list_shown
     [message] = shown_messages(response)
     assert says in message and "The whole list is shown" in message, message
     assert response.request["QUERY_STRING"] == "e=1"
+
+
+#: Every console list with a search box.
+SEARCHED_LISTS = [
+    JOBS,
+    "/admin/jobstate/worker/",
+    "/admin/jobstate/schedule/",
+    "/admin/jobstate/runtimelock/",
+    "/admin/jobstate/jobrun/",
+    "/admin/jobstate/notification/",
+    "/admin/jobstate/auditentry/",
+    "/admin/jobstate/approvaldecision/",
+    "/admin/jobstate/deliveryreplay/",
+]
+
+
+@pytest.mark.parametrize("url", SEARCHED_LISTS)
+def test_a_search_longer_than_any_list_reads_is_refused_naming_the_limit(
+    admin_client: Client, jobs: None, url: str
+) -> None:
+    """The workers and schedules lists answered a pasted page of text with "0 workers"
+    and no word; the locks and schedules lists compared it with every row."""
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(url, {"q": LONG})
+    assert response.status_code == 200
+    [message] = shown_messages(response)
+    assert "A search is at most 500 characters." in message, message
+    ran = [query["sql"][:200] for query in queries.captured_queries if "x" * 501 in query["sql"]]
+    assert ran == []
+
+
+@pytest.mark.parametrize("url", SEARCHED_LISTS)
+def test_a_search_as_long_as_the_limit_runs(admin_client: Client, url: str) -> None:
+    response = admin_client.get(url, {"q": "x" * 500})
+    assert response.status_code == 200
+    assert shown_messages(response) == []
 
 
 @pytest.mark.parametrize(
