@@ -11,6 +11,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.admin.views.main import ERROR_FLAG, PAGE_VAR, SEARCH_VAR
 from django.core.exceptions import ValidationError
+from django.core.paginator import InvalidPage
 from django.db.models import Field
 from django.http import HttpRequest
 from django.utils.translation import gettext as _
@@ -86,8 +87,14 @@ def unapplied(request: HttpRequest, exc: IncorrectLookupParameters) -> str:
     """What Django's "incorrect lookup" means for the operator: the parameters given
     and, when the exception says it, why."""
     cause = exc.args[0] if exc.args else None
+    # Django's list raises it bare when its paginator refuses the page (past the end,
+    # under 1); the refusal says which.
+    if cause is None and isinstance(exc.__context__, InvalidPage):
+        cause = exc.__context__
     if isinstance(cause, ValidationError):
         why = " ".join(cause.messages)
+    elif isinstance(cause, InvalidPage):
+        why = f"{cause}."
     else:
         why = str(cause) if cause is not None else ""
     shown = [

@@ -19,7 +19,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from django.core.paginator import Paginator
+from django.core.paginator import EmptyPage, Page, Paginator
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
@@ -70,6 +70,17 @@ class EstimatedCountPaginator(Paginator):
         if capped > self.count_cap:
             self.count_kind = CountKind.AT_LEAST
         return capped
+
+    def page(self, number: Any) -> Page:
+        """Page ``number``; :class:`EmptyPage` when it is after the first and holds no
+        row, as Django refuses a page past an exact count: an estimate may promise
+        pages past the list's end, which would show an empty list saying nothing is
+        recorded. Reading the page here is the query the list runs anyway: the page
+        keeps its rows."""
+        page = super().page(number)
+        if page.number > 1 and not page.object_list:
+            raise EmptyPage(self.error_messages["no_results"])
+        return page
 
 
 def _unfiltered(rows: QuerySet[Any]) -> bool:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test import Client
@@ -526,6 +527,32 @@ def test_postgresql_estimates_unfiltered_and_caps_filtered_counts(
 
     small = admin_client.get(f"{JOBS}?status__exact=done&target=nowhere")
     assert small.context["cl"].paginator.count_kind is CountKind.EXACT
+
+
+@pytest.mark.postgres
+def test_a_page_past_the_end_of_an_estimated_list_is_named_not_shown_empty(
+    admin_client: Client, store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner's estimate promised four pages of five jobs after fifteen of twenty
+    were deleted; page 2 showed an empty list saying "No jobs. A job appears here when
+    the application enqueues one"."""
+    monkeypatch.setattr(EstimatedCountPaginator, "count_cap", 5)
+    monkeypatch.setattr(admin.site._registry[Job], "list_per_page", 5)
+    for n in range(20):
+        store.create_job(request_id=f"r{n}", target="mail")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobstate_job")
+    Job.objects.filter(request_id__in=[f"r{n}" for n in range(5, 20)]).delete()
+    first = admin_client.get(JOBS)
+    assert first.context["cl"].paginator.count_kind is CountKind.ESTIMATE
+    assert len(first.context["cl"].result_list) == 5
+
+    past = admin_client.get(f"{JOBS}?p=2", follow=True)
+    [message] = shown_messages(past)
+    assert "p=2. That page contains no results." in message, message
+    assert past.request["QUERY_STRING"] == "e=1"
+    assert len(past.context["cl"].result_list) == 5
+    assert "No jobs." not in past.content.decode()
 
 
 # --- the store methods behind reject and expired-lease requeue ------------------------

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from django.contrib import admin
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -148,6 +149,31 @@ def test_a_search_as_long_as_the_limit_runs(admin_client: Client, url: str) -> N
     response = admin_client.get(url, {"q": "x" * 500})
     assert response.status_code == 200
     assert shown_messages(response) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        (f"{JOBS}?p=99999", "p=99999. That page contains no results."),
+        (f"{JOBS}?p=0", "p=0. That page number is less than 1."),
+        ("/admin/jobstate/auditentry/?p=3", "p=3. That page contains no results."),
+    ],
+)
+def test_a_page_past_the_list_s_end_is_named_and_the_whole_list_shown(
+    admin_client: Client, jobs: None, monkeypatch: pytest.MonkeyPatch, url: str, says: str
+) -> None:
+    """As Django's admin does, the whole list; and the message says why the page was
+    left, not only that it was."""
+    for model in (Job, AuditEntry):
+        monkeypatch.setattr(admin.site._registry[model], "list_per_page", 1)
+    AuditEntry.objects.create(event="rerun", request_id="first")
+    AuditEntry.objects.create(event="rerun", request_id="second")
+    response = admin_client.get(url, follow=True)
+    assert response.status_code == 200
+    [message] = shown_messages(response)
+    assert says in message and "The whole list is shown" in message, message
+    assert response.request["QUERY_STRING"] == "e=1"
+    assert len(response.context["cl"].result_list) == 1
 
 
 @pytest.mark.parametrize(
