@@ -5,6 +5,7 @@
 - every column header of the jobs, workers, notifications, audit, runs, schedules and
   bulk operations lists is inside the viewport and the list's box (no sideways
   scrolling), with long task paths, long worker ids and time-ordered ids in the rows;
+  so is the Queues page's table, with its pause and resume buttons, in its box;
 - on a phone, "All columns" shows every column of the Workers and Queues pages, each
   wide enough to read;
 - the first job's status badge is visible on the phone;
@@ -229,6 +230,8 @@ def console(live_server: Any) -> Iterator[tuple[Page, str]]:
             )
         ],
         "discard_job",
+        # The Queues page's pause buttons take a column of their own.
+        "pause_queue",
     )
     base = str(live_server).rstrip("/")
     with chromium_page() as page:
@@ -295,6 +298,7 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
             _shoot(page, name, size)
             scroll = page.evaluate("document.documentElement.scrollWidth")
             assert scroll <= viewport["width"], (name, size, scroll)
+            assert _boxes_scrolled(page) == [], (name, size)
             if name == "overview":
                 # The charts' labels stay readable however far the chart is scaled.
                 heights = page.eval_on_selector_all(
@@ -305,6 +309,19 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
     page.goto(base + LISTS["jobs"])
     shown = [header["text"].lower() for header in _headers(page) if header["shown"]]
     assert {"status", "task / target", "age / lease"} <= set(shown), shown
+
+
+def _boxes_scrolled(page: Page) -> list[list[Any]]:
+    """The boxes of the page's tables (the Queues page's) that scroll sideways, as
+    [id, content width, box width]: a table may run past its box while the page itself
+    stays as wide as the screen."""
+    return [
+        box
+        for box in page.eval_on_selector_all(
+            ".jobstate-columns-box", "els => els.map(e => [e.id, e.scrollWidth, e.clientWidth])"
+        )
+        if box[1] > box[2]
+    ]
 
 
 #: The one-line values drawn past their cell's edge, into the next cell: "class: text
@@ -613,7 +630,7 @@ def long_names(live_server: Any) -> Iterator[tuple[Page, str]]:
         effective_from=now,
         next_slot=now + timedelta(hours=3),
     )
-    make_operator("view_job", "view_worker", "view_schedule", "view_queuepause")
+    make_operator("view_job", "view_worker", "view_schedule", "view_queuepause", "pause_queue")
     base = str(live_server).rstrip("/")
     with chromium_page() as page:
         log_in(page, base)
@@ -625,7 +642,9 @@ def test_names_as_long_as_allowed_fit_a_wide_screen_and_a_phone(
 ) -> None:
     """A 200-character target made the Overview 1,327 px wide on a phone and the Queues
     page 2,731 px on a wide screen; a 100-character schedule key pushed the schedules'
-    other columns out of the list's box, and the workers' queues were cut off."""
+    other columns out of the list's box, and the workers' queues were cut off. On a
+    phone the Queues table ran 9 px past its box with its pause buttons, more with a
+    paused queue's resume button."""
     page, base = long_names
     pages = {
         "overview": OTHER_PAGES["overview"],
@@ -640,6 +659,8 @@ def test_names_as_long_as_allowed_fit_a_wide_screen_and_a_phone(
             _shoot(page, f"long-names-{name}", size)
             scroll = page.evaluate("document.documentElement.scrollWidth")
             assert scroll <= viewport["width"], (name, size, scroll)
+            # The paused queue's "Resume…" and who paused it, beside the longest names.
+            assert _boxes_scrolled(page) == [], (name, size)
             if path in LISTS.values():
                 inner = page.locator("#changelist-form .results").evaluate(
                     "e => [e.scrollWidth, e.clientWidth]"
