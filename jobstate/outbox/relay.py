@@ -81,8 +81,10 @@ class DeliveryReport:
 
 
 def default_relay_id() -> str:
-    """``<host>:<pid>:<random>``: unique per pass, so a pass can settle only its own
-    claims, and readable in the admin and the attempt history."""
+    """``<host>:<pid>:<random>``: new at each call, so passes that may run at the same
+    time (threads of one process too) settle only their own claims, and readable in the
+    admin and the attempt history. A ``--loop`` relay, whose passes run one after
+    another, draws one for all of them."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"[:200]
 
 

@@ -21,8 +21,10 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError, connections
+from django.test import Client
 
-from jobstate.models import DeliveryAttempt, Notification
+from jobstate.core.states import WorkerKind
+from jobstate.models import DeliveryAttempt, Notification, Worker
 from jobstate.stores.base import JobOperationalMetrics, JobStatus, NotificationRequest
 from jobstate.stores.base import NotificationState as State
 from jobstate.stores.database import DatabaseStateStore
@@ -203,6 +205,39 @@ def test_the_loop_relays_until_sigterm_and_shows_progress_only_on_a_terminal() -
     shown = terminal.getvalue()
     assert "\r\033[KRelaying: " in shown and "1 delivered, 1 retrying, 0 dead" in shown
     assert shown.endswith("\r\033[K")  # wiped before the summary
+
+
+def test_every_pass_of_the_loop_names_the_relay_the_workers_page_finds(
+    admin_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The id an operator reads on a notification, its attempts or a log line is the id
+    the Workers page lists and finds the relay by, whichever pass it came from."""
+    notify(ACCEPTS, ALWAYS_FAILS)
+    later: list[Notification] = []
+
+    def sent_by_a_later_pass() -> bool:
+        delivered = Notification.objects.filter(state=State.DELIVERED)
+        if not later and delivered.exists():
+            later.extend(notify(ACCEPTS))
+        return delivered.count() == 2
+
+    errors: list[BaseException] = []
+    watcher = threading.Thread(
+        target=_signal_when, args=(sent_by_a_later_pass, signal.SIGTERM, errors)
+    )
+    watcher.start()
+    try:
+        run("deliver_notifications", "--loop", "--interval", "0.05")
+    finally:
+        watcher.join(timeout=30)
+    assert not errors, errors
+    relay = Worker.objects.get(kind=WorkerKind.RELAY)
+    seen = set(DeliveryAttempt.objects.values_list("relay_id", flat=True))
+    seen |= set(Notification.objects.exclude(relay_id=None).values_list("relay_id", flat=True))
+    assert seen == {relay.worker_id}
+    assert f"relay {relay.worker_id}: notification" in caplog.text
+    found = admin_client.get("/admin/jobstate/worker/", {"q": relay.worker_id})
+    assert "1 worker" in found.content.decode() and relay.worker_id in found.content.decode()
 
 
 def notify_and_wait_for_delivery(relay: subprocess.Popen[str]) -> None:

@@ -29,8 +29,9 @@ due again when their lease ends, and the dead connection has been dropped, so th
 pass reconnects. Any other failure ends the loop with status 1, for the process
 supervisor to restart it.
 
-A ``--loop`` relay registers itself on the console's Workers page (kind ``relay``, its
-``--relay-id`` or a ``relay:<host>:<pid>:<random>`` id, lease ``OUTBOX_LEASE``), beats
+A ``--loop`` relay registers itself on the console's Workers page (kind ``relay``, lease
+``OUTBOX_LEASE``) under the id every one of its passes records in the rows, their attempts
+and its log lines (its ``--relay-id``, or ``<host>:<pid>:<random>`` drawn once), beats
 after its passes (at most every quarter of the lease, so an idle loop does not write
 every second) and says it stopped when it exits on a signal.
 """
@@ -132,7 +133,8 @@ class Command(JobStateCommand):
             "--relay-id",
             metavar="ID",
             help="The name this relay records in the rows and their attempts; it must be "
-            "unique among running relays (default: <host>:<pid>:<random>, new each pass).",
+            "unique among running relays (default: <host>:<pid>:<random>, new each pass; "
+            "with --loop, one for the whole loop, its name on the Workers page).",
         )
         add_output_options(
             parser,
@@ -201,6 +203,10 @@ class Command(JobStateCommand):
         # Signal handlers can only be installed from the main thread.
         if threading.current_thread() is threading.main_thread():
             previous = {sig: signal.signal(sig, request_stop) for sig in handled_stop_signals()}
+        # One id for every pass: a pass still settles only the rows it claimed, as its
+        # passes run one after another and a row an earlier pass left unsettled is due
+        # again only when its lease ends, to be claimed afresh as a new attempt.
+        options["relay_id"] = options["relay_id"] or default_relay_id()
         beat = _RelayBeat(store, options["relay_id"])
         try:
             beat.register()
@@ -257,11 +263,11 @@ class Command(JobStateCommand):
 class _RelayBeat:
     """The relay loop's entry on the console's Workers page."""
 
-    def __init__(self, store: StateStore, relay_id: str | None) -> None:
+    def __init__(self, store: StateStore, relay_id: str) -> None:
         self.store = store
         self.enabled = store.supports_worker_registry
         host = socket.gethostname() or "unknown"
-        self.worker_id = relay_id or f"relay:{default_relay_id()}"[:200]
+        self.worker_id = relay_id
         self.host = host
         lease = jobstate_settings.OUTBOX_LEASE
         self.lease = lease
