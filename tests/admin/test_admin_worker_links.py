@@ -153,6 +153,27 @@ def test_a_remote_executor_appears_on_the_workers_page_from_its_claims(
 
 
 @pytest.mark.django_db
+def test_an_executor_said_stopped_shows_stopped_until_it_claims_again(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """What ends an executor's work says so (its claims cannot); started again under the
+    same id, its next claim shows it live, not a beat later."""
+    for number in range(2):
+        store.create_job(request_id=f"remote-{number}", target="remote")
+
+    def listed(state: str) -> str:
+        return admin_client.get(WORKERS, {"state": state}).content.decode()
+
+    assert store.claim_next_job(["remote"], "exec-back") is not None
+    assert store.stop_worker(worker_id="exec-back", reason="executor exited")
+    assert "exec-back" in listed("stopped") and "exec-back" not in listed("live")
+    assert "executor exited" in listed("stopped")
+
+    assert store.claim_next_job(["remote"], "exec-back") is not None
+    assert "exec-back" in listed("live") and "exec-back" not in listed("stopped")
+
+
+@pytest.mark.django_db
 def test_an_executor_beats_once_per_beat_not_once_per_claim(store: DatabaseStateStore) -> None:
     for number in range(3):
         store.create_job(request_id=f"remote-{number}", target="remote")

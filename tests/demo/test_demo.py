@@ -25,6 +25,7 @@ from project.demo.management.commands.demo_traffic import (
     EXECUTOR_ID,
     REMOTE_TARGET,
     SETUP_TARGET,
+    WORKER_ID,
     Held,
 )
 from project.demo.management.commands.demo_traffic import Command as DemoTraffic
@@ -114,6 +115,22 @@ def test_demo_traffic_delivers_retries_and_dead_letters_notifications():
     assert "notifications: pending" in out.getvalue()
 
 
+def stopped_and_live_on_the_workers_page() -> tuple[str, str]:
+    client = Client()
+    assert client.login(username="admin", password="jobstate-demo")
+    workers = "/admin/jobstate/worker/"
+    stopped = client.get(workers, {"state": "stopped"}).content.decode()
+    return stopped, client.get(workers, {"state": "live"}).content.decode()
+
+
+def test_demo_setup_says_the_claimers_it_ran_as_stopped_when_it_ends():
+    call_command("demo_setup", stdout=StringIO())
+    stopped, live = stopped_and_live_on_the_workers_page()
+    for worker_id in ("demo-setup-worker", "demo-setup-executor"):
+        assert worker_id in stopped and worker_id not in live
+    assert "demo_setup done" in stopped
+
+
 def test_demo_setup_can_run_twice(capsys):
     call_command("demo_setup")
     call_command("demo_setup")
@@ -165,6 +182,15 @@ def test_demo_traffic_logs_a_failing_step_and_goes_on(monkeypatch):
     assert "Demo traffic stopped after 3 ticks." in out
     assert "tick 1, relay failed; the traffic goes on:" in err
     assert "RuntimeError: the relay tripped over something" in err and "Traceback" in err
+
+
+def test_demo_traffic_says_its_worker_and_executor_stopped_when_it_ends():
+    call_command("demo_setup", stdout=StringIO())
+    traffic("--iterations", "2", "--tick", "0.01")
+    stopped, live = stopped_and_live_on_the_workers_page()
+    for worker_id in (WORKER_ID, EXECUTOR_ID):
+        assert worker_id in stopped and worker_id not in live
+    assert "--iterations done" in stopped
 
 
 @pytest.mark.slow

@@ -8,9 +8,11 @@ the executor's last beat, at most once per :func:`beat_every` of its lease per p
 so a busy executor costs one ``UPDATE`` of its row per beat, not one per claim. The
 first beat of an executor nobody registered yet inserts its row; two processes doing so
 at once meet on the worker id's unique key and the loser beats the winner's row (see
-``fleet_rows.register_worker``). Its lease is the claim's: an executor that stops
-claiming and renewing is shown lost once that lease has passed, like any worker whose
-beat went silent; it never says it stopped.
+``fleet_rows.register_worker``). Its lease is the claim's. Its claims cannot tell that
+it ended, so whatever ends its work (the command that claimed, the host's view a remote
+executor calls on its way out) says so with ``stop_worker``, and the console shows it
+stopped; one that just stops claiming and renewing is shown lost once that lease has
+passed, like any worker whose beat went silent.
 """
 
 from __future__ import annotations
@@ -62,11 +64,11 @@ class ClaimerBeats:
         self._lock = threading.Lock()
         self._due: dict[tuple[str, str], float] = {}
 
-    def due(self, using: str, owner: str, lease: timedelta) -> bool:
+    def due(self, store: object, owner: str, lease: timedelta) -> bool:
         """Whether the claimer's row should be written now; when it is, the next write
         is due one beat later."""
         now = time.monotonic()
-        key = (using, owner)
+        key = _key(store, owner)
         with self._lock:
             if self._due.get(key, 0.0) > now:
                 return False
@@ -75,9 +77,21 @@ class ClaimerBeats:
             self._due[key] = now + beat_every(lease)
         return True
 
+    def stopped(self, store: object, owner: str) -> None:
+        """The claimer said it stopped: its next claim through this process (it started
+        again under the same id) writes its row at once, rather than leaving it shown
+        stopped for up to a beat while it claims."""
+        with self._lock:
+            self._due.pop(_key(store, owner), None)
+
     def forget(self) -> None:
         with self._lock:
             self._due.clear()
+
+
+def _key(store: object, owner: str) -> tuple[str, str]:
+    # Per database, not per store instance: stores are cheap and made per call.
+    return str(getattr(store, "using", id(store))), owner
 
 
 #: The process's record of its claimers' beats.

@@ -19,6 +19,7 @@ from typing import Any
 from jobstate.core.states import NO_QUEUE, WorkerKind, WorkerRegistration
 from jobstate.exceptions import InvalidJobState
 from jobstate.stores.contracts.audit import AuditSeverity
+from jobstate.stores.contracts.claimer_presence import claimer_beats
 from jobstate.stores.contracts.ledger_part import LedgerPart
 from jobstate.stores.contracts.primitives import QueueKey
 from jobstate.stores.contracts.validation import (
@@ -140,8 +141,13 @@ class FleetPart(LedgerPart):
 
     def stop_worker(self, *, worker_id: str, reason: str) -> bool:
         """Record that a worker stopped gracefully (``reason``: what stopped it), so the
-        console shows it stopped rather than lost. ``False`` when it is not registered."""
+        console shows it stopped rather than lost. An executor registered by its claims
+        is stopped the same way, by whatever ends its work; if it claims again, it shows
+        live again (at once through this process, through another at that process's next
+        beat of it). ``False`` when it is not registered."""
         self._require(self.supports_worker_registry, "supports_worker_registry", "stop_worker")
         owner = require_text(worker_id, field="worker_id")
         why = require_text(reason, field="reason")
-        return self._stop_worker(owner, why[: column_limit("Worker", "stopped_reason")])
+        stopped = self._stop_worker(owner, why[: column_limit("Worker", "stopped_reason")])
+        claimer_beats.stopped(self, owner)
+        return stopped

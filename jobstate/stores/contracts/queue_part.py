@@ -259,8 +259,7 @@ class JobQueuePart(StateStorePrimitives):
         so a failure here claims nothing rather than losing a claimed job."""
         if not self.supports_worker_registry:
             return
-        using = str(getattr(self, "using", id(self)))
-        if not claimer_beats.due(using, owner, lease):
+        if not claimer_beats.due(self, owner, lease):
             return
         if not self._beat_worker(owner):
             self._register_worker(claimer_fields(owner, lease))

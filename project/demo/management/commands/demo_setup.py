@@ -40,6 +40,9 @@ RUN_STATUS_WORDS = {
 #: ends the reaping sweep (demo_traffic, reap_stale or Celery beat) hands them back,
 #: and demo_traffic's remote executor runs them like any other queued job.
 SAMPLE_LEASE = timedelta(minutes=2)
+#: Who claims the samples: on the Workers page, claiming executors of this process.
+SETUP_WORKER_ID = "demo-setup-worker"
+SETUP_EXECUTOR_ID = "demo-setup-executor"
 
 
 class Command(BaseCommand):
@@ -120,9 +123,9 @@ class Command(BaseCommand):
             # The oldest waiting sample is taken, which is this one unless an earlier
             # set-up left one behind; either way one more job is in the claimed state.
             if in_process:
-                job = store.claim_next_inhub_job([SETUP_TARGET], "demo-setup-worker", SAMPLE_LEASE)
+                job = store.claim_next_inhub_job([SETUP_TARGET], SETUP_WORKER_ID, SAMPLE_LEASE)
             else:
-                job = store.claim_next_job([SETUP_TARGET], "demo-setup-executor", SAMPLE_LEASE)
+                job = store.claim_next_job([SETUP_TARGET], SETUP_EXECUTOR_ID, SAMPLE_LEASE)
             assert job is not None, "a sample job was enqueued just now"
             return job
 
@@ -163,6 +166,11 @@ class Command(BaseCommand):
             {"error": "demo: the parser crashed"},
             [notify(failed, ALWAYS_FAILS)],
         )
+        # This process is done claiming and exits: its claims cannot say so, and the
+        # Workers page would show both claimers live, then lost. The samples they still
+        # hold stay held until their lease ends, as described at SAMPLE_LEASE.
+        for owner in (SETUP_WORKER_ID, SETUP_EXECUTOR_ID):
+            store.stop_worker(worker_id=owner, reason="demo_setup done")
         jobs = dict(Job.objects.values_list("status").annotate(n=Count("id")))
         notes = dict(Notification.objects.values_list("state").annotate(n=Count("id")))
         self.stdout.write(

@@ -170,6 +170,7 @@ class Command(BaseCommand):
         # Set by the stop signals' handler. A threading.Event there could hang the
         # traffic for good, neither working nor stopping (jobstate.core.wakeup says why).
         self.stop = Wakeup()
+        self.stopped_by = ""
         previous = {
             sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)
         }
@@ -208,11 +209,23 @@ class Command(BaseCommand):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.stop.close()
+        self.owners_stopped(self.stopped_by or "--iterations done")
         self.stdout.write(f"Demo traffic stopped after {self.tick_number} ticks.")
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM's and SIGINT's handler: the traffic stops after the step it is in."""
+        self.stopped_by = signal.Signals(signum).name
         self.stop.set()
+
+    def owners_stopped(self, reason: str) -> None:
+        """The simulated owners are registered on the Workers page by their claims, which
+        cannot say they ended: without this they show live, then lost."""
+        try:
+            for owner in (WORKER_ID, EXECUTOR_ID):
+                self.store.stop_worker(worker_id=owner, reason=reason)
+        except StoreError as exc:
+            # Exiting anyway: they show lost once their lease has passed.
+            self.stderr.write(f"Could not record that the simulated owners stopped: {exc}")
 
     # --- one tick ---------------------------------------------------------------------
 
