@@ -176,6 +176,33 @@ def test_an_argument_nested_too_deeply_is_named_with_the_depth_it_may_have(
 
 
 @pytest.mark.parametrize(
+    ("args", "kwargs", "says"),
+    [
+        (("a", "b\x00c"), {}, "args[1] contains a NUL character, which cannot be stored."),
+        (({"key\x00": 1},), {}, "args[0] contains a NUL character, which cannot be stored."),
+        (
+            (),
+            {"name": "x\ud800"},
+            "kwargs['name'] contains text that is not valid Unicode: a lone surrogate "
+            "('\\ud800'), which no database can store.",
+        ),
+        (
+            ({1: "a"},),
+            {},
+            "args[0] does not survive a JSON round trip unchanged: it has the key 1 (int), "
+            "which comes back as a string.",
+        ),
+    ],
+)
+def test_an_argument_no_database_stores_is_named(args: Any, kwargs: Any, says: str) -> None:
+    # The message said "input ...", the job's field, which the caller never wrote.
+    with pytest.raises(InvalidPayload) as refused:
+        echo.enqueue(*args, **kwargs)
+    assert str(refused.value) == says
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
     ("options", "says"),
     [
         ({"run_after": timedelta(days=1)}, "run_after must be an aware datetime, got timedelta."),

@@ -366,10 +366,10 @@ def task_job_fields(task: NewTask) -> dict[str, Any]:
     try:
         cleaned = clean_job_fields(fields, allowed=JOB_CREATE_FIELDS, action="enqueue_task")
     except InvalidPayload as exc:
-        too_deep = _argument_too_deep(task)
-        if too_deep is None:
+        refused = _refused_argument(task)
+        if refused is None:
             raise
-        raise InvalidPayload(too_deep) from exc
+        raise InvalidPayload(refused) from exc
     for name in ("task_path", "queue_name"):
         require_text(cleaned[name], field=name, max_length=None)
     if cleaned["max_attempts"] < 1:
@@ -381,9 +381,11 @@ def task_job_fields(task: NewTask) -> dict[str, Any]:
 ARGUMENT_DEPTH_LIMIT = JSON_DEPTH_LIMIT - 2
 
 
-def _argument_too_deep(task: NewTask) -> str | None:
-    """Why the input of ``task`` nests too deeply, naming the argument, when one does:
-    the input's own limit counts two levels the caller never wrote."""
+def _refused_argument(task: NewTask) -> str | None:
+    """Why the input of ``task`` was refused, naming the argument at fault, when one is:
+    the caller wrote ``args[1]`` or ``kwargs['name']``, not the job's ``input``. Each
+    argument is checked as the input was, its depth against the levels left to it (the
+    input's own limit counts two levels the caller never wrote)."""
     arguments = [(f"args[{n}]", value) for n, value in enumerate(task.args)]
     arguments += [(f"kwargs[{name!r}]", value) for name, value in task.kwargs.items()]
     for name, value in arguments:
@@ -394,6 +396,10 @@ def _argument_too_deep(task: NewTask) -> str | None:
                 f"jobstate keeps at most {JSON_DEPTH_LIMIT} levels deep on every database, "
                 "MariaDB's limit."
             )
+        try:
+            ensure_json(value, field=name)
+        except InvalidPayload as exc:
+            return str(exc)
     return None
 
 
