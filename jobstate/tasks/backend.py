@@ -21,8 +21,9 @@ any process. The options are described in :mod:`jobstate.tasks.options`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import date, datetime, time
 from functools import cached_property
 from typing import Any, cast
 
@@ -31,6 +32,7 @@ from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
+from jobstate.core.messages import shown
 from jobstate.core.states import NewTask, task_target
 from jobstate.exceptions import ImproperlyConfiguredStore, InvalidJobState, InvalidPayload
 from jobstate.stores import get_state_store
@@ -107,7 +109,8 @@ class JobStateBackend(BaseTaskBackend):
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Queue ``task`` with ``args`` and ``kwargs`` (JSON: tuples become lists) and
         return its ``READY`` result. Part of the caller's transaction, when there is
-        one. Arguments that are not JSON raise ``TypeError`` or ``ValueError``
+        one. Arguments that are not JSON raise ``TypeError`` (naming the argument and
+        its type: ``kwargs['when'] is a datetime, ...``) or ``ValueError``
         (:class:`~jobstate.exceptions.InvalidPayload` among them, for a cycle or nesting
         too deep to store too) and queue nothing.
 
@@ -125,6 +128,13 @@ class JobStateBackend(BaseTaskBackend):
                 "the task's arguments are not strict JSON: they hold a cycle or are nested "
                 "too deeply."
             ) from exc
+        except TypeError as exc:
+            # Django's message names a type, not the argument; the argument is looked
+            # for only now, so a valid enqueue pays nothing for it.
+            unsupported = _not_json(args, kwargs)
+            if unsupported is None:
+                raise
+            raise TypeError(unsupported) from exc
         declared = policy_of(task)
         new_task = NewTask(
             target=self.target,
@@ -238,6 +248,47 @@ def _with_policy(new_task: NewTask, declared: TaskPolicy) -> NewTask:
         policy=stored or None,
         **keys,
     )
+
+
+#: What Django's ``normalize_json`` keeps as it is (``bytes`` it decodes): a dict's key
+#: of any other type, it refuses.
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def _not_json(args: Any, kwargs: Any) -> str | None:
+    """The part of the arguments ``normalize_json`` refused with a ``TypeError``, named
+    as the caller wrote it (``kwargs['when']``, ``args[0][1]['due']``), with what to pass
+    instead; ``None`` when no part is of a type it refuses. The parts are walked in its
+    order (a dict's keys before its values), so the walk ends: a cycle on the way would
+    have made it recurse without end rather than raise ``TypeError``."""
+    parts = [(f"kwargs[{name!r}]", value) for name, value in dict(kwargs).items()][::-1]
+    parts += [(f"args[{n}]", value) for n, value in enumerate(args)][::-1]
+    while parts:
+        where, value = parts.pop()
+        if isinstance(value, Mapping):
+            for key in value:
+                if not isinstance(key, _SCALARS):
+                    return (
+                        f"{where} has a key that is a {type(key).__name__}, "
+                        f"{shown(repr(key))}, which is not JSON: an object's keys are text."
+                    )
+            parts += [(f"{where}[{shown(repr(k))}]", item) for k, item in value.items()][::-1]
+        elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            parts += [(f"{where}[{n}]", item) for n, item in enumerate(value)][::-1]
+        elif not isinstance(value, _SCALARS):
+            return f"{where} is a {type(value).__name__}, which is not JSON: {_instead(value)}"
+    return None
+
+
+def _instead(value: Any) -> str:
+    """What to pass for ``value``, of a type JSON lacks."""
+    if isinstance(value, datetime | date | time):
+        kind = type(value).__name__
+        return f"pass its .isoformat() text, and {kind}.fromisoformat() reads it back in the task."
+    if isinstance(value, set | frozenset):
+        # A set's order is not fixed between processes; a unique key of it would differ.
+        return "pass a list (sorted, so that equal sets are equal lists)."
+    return "pass str, int, float, bool, None, or lists and dicts of them."
 
 
 def _check_importable(task: Task[Any, Any]) -> None:

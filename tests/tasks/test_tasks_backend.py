@@ -8,7 +8,8 @@ import math
 import re
 import threading
 import uuid
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -198,6 +199,53 @@ def test_an_argument_no_database_stores_is_named(args: Any, kwargs: Any, says: s
     # The message said "input ...", the job's field, which the caller never wrote.
     with pytest.raises(InvalidPayload) as refused:
         echo.enqueue(*args, **kwargs)
+    assert str(refused.value) == says
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "says"),
+    [
+        (
+            ({1, 2},),
+            {},
+            "args[0] is a set, which is not JSON: pass a list (sorted, so that equal sets "
+            "are equal lists).",
+        ),
+        (
+            (),
+            {"when": datetime(2027, 1, 1, tzinfo=UTC)},
+            "kwargs['when'] is a datetime, which is not JSON: pass its .isoformat() text, "
+            "and datetime.fromisoformat() reads it back in the task.",
+        ),
+        (
+            ([1, {"due": date(2027, 1, 1)}],),
+            {},
+            "args[0][1]['due'] is a date, which is not JSON: pass its .isoformat() text, "
+            "and date.fromisoformat() reads it back in the task.",
+        ),
+        (
+            (),
+            {"users": {frozenset({1}): "a"}},
+            "kwargs['users'] has a key that is a frozenset, frozenset({1}), which is not "
+            "JSON: an object's keys are text.",
+        ),
+        (
+            (),
+            {"amount": Decimal("1.50")},
+            "kwargs['amount'] is a Decimal, which is not JSON: pass str, int, float, bool, "
+            "None, or lists and dicts of them.",
+        ),
+    ],
+)
+def test_an_argument_of_a_type_json_lacks_is_named_with_what_to_pass(
+    args: Any, kwargs: Any, says: str
+) -> None:
+    # Django's normalize_json said only "Unsupported type: <class 'set'>". A host that
+    # catches TypeError, as Django's own backends raise it here, still does.
+    with pytest.raises(TypeError) as refused:
+        echo.enqueue(*args, **kwargs)
+    assert type(refused.value) is TypeError
     assert str(refused.value) == says
     assert not Job.objects.exists()
 
