@@ -71,15 +71,20 @@ def option_text(value: str | int | float) -> str:
     return str(value)
 
 
-def _seconds(text: str, *, limit: timedelta) -> timedelta:
-    seconds = decimal(text, unit="seconds")
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {plain(text)}")
-    if seconds > limit.total_seconds():
-        raise argparse.ArgumentTypeError(
-            f"must be at most {limit.total_seconds():.0f} seconds, got {plain(text)}"
-        )
-    duration = timedelta(seconds=seconds)
+def _duration(text: str, *, unit: str, most: float, out_of_range: str = "") -> timedelta:
+    """``text`` as a positive number of ``unit`` (``"seconds"`` or ``"days"``), at most
+    ``most``, that makes a duration of at least a microsecond, else
+    ``ArgumentTypeError``. ``out_of_range``, when given, says both why a number at or
+    below 0 and why one above ``most`` is refused (``--older-than`` has one message)."""
+    amount = decimal(text, unit=unit)
+    # Digits alone can still make an infinite float ("9" * 400).
+    if not amount > 0 or amount == math.inf:
+        reason = out_of_range or f"must be a positive number of {unit}"
+        raise argparse.ArgumentTypeError(f"{reason}, got {plain(text)}")
+    if amount > most:
+        reason = out_of_range or f"must be at most {most:.0f} {unit}"
+        raise argparse.ArgumentTypeError(f"{reason}, got {plain(text)}")
+    duration = timedelta(**{unit: amount})
     if not duration:
         raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {plain(text)}")
     return duration
@@ -88,25 +93,22 @@ def _seconds(text: str, *, limit: timedelta) -> timedelta:
 def positive_seconds(text: str) -> timedelta:
     """``--stale-after`` / ``--time-budget``: a positive number of seconds, at most the
     longest duration a store accepts."""
-    return _seconds(text, limit=DURATION_LIMIT)
+    return _duration(text, unit="seconds", most=DURATION_LIMIT.total_seconds())
 
 
 def interval_seconds(text: str) -> timedelta:
     """``--interval``: a positive number of seconds, at most :data:`INTERVAL_LIMIT`."""
-    return _seconds(text, limit=INTERVAL_LIMIT)
+    return _duration(text, unit="seconds", most=INTERVAL_LIMIT.total_seconds())
 
 
 def positive_days(text: str) -> timedelta:
     """``--older-than``: a positive number of days (fractions allowed)."""
-    days = decimal(text, unit="days")
-    if not days > 0 or days > 100_000:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of days above 0 and at most 100000, got {plain(text)}"
-        )
-    duration = timedelta(days=days)
-    if not duration:
-        raise argparse.ArgumentTypeError(f"must be at least one microsecond, got {plain(text)}")
-    return duration
+    return _duration(
+        text,
+        unit="days",
+        most=100_000,
+        out_of_range="must be a number of days above 0 and at most 100000",
+    )
 
 
 def positive_int(text: str) -> int:
