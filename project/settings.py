@@ -184,11 +184,13 @@ LOGGING = {
         "jobstate": {"handlers": ["console"], "level": env("JOBSTATE_LOG_LEVEL", default="WARNING")}
     },
 }
+#: How a line of demo.log starts; demo_traffic writes its own lines the same way.
+DEMO_LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
 # scripts/demo keeps the terminal for its banner: jobstate's and the demo's own log lines
 # (a crashed sample run being cleaned up, a notification to the demo's unreachable pager)
 # go to its log file instead, with a time stamp.
 if _demo_log := env("JOBSTATE_DEMO_LOG", default=""):
-    LOGGING["formatters"] = {"stamped": {"format": "%(asctime)s %(name)s: %(message)s"}}
+    LOGGING["formatters"] = {"stamped": {"format": DEMO_LOG_FORMAT}}
     LOGGING["handlers"] = {
         "demo_log": {"class": "logging.FileHandler", "filename": _demo_log, "formatter": "stamped"}
     }

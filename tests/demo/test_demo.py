@@ -3,6 +3,7 @@ listed by the admin; the live traffic then delivers, retries and dead-letters th
 notifications."""
 
 import random
+import re
 from datetime import timedelta
 from io import StringIO
 
@@ -147,6 +148,32 @@ def traffic(*args: str) -> tuple[str, str]:
     return out.getvalue(), err.getvalue()
 
 
+#: How a line of demo.log starts where jobstate's and the demo's loggers write it (the
+#: demo's LOGGING): the time to the millisecond, then a name.
+STAMPED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} project\.demo\.traffic: \S")
+
+
+def test_demo_traffic_lines_start_with_the_time_as_the_demo_logs_other_lines_do():
+    store = get_state_store()
+    store.enqueue(request_id="demo-late", target=REMOTE_TARGET, source="demo", input={})
+    job = store.claim_next_job([REMOTE_TARGET], EXECUTOR_ID, timedelta(minutes=1))
+    # An operator requeued the job from the console: the executor's report comes late.
+    assert store.requeue_job(job.id, from_statuses=[JobStatus.DISPATCHED], by="a", via="admin")
+    out = StringIO()
+    command = DemoTraffic(stdout=out, stderr=StringIO())
+    command.store = store
+    command.finish(Held(job, job.claim_token, 0, "rejected"))
+
+    lines = [
+        *out.getvalue().splitlines(),
+        *traffic("--iterations", "2", "--tick", "0.01")[0].splitlines(),
+    ]
+    assert any("late report ignored for job" in line for line in lines)
+    assert any("Demo traffic stopped after 2 ticks." in line for line in lines)
+    unstamped = [line for line in lines if not STAMPED.match(line)]
+    assert not unstamped, unstamped
+
+
 def test_demo_traffic_finishes_a_job_an_operator_requeued_after_it_notified():
     store = get_state_store()
     store.enqueue(request_id="demo-requeued", target=REMOTE_TARGET, source="demo", input={})
@@ -181,6 +208,7 @@ def test_demo_traffic_logs_a_failing_step_and_goes_on(monkeypatch):
     assert len(calls) == 3
     assert "Demo traffic stopped after 3 ticks." in out
     assert "tick 1, relay failed; the traffic goes on:" in err
+    assert STAMPED.match(err), err
     assert "RuntimeError: the relay tripped over something" in err and "Traceback" in err
 
 

@@ -23,6 +23,7 @@ its traceback, and the next step and tick run all the same.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import random
 import signal
@@ -71,6 +72,16 @@ HOLD_LIMIT = 5
 #: The liveness budget the demo reaps runs with: the shortest the runner accepts with
 #: its default 30 s heartbeat, so a crashed run is reaped within a minute or two.
 DEMO_STALE_RUN_AFTER = timedelta(minutes=1)
+
+#: The name the traffic's lines carry, where a log line carries its logger's.
+TRAFFIC_NAME = "project.demo.traffic"
+
+
+def stamped(message: str) -> str:
+    """``message`` as the demo's loggers write their lines to demo.log (the time, then a
+    name), so the traffic's lines there can be told apart and read in order with them."""
+    line = logging.Formatter(settings.DEMO_LOG_FORMAT)
+    return line.format(logging.makeLogRecord({"name": TRAFFIC_NAME, "msg": message}))
 
 
 def _integer(text: str, *, most: int | None = None) -> int:
@@ -174,7 +185,7 @@ class Command(BaseCommand):
         previous = {
             sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)
         }
-        self.stdout.write(
+        self.say(
             f"Demo traffic: a tick every {options['tick']} s, leases of {options['lease']} s, "
             f"reaping every {options['sweep_every']} s. Stop with Ctrl-C."
         )
@@ -210,7 +221,7 @@ class Command(BaseCommand):
                 signal.signal(sig, handler)
             self.stop.close()
         self.owners_stopped(self.stopped_by or "--iterations done")
-        self.stdout.write(f"Demo traffic stopped after {self.tick_number} ticks.")
+        self.say(f"Demo traffic stopped after {self.tick_number} ticks.")
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM's and SIGINT's handler: the traffic stops after the step it is in."""
@@ -225,7 +236,7 @@ class Command(BaseCommand):
                 self.store.stop_worker(worker_id=owner, reason=reason)
         except StoreError as exc:
             # Exiting anyway: they show lost once their lease has passed.
-            self.stderr.write(f"Could not record that the simulated owners stopped: {exc}")
+            self.stderr.write(stamped(f"Could not record that the simulated owners stopped: {exc}"))
 
     # --- one tick ---------------------------------------------------------------------
 
@@ -254,17 +265,22 @@ class Command(BaseCommand):
                 return
             # The database was busy (an operator's bulk operation holding SQLite's write
             # lock past the timeout) or the connection dropped: the next tick tries again.
-            self.stdout.write(f"{name}: the database answered {exc!r}; trying again next tick")
+            self.say(f"{name}: the database answered {exc!r}; trying again next tick")
         except Exception:
             # The demo runs in front of an operator who is trying things out; one broken
             # step must not stop the traffic they are watching, so everything else is
             # logged with its traceback (to stderr) and the next step runs.
             self.log_failure(name)
 
+    def say(self, message: str) -> None:
+        self.stdout.write(stamped(message))
+
     def log_failure(self, name: str) -> None:
         self.stderr.write(
-            f"tick {self.tick_number}, {name} failed; the traffic goes on:\n"
-            f"{traceback.format_exc().rstrip()}"
+            stamped(
+                f"tick {self.tick_number}, {name} failed; the traffic goes on:\n"
+                f"{traceback.format_exc().rstrip()}"
+            )
         )
 
     def enqueue(self) -> None:
@@ -282,7 +298,7 @@ class Command(BaseCommand):
             except ThreadQuotaExceeded as exc:
                 # With THREAD_INFLIGHT_QUOTA set, a thread whose jobs wait (its queue
                 # paused from the console) takes no more until they drain.
-                self.stdout.write(f"enqueue refused: {exc}")
+                self.say(f"enqueue refused: {exc}")
 
     def enqueue_task(self) -> None:
         """One of the demo's django.tasks tasks, for the jobstate_worker that
@@ -336,7 +352,7 @@ class Command(BaseCommand):
                 if not self.store.extend_claim_lease(item.job.id, item.token, self.lease):
                     # An operator requeued (or a sweep recovered) the job meanwhile.
                     held.remove(item)
-                    self.stdout.write(
+                    self.say(
                         f"claim lost on job {item.job.id}: it was requeued or recovered "
                         "while held; letting it go"
                     )
@@ -369,7 +385,7 @@ class Command(BaseCommand):
                 # Nothing was written: the outbox already holds this notification (the
                 # job notified once, before an operator requeued it). The job still
                 # finishes, without a second notification.
-                self.stdout.write(
+                self.say(
                     f"job {item.job.id} finishes without notifying: {exc.idempotency_key} "
                     "is already in the outbox"
                 )
@@ -378,7 +394,7 @@ class Command(BaseCommand):
             else:
                 accepted = finished is not None
         if not accepted:
-            self.stdout.write(
+            self.say(
                 f"late report ignored for job {item.job.id}: stale claim "
                 "(its lease expired and it was recovered)"
             )
@@ -405,7 +421,7 @@ class Command(BaseCommand):
     def sweep(self) -> None:
         def reap() -> None:
             report = run_reaping_sweeps(stale_after=DEMO_STALE_RUN_AFTER)
-            self.stdout.write(f"{self.status_line()}{self.reaped_line(report)}")
+            self.say(f"{self.status_line()}{self.reaped_line(report)}")
 
         self.step("sweep", reap)
 
