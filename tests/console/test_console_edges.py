@@ -108,11 +108,16 @@ def test_a_filter_value_or_page_no_list_offers_is_named_and_the_whole_list_shown
     admin_client: Client, jobs: None, url: str, says: str
 ) -> None:
     AuditEntry.objects.create(event="rerun", request_id="first")
-    response = admin_client.get(url, follow=True)
+    _whole_list_shown(admin_client.get(url, follow=True), says)
+
+
+def _whole_list_shown(response: Any, says: str) -> Any:
+    """``response``, asserted to be the whole list with one message that ``says`` why."""
     assert response.status_code == 200
     [message] = shown_messages(response)
     assert says in message and "The whole list is shown" in message, message
     assert response.request["QUERY_STRING"] == "e=1"
+    return response
 
 
 #: Every console list with a search box.
@@ -168,11 +173,7 @@ def test_a_page_past_the_list_s_end_is_named_and_the_whole_list_shown(
         monkeypatch.setattr(admin.site._registry[model], "list_per_page", 1)
     AuditEntry.objects.create(event="rerun", request_id="first")
     AuditEntry.objects.create(event="rerun", request_id="second")
-    response = admin_client.get(url, follow=True)
-    assert response.status_code == 200
-    [message] = shown_messages(response)
-    assert says in message and "The whole list is shown" in message, message
-    assert response.request["QUERY_STRING"] == "e=1"
+    response = _whole_list_shown(admin_client.get(url, follow=True), says)
     assert len(response.context["cl"].result_list) == 1
 
 
