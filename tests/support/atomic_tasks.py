@@ -119,6 +119,16 @@ def atomic_rolls_itself_back(key: str) -> None:
 
 @task
 @policy(atomic=True)
+def atomic_leaves_a_block_open(key: str) -> str:
+    """Writes a row, enters ``transaction.atomic()`` inside its body and returns without
+    leaving that block."""
+    _write(key, 1, 1)
+    transaction.atomic().__enter__()
+    return "left open"
+
+
+@task
+@policy(atomic=True)
 def atomic_returns_text(key: str, length: int) -> str:
     """Writes a row and returns ``length`` characters."""
     _write(key, 1, 1)

@@ -35,6 +35,7 @@ from jobstate.tasks.policies import POLICY_ATTRIBUTE, TaskPolicy, policy_of
 from jobstate.tasks.worker import TaskWorker, WorkerConfig, WorkerSummary
 from jobstate.tasks.worker.atomic import AtomicReporter
 from tests.support.atomic_tasks import (
+    atomic_leaves_a_block_open,
     atomic_probe,
     atomic_returns_text,
     atomic_rolls_itself_back,
@@ -338,6 +339,34 @@ def test_a_body_that_marks_its_transaction_for_rollback_fails(settings: Any, key
         "django.db.transaction.TransactionManagementError"
     )
     assert rows(key) == []
+
+
+def test_a_body_that_leaves_a_block_open_fails_and_leaves_nothing(
+    settings: Any, key: str, finished: list[tuple[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The body entered ``transaction.atomic()`` and returned inside it. Leaving the
+    worker's block then only released the body's savepoint: nothing was committed, and
+    closing the connection afterwards rolled the success report back with the body's
+    writes. The worker still logged the attempt successful and sent ``task_finished``
+    as SUCCESSFUL, while the row stayed RUNNING until its lease ran out; then the
+    task was recovered as lost with its worker (``WorkerLost``) and its body run again."""
+    use_options(settings, MAX_ATTEMPTS=2)
+    caplog.set_level(logging.INFO, logger="jobstate.worker")
+    queued = atomic_leaves_a_block_open.enqueue(key)
+    after = atomic_writes.enqueue(f"{key}-after")
+    summary = run_worker(concurrency=1)
+    assert (summary.failed, summary.retrying, summary.succeeded) == (1, 1, 1)
+    result = atomic_leaves_a_block_open.get_result(queued.id)
+    assert (result.status, result.attempts) == (FAILED, 2)
+    for error in result.errors:
+        assert error.exception_class_path == "django.db.transaction.TransactionManagementError"
+        assert "left a transaction.atomic() block open" in error.traceback
+    assert rows(key) == []
+    assert f"{queued.id} attempt 1/2 successful" not in caplog.text
+    # The thread's next task starts outside any block, and commits.
+    assert atomic_writes.get_result(after.id).status == SUCCESSFUL
+    assert rows(f"{key}-after") == ["attempt 1 row 0", "attempt 1 row 1"]
+    assert sorted(finished) == sorted([(queued.id, FAILED), (after.id, SUCCESSFUL)])
 
 
 def test_a_return_value_that_cannot_be_stored_fails_and_leaves_nothing(

@@ -85,6 +85,8 @@ class AtomicReporter(Reporter):
         committed: list[bool] = []
         try:
             with transaction.atomic(using=self.using, durable=True):
+                connection = transaction.get_connection(self.using)
+                depth = len(connection.atomic_blocks)
                 # The first of the transaction's on_commit callbacks: they run once it
                 # has committed, and not at all when it rolls back.
                 transaction.on_commit(lambda: committed.append(True), using=self.using)
@@ -95,6 +97,14 @@ class AtomicReporter(Reporter):
                     finished_at=timezone.now(),
                     outcome=AttemptOutcome.SUCCESSFUL,
                 )
+                if len(connection.atomic_blocks) > depth:
+                    # Leaving this block would then only release the body's savepoint:
+                    # the report would be written in a transaction nobody commits, which
+                    # closing the connection (release_task_connections) rolls back.
+                    raise TransactionManagementError(
+                        "the body of this atomic task left a transaction.atomic() block "
+                        "open: nothing it wrote was committed"
+                    )
                 if transaction.get_rollback(using=self.using):
                     raise TransactionManagementError(
                         "the body of this atomic task marked its transaction for rollback: "
