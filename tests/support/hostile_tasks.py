@@ -7,7 +7,9 @@ attempts each must end with. ``fail_until=0`` misbehaves on every attempt."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from jobstate.tasks.compat import TaskContext, task
@@ -140,3 +142,20 @@ def reads_the_database() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         return int(cursor.fetchone()[0])
+
+
+@task(takes_context=True)
+def locks_its_own_row(context: TaskContext[Any, Any], holding: str, release: str) -> str:
+    """Locks its own job's row (``select_for_update`` in a transaction) and holds it until
+    the file ``release`` exists (for 20 s at most), having created ``holding``."""
+    from django.db import transaction
+
+    from jobstate.models import Job
+
+    with transaction.atomic():
+        Job.objects.select_for_update().get(id=context.task_result.id)
+        Path(holding).touch()
+        until = time.monotonic() + 20
+        while not Path(release).exists() and time.monotonic() < until:
+            time.sleep(0.02)
+    return "released"

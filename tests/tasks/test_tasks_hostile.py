@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from tests.support.hostile_tasks import (
     drops_hostile_objects,
     hostile,
     leaves_a_transaction_open,
+    locks_its_own_row,
     reads_the_database,
     returns_a_generator,
     turns_autocommit_off,
@@ -268,6 +270,35 @@ def test_after_a_task_left_a_transaction_open_the_next_tasks_start_clean(setting
     # Nothing the three wrote outside a committed transaction was kept.
     sources = dict(Job.objects.filter(target="t").values_list("request_id", "source"))
     assert sources == {"first": "", "second": "", "third": ""}
+
+
+@pytest.mark.concurrent
+def test_a_task_that_locks_its_own_row_holds_up_nothing_else(settings: Any, tmp_path: Path) -> None:
+    """The task locked its own job's row in a transaction and held it. The worker's next
+    lease renewal (one statement for every task it held) waited for that lock, and its
+    whole loop with it: it claimed nothing and renewed no other task's lease until the
+    task let go; another worker's recovery of an expired task waited the same way."""
+    options = use_options(settings, MAX_ATTEMPTS=1, LEASE=6.0)
+    holding, release = tmp_path / "holding", tmp_path / "release"
+    locker = locks_its_own_row.enqueue(str(holding), str(release))
+    worker = Worker(
+        "--concurrency", "2", "--interval", "0.2", "--queue-name", "default,emails", options=options
+    )
+    try:
+        wait_for(holding.exists, what="the task to lock its row")
+        time.sleep(2)  # past the worker's first beat (a quarter of the lease)
+        other = add.enqueue(1, 2)
+        wait_for(lambda: worker.finished([other]), timeout=10, what="the other task")
+        assert not release.exists()
+        release.touch()
+        wait_for(lambda: worker.finished([locker]), what="the locking task")
+        worker.serves_others_then_stops()
+    finally:
+        release.touch()
+        worker.stop()
+    assert add.get_result(other.id).return_value == 3
+    result = locks_its_own_row.get_result(locker.id)
+    assert (result.status, result.attempts, result.return_value) == (SUCCESSFUL, 1, "released")
 
 
 @pytest.mark.parametrize(

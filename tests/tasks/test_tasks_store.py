@@ -7,12 +7,13 @@ its index in claim order."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from jobstate.exceptions import InvalidJobState, UnsupportedStoreOperation
 from jobstate.models import AuditEntry, Job
 from jobstate.stores.base import StateStore
 from jobstate.stores.database import DatabaseStateStore
+from jobstate.stores.database.backends import database_ops
 from jobstate.stores.database.backends.postgresql import task_claim
 from jobstate.testing.memory_state import MemoryStateStore
 from tests.support.plans import plans_without_table_scans
@@ -165,13 +167,21 @@ def test_one_renewal_renews_every_current_claim_and_names_them(store: StateStore
 
 @pytest.mark.django_db
 def test_a_worker_renews_all_its_leases_in_one_statement() -> None:
+    """One statement; on MariaDB and MySQL a locking read (passing over rows another
+    transaction holds) and the ``UPDATE``."""
     store = DatabaseStateStore()
     for _ in range(5):
         store.enqueue_task(new_task())
     pairs = [(job.id, job.claim_token) for job in claim(store)]
     with CaptureQueriesContext(connection) as captured:
         assert len(store.extend_claim_leases(pairs, LEASE)) == 5
-    assert len(captured.captured_queries) == 1
+    statements = [
+        query["sql"]
+        for query in captured.captured_queries
+        if not query["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))
+    ]
+    ops = database_ops("default")
+    assert len(statements) == (2 if ops.locks_rows and not ops.hot_statements else 1)
 
 
 def test_a_lost_attempt_is_recorded_and_the_task_retried_until_none_is_left(
@@ -304,6 +314,58 @@ def test_concurrent_claims_hand_each_task_out_once() -> None:
         thread.join()
     assert len(claimed) == total and len(set(claimed)) == total
     assert Job.objects.filter(status=JobStatus.RUNNING, attempts=1).count() == total
+
+
+class RowHolder:
+    """A transaction on a connection of its own that holds a job's row locked (as a task
+    that ran ``select_for_update()`` on its own job would) until :meth:`release`."""
+
+    def __init__(self, pk: uuid.UUID) -> None:
+        self._locked, self._release = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._hold, args=(pk,), daemon=True)
+
+    def _hold(self, pk: uuid.UUID) -> None:
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(id=pk)
+                self._locked.set()
+                self._release.wait(20)
+        finally:
+            connections.close_all()
+
+    def __enter__(self) -> RowHolder:
+        self._thread.start()
+        assert self._locked.wait(10), "the row was not locked"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()
+        self._thread.join(10)
+
+
+@pytest.mark.concurrent
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_and_a_recovery_pass_over_a_row_another_transaction_holds() -> None:
+    """Both waited for the lock: a task that locked its own job's row held up its
+    worker's lease renewal for every task, and every worker's recovery sweep once its
+    lease had run out, until it let go."""
+    store = DatabaseStateStore()
+    for _ in range(2):
+        store.enqueue_task(new_task())
+    locked, free = claim(store)
+    expire(store, locked)
+    pairs = [(job.id, job.claim_token) for job in (locked, free)]
+    with RowHolder(locked.id):
+        started = time.monotonic()
+        assert store.extend_claim_leases(pairs, timedelta(hours=1)) == [free.id]
+        expire(store, free)
+        recovery = store.recover_expired_tasks()
+        assert time.monotonic() - started < 5
+    assert (recovery.requeued, recovery.failed) == (1, 0)  # the free one, expired since
+    assert store.get_job(locked.id).status == JobStatus.RUNNING  # type: ignore[union-attr]
+    # Once let go, the claim is renewed again (or recovered, its lease having run out).
+    assert store.extend_claim_leases(pairs[:1], LEASE) == [locked.id]
 
 
 @pytest.mark.postgres

@@ -171,7 +171,8 @@ class StateStorePrimitives(TaskPrimitives, ABC):
         """The job, held against concurrent writers until the enclosing
         :meth:`_atomic` block ends; ``None`` when there is none. With ``lease_ended``,
         only a running or dispatched job whose ``lease_until`` is before the store's
-        clock."""
+        clock, and a store may answer ``None`` for one another transaction holds at
+        that moment rather than wait for it."""
 
     def _delete_job(self, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
         """Delete the job while its status is one of ``expected``, in one atomic step;

@@ -234,9 +234,10 @@ class JobQueuePart(StateStorePrimitives):
         """Renew many claims at once: each ``(job id, claim token)`` whose token is still
         its job's current claim gets ``lease_until`` = the store's clock + ``lease``.
         Returns the ids of the jobs renewed; a claim that is gone (requeued, recovered,
-        finished) is left out and nothing is written for it. A worker calls this once
-        per beat for every task it holds. Every pair is validated before anything is
-        written; the same job twice raises."""
+        finished) is left out and nothing is written for it, and so may be one whose
+        row another transaction holds at that moment: it is passed over, not waited
+        for. A worker calls this once per beat for every task it holds. Every pair is
+        validated before anything is written; the same job twice raises."""
         self._require(self.supports_batch_claims, "supports_batch_claims", "extend_claim_leases")
         duration = validate_duration(lease, field="lease", allow_zero=False)
         parsed = parse_claim_pairs(claims)

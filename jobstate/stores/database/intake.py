@@ -137,11 +137,14 @@ def delete_job(using: str, pk: uuid.UUID, expected: list[JobStatus]) -> bool:
 def lock_job(using: str, pk: uuid.UUID, *, lease_ended: bool) -> Job | None:
     """The job, locked (``SELECT ... FOR UPDATE``) until the caller's transaction ends;
     with ``lease_ended`` only while it is claimed and its lease ended on the database
-    clock. On SQLite the ``IMMEDIATE`` transaction already keeps other writers out."""
-    rows = job_rows(using).select_for_update().filter(id=pk)
-    if lease_ended:
-        rows = rows.filter(lease_until__lt=Now()).claimed()
-    return rows.first()
+    clock, and not at all while another transaction holds it (``SKIP LOCKED``): its
+    holder is acting on it at that moment (a worker reporting, or a task that locked
+    its own row and would hold up a recovery sweep until it lets go). On SQLite the
+    ``IMMEDIATE`` transaction already keeps other writers out."""
+    if not lease_ended:
+        return job_rows(using).select_for_update().filter(id=pk).first()
+    rows = job_rows(using).filter(id=pk, lease_until__lt=Now()).claimed()
+    return database_ops(using).lock_candidates(rows).first()
 
 
 def _is_duplicate_request(exc: IntegrityError) -> bool:

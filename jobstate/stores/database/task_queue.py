@@ -121,13 +121,31 @@ def complete_and_claim_tasks(
 def extend_claim_leases(
     using: str, claims: list[tuple[uuid.UUID, uuid.UUID]], lease: timedelta
 ) -> list[uuid.UUID]:
-    """Renew every claim in one ``UPDATE``; the ids renewed. A claim token belongs to one
-    job and is replaced by every claim, so matching ids and tokens as two sets matches
-    exactly the pairs given. Only when some claim was not renewed does a second query
-    find out which."""
+    """Renew every claim in one ``UPDATE`` (after a locking read on MariaDB and MySQL);
+    the ids renewed. A claim token belongs to one job and is replaced by every claim, so
+    matching ids and tokens as two sets matches exactly the pairs given. On SQLite, only
+    when some claim was not renewed does a second query find out which.
+
+    A row another transaction holds is passed over (``SKIP LOCKED``), not waited for: a
+    task that locks its own job's row in a long transaction would hold up its worker's
+    whole loop, and the renewal of every other lease with it. Its claim stays; a later
+    renewal renews it."""
     ids = [pk for pk, _token in claims]
+    ops = database_ops(using)
+    if ops.hot_statements:
+        renewed_ids = ops.renew_claims(claims, lease)
+        return [pk for pk in ids if pk in renewed_ids]
     rows = job_rows(using).filter(id__in=ids, claim_token__in=[token for _pk, token in claims])
-    renewed = rows.claimed().update(lease_until=Now() + lease, updated_at=Now())
+    renew = {"lease_until": Now() + lease, "updated_at": Now()}
+    if ops.locks_rows:
+        # MariaDB and MySQL: a locking read, then the UPDATE (which may not read its
+        # own table on MySQL).
+        with transaction.atomic(using=using):
+            free = ops.lock_candidates(rows.claimed().order_by())
+            picked = set(free.values_list("id", flat=True))
+            job_rows(using).filter(id__in=picked).update(**renew)
+        return [pk for pk in ids if pk in picked]
+    renewed = rows.claimed().update(**renew)
     if renewed == len(claims):
         return ids
     held = set(rows.claimed().values_list("id", flat=True))

@@ -365,6 +365,13 @@ class BackendOperations:
         in claim order, each with its token of ``claim_round``."""
         raise self._no_statement()
 
+    def renew_claims(
+        self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]], lease: timedelta
+    ) -> set[uuid.UUID]:
+        """The leases of the claims ``pairs`` still current and held by no other
+        transaction renewed to the database clock + ``lease``; their ids."""
+        raise self._no_statement()
+
     def complete_and_claim_tasks(
         self,
         columns: tuple[str, ...],

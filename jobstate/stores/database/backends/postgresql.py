@@ -44,6 +44,7 @@ from jobstate.stores.database.backends.postgresql_statements import (
     enqueue_task_statement,
     finish_statement,
     inserted_fields,
+    renew_statement,
     task_claim_statement,
 )
 
@@ -147,6 +148,17 @@ class PostgreSQLOperations(BackendOperations):
             cursor.execute(sql, params)
             fetched = cursor.fetchall()
         return {job.id: job for job in load_jobs(connection, self.using, fetched)}
+
+    def renew_claims(
+        self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]], lease: timedelta
+    ) -> set[uuid.UUID]:
+        """One statement (``UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)
+        RETURNING``), atomic on its own."""
+        connection = connections[self.using]
+        params = [lease, [pk for pk, _token in pairs], [token for _pk, token in pairs]]
+        with hot_cursor(connection) as cursor:
+            cursor.execute(renew_statement(connection), params)
+            return {row[0] for row in cursor.fetchall()}
 
     def finish_with_notifications(
         self,

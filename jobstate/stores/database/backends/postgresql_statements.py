@@ -45,6 +45,7 @@ __all__ = [
     "complete_statement",
     "enqueue_task_statement",
     "finish_statement",
+    "renew_statement",
     "task_claim_statement",
 ]
 
@@ -443,6 +444,26 @@ def _task_claim_parts(
         RETURNING {returning_columns(connection, "j")}
     """
     return queues, picked, claim
+
+
+def renew_statement(connection: BaseDatabaseWrapper) -> str:
+    """A worker's beat: renew its claims still current, passing over rows another
+    transaction holds. Its parameters: the lease, the ids, the claim tokens."""
+    text = _STATEMENTS.get(("renew",))
+    if text is None:
+        table = connection.ops.quote_name(Job._meta.db_table)
+        claimed = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
+        text = _STATEMENTS[("renew",)] = f"""
+            UPDATE {table} AS j SET lease_until = {NOW_SQL} + %s, updated_at = {NOW_SQL}
+            FROM (
+                SELECT id FROM {table}
+                WHERE id = ANY(%s) AND claim_token = ANY(%s) AND status IN ({claimed})
+                FOR UPDATE SKIP LOCKED
+            ) AS held
+            WHERE j.id = held.id
+            RETURNING j.id
+        """
+    return text
 
 
 # --- columns --------------------------------------------------------------------------
