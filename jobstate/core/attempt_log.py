@@ -373,7 +373,9 @@ def exception_message(exc: BaseException) -> str:
     """``str(exc)`` as storable text; the class name when ``str()`` fails or returns
     something that is not text."""
     try:
-        message = str(exc)
+        # str() passes on what __str__ returns when it is an instance of a str
+        # subclass, whose own methods may raise: its plain text is read instead.
+        message = str.__str__(str(exc))
     # The exception is the task's: its __str__ may raise anything, SystemExit included.
     except BaseException:
         return storable_text(type(exc).__name__)

@@ -36,6 +36,27 @@ class StrNotText(Exception):
         return 42
 
 
+class HostileText(str):
+    """Text whose own methods raise."""
+
+    def __contains__(self, item: object) -> bool:
+        raise RuntimeError("__contains__ of the message raised")
+
+    def replace(self, *args: Any, **kwargs: Any) -> str:
+        raise RuntimeError("replace() of the message raised")
+
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:
+        raise RuntimeError("encode() of the message raised")
+
+
+class StrSubclass(Exception):
+    """An exception whose ``__str__`` returns text of a ``str`` subclass whose methods
+    raise."""
+
+    def __str__(self) -> str:
+        return HostileText("a message of a str subclass")
+
+
 class ReprRaises:
     """An argument whose ``repr()`` (so also ``str()``) raises."""
 
@@ -69,6 +90,7 @@ MISBEHAVIOURS = {
     "surrogate": lambda: ValueError("bad \ud800 value \udfff"),
     "str-raises": StrRaises,
     "str-not-text": StrNotText,
+    "str-subclass": StrSubclass,
     "repr-raises": lambda: ValueError(ReprRaises()),
     "del-raises": lambda: DelRaises("its __del__ raises"),
     "system-exit": lambda: SystemExit(3),

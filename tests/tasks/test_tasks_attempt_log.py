@@ -132,6 +132,7 @@ def test_a_thousand_attempts_of_long_messages_stay_within_the_limit() -> None:
         (ValueError("lone \ud800 and a pair \ud83d\ude00"), "lone \ufffd and a pair \U0001f600"),
         (MISBEHAVIOURS["str-raises"](), "StrRaises"),
         (MISBEHAVIOURS["str-not-text"](), "StrNotText"),
+        (MISBEHAVIOURS["str-subclass"](), "a message of a str subclass"),
         (MISBEHAVIOURS["repr-raises"](), "ValueError"),
     ],
 )

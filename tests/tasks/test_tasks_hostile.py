@@ -1,10 +1,11 @@
 """No task can stop, wedge or fool the worker fleet: real ``jobstate_worker`` processes
 run tasks that raise NUL characters, lone surrogates, exceptions whose ``__str__`` or
-``__repr__`` raise, BaseExceptions, 30 kB messages on every one of 100 attempts (with a
-lowered payload limit), exceptions from ``__del__`` and generators that raise when
-closed. Every task ends SUCCESSFUL or FAILED with its exact attempt count, the worker
-goes on serving its other tasks and queues, and it stops with status 0 on SIGTERM. A
-task whose log is long does not stop the recovery of its lost attempt either."""
+``__repr__`` raise (or whose ``__str__`` returns a ``str`` subclass whose methods raise),
+BaseExceptions, 30 kB messages on every one of 100 attempts (with a lowered payload
+limit), exceptions from ``__del__`` and generators that raise when closed. Every task
+ends SUCCESSFUL or FAILED with its exact attempt count, the worker goes on serving its
+other tasks and queues, and it stops with status 0 on SIGTERM. A task whose log is long
+does not stop the recovery of its lost attempt either."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ CLASS_PATHS = {
     "surrogate": "builtins.ValueError",
     "str-raises": "tests.support.hostile_tasks.StrRaises",
     "str-not-text": "tests.support.hostile_tasks.StrNotText",
+    "str-subclass": "tests.support.hostile_tasks.StrSubclass",
     "repr-raises": "builtins.ValueError",
     "del-raises": "tests.support.hostile_tasks.DelRaises",
     "system-exit": "builtins.SystemExit",
