@@ -1,14 +1,17 @@
 """The worker's announcer (:mod:`jobstate.tasks.worker.announcer`): announcements run in
 order on a thread of their own; a backlog past its bound tells the worker to stop
-claiming; a stopping worker waits for them, and says how many it could not make."""
+claiming; a ``--batch`` worker waits for them before it stops; a stopping worker waits
+for them, and says how many it could not make."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
+from jobstate.core.wakeup import Wakeup
 from jobstate.tasks.worker.announcer import Announcer
 
 
@@ -33,6 +36,31 @@ def test_a_backlog_past_its_bound_is_lagging_until_it_drains() -> None:
         release.set()
     announcer.close("the end", timeout=5)
     assert not announcer.lagging()
+
+
+def test_settling_waits_for_what_was_queued_within_its_timeout() -> None:
+    """What a ``--batch`` worker asks before it stops: whether announcements were
+    waiting (a receiver may enqueue a task) and were made in time."""
+    announcer, wake = Announcer(name="announcer-under-test"), Wakeup()
+    assert not announcer.settle(wake, 5)  # nothing queued yet
+    seen: list[int] = []
+    announcer.put(lambda: (time.sleep(0.2), seen.append(1)))
+    assert announcer.settle(wake, 5) and seen == [1]
+    wake.clear()
+    assert not announcer.settle(wake, 5)  # made since
+    release = threading.Event()
+    announcer.put(lambda: release.wait(10))
+    try:
+        started = time.monotonic()
+        assert not announcer.settle(wake, 0.2)  # a receiver that does not return
+        threading.Timer(0.2, wake.set).start()  # a stop requested
+        assert not announcer.settle(wake, 10)
+        assert time.monotonic() - started < 5
+        # What settling queued behind it is not counted among what was not made.
+        assert announcer.close("the end", timeout=0.2) == 1
+    finally:
+        release.set()
+    wake.close()
 
 
 def test_a_stop_that_cannot_wait_says_how_many_were_not_made(

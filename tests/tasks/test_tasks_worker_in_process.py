@@ -138,6 +138,32 @@ def test_max_tasks_stops_the_worker_and_batch_stops_it_once_nothing_is_ready(
     assert add.get_result(queued[2].id).worker_ids == ["worker-d"]
 
 
+def test_batch_runs_the_tasks_a_task_finished_receiver_enqueues_before_it_stops(
+    settings: Any, memory_tasks: MemoryTasks
+) -> None:
+    """A receiver that enqueues a follow-up task (a chain) runs on the announcer's
+    thread, after the worker's round: ``--batch`` found nothing ready and stopped
+    before the receiver had run, leaving the follow-up queued, a queue it was to
+    drain."""
+    use_options(settings)
+    first = add.enqueue(1, 2)
+    follow_ups: list[str] = []
+
+    def chains(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.id == first.id:
+            time.sleep(0.2)  # a webhook first, say
+            follow_ups.append(add.enqueue(3, 4).id)
+
+    task_finished.connect(chains)
+    try:
+        summary = run_worker(batch=True)
+    finally:
+        task_finished.disconnect(chains)
+    assert (summary.started, summary.succeeded) == (2, 2)
+    (follow_up,) = follow_ups
+    assert add.get_result(follow_up).return_value == 7
+
+
 def test_a_task_whose_worker_lost_its_lease_is_recovered_and_run_again(
     settings: Any, memory_tasks: MemoryTasks
 ) -> None:

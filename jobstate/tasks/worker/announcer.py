@@ -12,11 +12,13 @@ An :class:`Announcer` runs them on a thread of its own, in order. The control lo
 own log records go the same way (:meth:`Announcer.deferring_logs`): they are made on
 the loop, with its thread and time, and handed to the host's handlers on the
 announcer's thread, so a handler that blocks never blocks the loop, and the lines keep
-their order. The loop never waits for the announcer, except in two cases:
+their order. The loop never waits for the announcer, except in three cases:
 
 - more than ``backlog`` announcements are waiting: the worker claims nothing until the
   announcer catches up (:meth:`Announcer.lagging`), so a slow receiver slows the worker
   down rather than piling up the finished tasks, and the exceptions they hold, in memory;
+- a ``--batch`` worker finds nothing ready: it lets the announcements run before it
+  stops (:meth:`Announcer.settle`), as a receiver may enqueue a task;
 - the worker stops: it waits for what is still queued, up to a deadline, before it exits
   (:meth:`Announcer.close`).
 """
@@ -34,6 +36,7 @@ from functools import partial
 from django.db import connections
 
 from jobstate.core.attempt_log import storable_class_path
+from jobstate.core.wakeup import Wakeup
 from jobstate.tasks.worker.task_connections import release_task_connections
 
 __all__ = ["DEFERRED_LOGGERS", "Announcer", "write_plainly"]
@@ -78,6 +81,11 @@ _DEFERRAL = _Deferral()
 _Rounds = queue.SimpleQueue[list[Callable[[], object]] | None]
 
 
+class _Mark(list[Callable[[], object]]):
+    """A round that marks a point of the queue (:meth:`Announcer.settle`), not counted
+    among the announcements."""
+
+
 def _drained(rounds: _Rounds) -> Iterator[list[Callable[[], object]] | None]:
     """What ``rounds`` holds now, taken out of it."""
     while True:
@@ -99,6 +107,9 @@ class Announcer:
         self._gathered: list[Callable[[], object]] | None = None
         #: What is left of the round the thread is making.
         self._unmade = 0
+        #: Rounds queued (by the control loop) and made (by the thread).
+        self._queued = 0
+        self._made = 0
 
     def put(self, announcement: Callable[[], object]) -> None:
         """Queue ``announcement``; the thread starts with the first one. Called on the
@@ -131,7 +142,20 @@ class Announcer:
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
+        self._queued += 1
         self._queue.put(announcements)
+
+    def settle(self, wake: Wakeup, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the announcements queued so far to be made,
+        or until ``wake`` is set (a stop requested); whether some were waiting and all
+        were made. A ``--batch`` worker asks before it stops, as a ``task_finished``
+        receiver may enqueue a task."""
+        if self._made == self._queued:
+            return False
+        made = threading.Event()
+        self._enqueue(_Mark([made.set, wake.set]))
+        wake.wait(timeout)
+        return made.is_set()
 
     def lagging(self) -> bool:
         """More rounds of announcements wait than the backlog allows."""
@@ -165,7 +189,11 @@ class Announcer:
         if not thread.is_alive():
             return 0
         # The ones it is making, and the queued ones but the end marker.
-        unmade = self._unmade + sum(len(round_ or ()) for round_ in _drained(self._queue))
+        unmade = self._unmade + sum(
+            len(round_)
+            for round_ in _drained(self._queue)
+            if round_ and not isinstance(round_, _Mark)
+        )
         write_plainly(
             f"jobstate_worker: {unmade} log line(s) or task_finished announcement(s) were "
             f"not made: a receiver or log handler did not return within {timeout:g} s"
@@ -183,6 +211,7 @@ class Announcer:
                 for announcement in announcements:
                     self._make(announcement)
                     self._unmade -= 1
+                self._made += 1
         finally:
             connections.close_all()
 

@@ -217,14 +217,13 @@ class TaskWorker:
             # A claim that filled every free slot leaves nothing to claim until an
             # attempt ends, and an attempt that ends sets the wake-up: the wait below
             # returns at once for one that ended meanwhile, so no round is run idle.
-            if (
-                free
-                and not claimed
-                and self.config.batch
-                and not self._active
-                and not self._wake.is_set()
-            ):
-                self._stop_requested = "--batch: no task ready"
+            drained = self.config.batch and free and not claimed and not self._active
+            if drained and not self._wake.is_set():
+                # The last tasks' task_finished receivers, on the announcer's thread, may
+                # enqueue tasks (a chain): the queues are drained once they have run.
+                if self._announcer.settle(self._wake, max(self.config.grace, _ANNOUNCE_WAIT)):
+                    continue
+                self._stop_requested = self._stop_requested or "--batch: no task ready"
                 return
             self._wake.wait(self._sleep_seconds(next_beat))
 
