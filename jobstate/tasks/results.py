@@ -13,9 +13,9 @@ its final status (all on the database clock, except the end of an attempt, which
 worker records).
 
 A process that cannot import the task's module (a web process reading the results of
-another service's tasks, or older code) still gets the result: its ``task`` is then a
-stand-in of the same dotted path, queue and priority, whose function raises
-``ImportError`` if it is called.
+another service's tasks, or older code), or whose code no longer has a task at that
+path, still gets the result: its ``task`` is then a stand-in of the same dotted path,
+queue and priority, whose function raises ``ImportError`` if it is called.
 """
 
 from __future__ import annotations
@@ -90,11 +90,10 @@ def _task_on(
 def _task_or_stand_in(job: Job, alias: str) -> Task[Any, Any]:
     """The job's task, or a stand-in for it when its dotted path does not import here:
     its module is missing, or raises while it is imported (whatever a host's module
-    raises, as one that needs a setting this process lacks)."""
+    raises, as one that needs a setting this process lacks), or the path names
+    something that is no longer a task (``InvalidJobState``, after a deploy)."""
     try:
         return task_of(job, alias)
-    except InvalidJobState:
-        raise
     except Exception as exc:  # importing the host's module: whatever it raises
         return _stand_in(job, alias, exc)
 

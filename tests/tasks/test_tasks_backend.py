@@ -399,6 +399,28 @@ def test_the_result_of_a_task_whose_module_raises_on_import_reads_all_the_same()
         result.task.call(7)
 
 
+def test_the_result_of_a_task_whose_path_no_longer_names_a_task_reads_all_the_same() -> None:
+    """A deploy dropped ``@task`` from the function (or put something else under its
+    name): ``get_result`` raised ``InvalidJobState``, for the tasks queued before it and
+    for every finished one, whose results could no longer be read."""
+    enqueued = get_state_store().enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path="tests.support.task_functions.nested",
+            queue_name="default",
+            priority=0,
+            args=[7],
+            kwargs={},
+            max_attempts=1,
+        )
+    )
+    result = backend().get_result(str(enqueued.id))
+    assert result.status == TaskResultStatus.READY and result.args == [7]
+    assert result.task.module_path == "tests.support.task_functions.nested"
+    with pytest.raises(ImportError, match=r"cannot be imported in this process.*is not a task"):
+        result.task.call(7)
+
+
 def test_a_cancelled_task_reads_as_failed() -> None:
     queued = add.enqueue(1, 2)
     assert get_state_store().reject_queued_job(queued.id, by="ops", reason="not needed")
