@@ -393,7 +393,9 @@ def test_demo_traffic_moves_jobs_through_every_state_and_recovers_crashes() -> N
     assert recovered.filter(detail__prev_status="running").exists()
     assert "reaped:" in out
     assert JobRun.objects.filter(status=JobRunStatus.SUCCEEDED).exists()
-    assert out.splitlines()[-1] == "Demo traffic stopped after 150 ticks."
+    assert out.splitlines()[-1].endswith(
+        " project.demo.traffic: Demo traffic stopped after 150 ticks."
+    )
 
 
 @pytest.fixture
