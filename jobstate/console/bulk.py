@@ -263,7 +263,7 @@ def _apply(store: StateStore, operation: BulkOperation, jobs: list[tuple[uuid.UU
     ids = [job_id for job_id, _status in jobs]
     if operation.action == BulkAction.REJECT:
         reason = operation.reason or f"rejected by {by} (bulk operation {operation.pk})"
-        return len(store.reject_queued_jobs(ids, by=by, reason=reason))
+        return len(store.reject_queued_jobs(ids, by=by, reason=reason, via=via))
     return len(store.delete_finished_jobs(ids, by=by, via=via))
 
 

@@ -333,9 +333,13 @@ def test_the_batch_transitions_keep_the_single_transitions_checks(store_class: A
     ]
     assert store.requeue_jobs([(done.pk, "done")], by="ops", via="v") == [done.pk]
     assert store.get_job(done.pk).metadata == {"k": 1}  # type: ignore[union-attr]
-    rejected = store.reject_queued_jobs([queued.pk, held.pk, failed.pk], by="ops", reason="r")
+    rejected = store.reject_queued_jobs(
+        [queued.pk, held.pk, failed.pk], by="ops", reason="r", via="bulk:test"
+    )
     assert sorted(rejected) == sorted([queued.pk, failed.pk])  # both were queued
     assert store.get_job(queued.pk).error == "r"  # type: ignore[union-attr]
+    (entry,) = [e for e in store.list_audit(request_id=queued.request_id) if e.event == "rejected"]
+    assert entry.detail == {"by": "ops", "reason": "r", "prev_status": "queued", "via": "bulk:test"}
     deleted = store.delete_finished_jobs([queued.pk, held.pk], by="ops", via="v")
     assert deleted == [queued.pk]
     assert store.get_job(held.pk) is not None
@@ -355,3 +359,34 @@ def test_the_command_finishes_an_operation_and_refuses_an_unknown_one() -> None:
     with pytest.raises(CommandError, match="No bulk operation 999") as raised:
         call_command("run_bulk_operation", "999")
     assert raised.value.returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("action", "codename", "status"),
+    [
+        ("requeue", "requeue_job", "error"),
+        ("reject", "reject_job", "queued"),
+        ("delete", "delete_finished_job", "error"),
+    ],
+)
+def test_the_audit_link_of_every_bulk_action_lists_the_entries_it_wrote(
+    django_user_model: Any, action: str, codename: str, status: str
+) -> None:
+    store = DatabaseStateStore()
+    if status == "queued":
+        for n in range(3):
+            store.create_job(request_id=f"q{n}", target="mail")
+    else:
+        failed_jobs(store, 3)
+    client = logged_in(operator(django_user_model, "ops", "view_job", "view_auditentry", codename))
+    client.post(f"{BULK}{action}/", {"_filter": "target=mail"})
+    operation = BulkOperation.objects.get()
+    advance_bulk_operation(operation.pk)
+    page = client.get(progress_url(operation.pk)).content.decode()
+    link = f'href="/admin/jobstate/auditentry/?bulk={operation.pk}"'
+    assert link in page
+    # What the operator sees behind the link: one entry per job the operation changed.
+    audit = client.get(f"/admin/jobstate/auditentry/?bulk={operation.pk}")
+    assert audit.status_code == 200
+    assert audit.context["cl"].result_count == 3
+    assert "3 audit entries" in audit.content.decode()

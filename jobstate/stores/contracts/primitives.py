@@ -330,10 +330,12 @@ class StateStorePrimitives(TaskPrimitives, ABC):
         ``None`` (the default): the base refires one job at a time."""
         return None
 
-    def _reject_batch(self, pks: list[uuid.UUID], *, by: str, error: str) -> list[uuid.UUID] | None:
-        """Reject each job still queued with ``error`` and a ``rejected`` audit entry,
-        inside the caller's :meth:`_atomic` block; the ids rejected. ``None`` (the
-        default): the base rejects one job at a time."""
+    def _reject_batch(
+        self, pks: list[uuid.UUID], *, by: str, error: str, via: str
+    ) -> list[uuid.UUID] | None:
+        """Reject each job still queued with ``error`` and a ``rejected`` audit entry
+        (``reject_detail``), inside the caller's :meth:`_atomic` block; the ids
+        rejected. ``None`` (the default): the base rejects one job at a time."""
         return None
 
     def _delete_batch(self, pks: list[uuid.UUID], *, by: str, via: str) -> list[uuid.UUID] | None:

@@ -66,6 +66,13 @@ def delivering_metadata(metadata: Any) -> Any:
     return {key: value for key, value in metadata.items() if key != NO_DELIVERY_KEY}
 
 
+def reject_detail(by: str, error: str, via: str) -> dict[str, Any]:
+    """The detail of a reject's audit entry; ``via`` (what made the change, e.g.
+    ``bulk:<id>``, which the audit list's ``?bulk=`` filter reads) only when given."""
+    detail = {"by": by, "reason": error, "prev_status": JobStatus.QUEUED.value}
+    return {**detail, "via": via} if via else detail
+
+
 def requeue_detail(
     by: str, via: str, prev_status: str, attempt_log: list[Any] | None
 ) -> dict[str, Any]:
@@ -127,16 +134,18 @@ class TransitionsPart(LedgerPart):
             statuses = [JobStatus(job.status)]
             return self._refire(pk, statuses, by=by, via=via, event=event)
 
-    def reject_queued_job(self, job_id: JobId, *, by: str, reason: str = "") -> Job | None:
+    def reject_queued_job(
+        self, job_id: JobId, *, by: str, reason: str = "", via: str = ""
+    ) -> Job | None:
         """Cancel a job that is still ``queued``: it becomes ``rejected`` with ``error``
         set to ``reason`` (or ``"rejected by <by>"``), and a ``rejected`` audit entry
-        naming ``by`` and ``reason`` is written in the same transaction. ``None`` (and
-        nothing written) when the job is gone or no longer queued, e.g. claimed
-        meanwhile. ``reason`` is at most 2000 characters."""
+        naming ``by``, ``reason`` and ``via`` (when given) is written in the same
+        transaction. ``None`` (and nothing written) when the job is gone or no longer
+        queued, e.g. claimed meanwhile. ``reason`` is at most 2000 characters."""
         pk = parse_uuid(job_id, field="job_id")
-        error = validate_reject_arguments(by, reason)
+        error = validate_reject_arguments(by, reason, via)
         with self._atomic():
-            return self._reject(pk, by=by, error=error)
+            return self._reject(pk, by=by, error=error, via=via)
 
     def delete_finished_job(self, job_id: JobId, *, by: str, via: str) -> Job | None:
         """Delete a job that is done, error or rejected, and write a ``deleted`` audit
@@ -182,18 +191,20 @@ class TransitionsPart(LedgerPart):
             return requeued
 
     def reject_queued_jobs(
-        self, job_ids: Sequence[JobId], *, by: str, reason: str = ""
+        self, job_ids: Sequence[JobId], *, by: str, reason: str = "", via: str = ""
     ) -> list[uuid.UUID]:
         """:meth:`reject_queued_job` for a batch of jobs, in one transaction; the ids
         rejected (those still queued)."""
         pks = [parse_uuid(pk, field="job_id") for pk in job_ids]
-        error = validate_reject_arguments(by, reason)
+        error = validate_reject_arguments(by, reason, via)
         if not pks:
             return []
         with self._atomic():
-            rejected = self._reject_batch(pks, by=by, error=error)
+            rejected = self._reject_batch(pks, by=by, error=error, via=via)
             if rejected is None:
-                rejected = [pk for pk in pks if self._reject(pk, by=by, error=error) is not None]
+                rejected = [
+                    pk for pk in pks if self._reject(pk, by=by, error=error, via=via) is not None
+                ]
             return rejected
 
     def delete_finished_jobs(
@@ -227,14 +238,13 @@ class TransitionsPart(LedgerPart):
             # A unique task whose key a newer job holds stays as it is, as in a batch.
             return False
 
-    def _reject(self, pk: uuid.UUID, *, by: str, error: str) -> Job | None:
+    def _reject(self, pk: uuid.UUID, *, by: str, error: str, via: str) -> Job | None:
         """:meth:`reject_queued_job` on checked arguments, inside a unit of work."""
         job = self._update_job(
             pk, {"status": JobStatus.REJECTED, "error": error}, [JobStatus.QUEUED]
         )
         if job is not None:
-            detail = {"by": by, "reason": error, "prev_status": JobStatus.QUEUED.value}
-            self.append_audit(job=job, event="rejected", detail=detail)
+            self.append_audit(job=job, event="rejected", detail=reject_detail(by, error, via))
         return job
 
     def _delete(self, pk: uuid.UUID, *, by: str, via: str) -> Job | None:

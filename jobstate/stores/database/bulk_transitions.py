@@ -26,6 +26,7 @@ from jobstate.stores.contracts.transitions_part import (
     NO_DELIVERY_KEY,
     REQUEUED,
     delivering_metadata,
+    reject_detail,
     requeue_detail,
 )
 from jobstate.stores.database.audit_locks import audit_row
@@ -97,7 +98,9 @@ def _keys_held_elsewhere(using: str, pks: list[uuid.UUID]) -> set[uuid.UUID]:
     )
 
 
-def reject_batch(using: str, pks: list[uuid.UUID], *, by: str, error: str) -> list[uuid.UUID]:
+def reject_batch(
+    using: str, pks: list[uuid.UUID], *, by: str, error: str, via: str
+) -> list[uuid.UUID]:
     with transaction.atomic(using=using):
         rows = list(
             job_rows(using)
@@ -112,7 +115,7 @@ def reject_batch(using: str, pks: list[uuid.UUID], *, by: str, error: str) -> li
         job_rows(using).filter(pk__in=ids).update(
             status=JobStatus.REJECTED, error=error, updated_at=Now()
         )
-        detail = {"by": by, "reason": error, "prev_status": JobStatus.QUEUED.value}
+        detail = reject_detail(by, error, via)
         _entries(using, [(pk, request_id, dict(detail)) for pk, request_id in rows], "rejected")
         return ids
 

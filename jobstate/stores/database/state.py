@@ -113,8 +113,10 @@ class DatabaseStateStore(StateStore):
     ) -> list[uuid.UUID]:
         return bulk_transitions.requeue_batch(self.using, jobs, by=by, via=via, event=event)
 
-    def _reject_batch(self, pks: list[uuid.UUID], *, by: str, error: str) -> list[uuid.UUID]:
-        return bulk_transitions.reject_batch(self.using, pks, by=by, error=error)
+    def _reject_batch(
+        self, pks: list[uuid.UUID], *, by: str, error: str, via: str
+    ) -> list[uuid.UUID]:
+        return bulk_transitions.reject_batch(self.using, pks, by=by, error=error, via=via)
 
     def _delete_batch(self, pks: list[uuid.UUID], *, by: str, via: str) -> list[uuid.UUID]:
         return bulk_transitions.delete_batch(self.using, pks, by=by, via=via)

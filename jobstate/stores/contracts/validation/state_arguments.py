@@ -114,10 +114,12 @@ def parse_claim_pairs(claims: Sequence[tuple[Any, Any]]) -> list[tuple[uuid.UUID
 # --- continuations ---------------------------------------------------------------------
 
 
-def validate_reject_arguments(by: str, reason: str) -> str:
+def validate_reject_arguments(by: str, reason: str, via: str = "") -> str:
     """Check the arguments of ``reject_queued_job`` and return the text the job's
     ``error`` gets."""
     require_text(by, field="by")
+    if via != "":
+        require_text(via, field="via", max_length=_VIA_LIMIT)
     optional_text(reason, field="reason", limit=REJECT_REASON_LIMIT)
     return reason.strip() or f"rejected by {by}"
 
