@@ -139,14 +139,32 @@ def test_a_search_longer_than_any_list_reads_is_refused_naming_the_limit(
     admin_client: Client, jobs: None, url: str
 ) -> None:
     """The workers and schedules lists answered a pasted page of text with "0 workers"
-    and no word; the locks and schedules lists compared it with every row."""
+    and no word; the locks and schedules lists compared it with every row. The jobs
+    list said it with its whole search help (eight lines on a phone), which is for a
+    search it cannot read, not for one too long."""
     with CaptureQueriesContext(connection) as queries:
         response = admin_client.get(url, {"q": LONG})
     assert response.status_code == 200
-    [message] = shown_messages(response)
-    assert "A search is at most 500 characters." in message, message
+    assert shown_messages(response) == ["A search is at most 500 characters."]
     ran = [query["sql"][:200] for query in queries.captured_queries if "x" * 501 in query["sql"]]
     assert ran == []
+
+
+@pytest.mark.parametrize("action", ["requeue", "reject", "delete"])
+def test_a_bulk_page_refusing_a_search_leaves_one_message(
+    admin_client: Client, action: str
+) -> None:
+    """The bulk page said "Nothing was started: …" and the list it sent the operator
+    back to refused the same search again below it."""
+    response = admin_client.get(f"{JOBS}bulk/{action}/", {"q": "x" * 501}, follow=True)
+    assert response.redirect_chain[-1][0].startswith(f"{JOBS}?q=xxx")
+    assert shown_messages(response) == ["Nothing was started: A search is at most 500 characters."]
+    response = admin_client.get(f"{JOBS}bulk/{action}/", {"q": "input:customer"}, follow=True)
+    [message] = shown_messages(response)
+    assert message.startswith("Nothing was started: input: takes key=value"), message
+    # Straight on the list, a search it cannot read still gets the help.
+    [message] = shown_messages(admin_client.get(JOBS, {"q": "input:customer"}))
+    assert message.startswith("Search not understood: input: takes key=value"), message
 
 
 @pytest.mark.parametrize("url", SEARCHED_LISTS)
