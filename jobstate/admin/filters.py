@@ -116,14 +116,21 @@ class OfferedChoicesFilter(admin.ChoicesFieldListFilter):
     the field's choices as the list's "incorrect lookup" (see :func:`offered_value`),
     where Django's filters by it and shows an empty list without a word."""
 
+    def expected_parameters(self) -> list[str | None]:
+        # The field itself (``?status=queued``, as links give it) is read here too, so a
+        # value outside the choices is named there as well; Django applied it as a bare
+        # lookup and listed nothing without a word.
+        return [*super().expected_parameters(), self.field_path]
+
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         offered = {str(value) for value, _title in self.field.flatchoices}
-        given = self.used_parameters.get(self.lookup_kwarg, ())
-        for value in given if isinstance(given, list | tuple) else [given]:
-            if str(value) not in offered:
-                raise IncorrectLookupParameters(
-                    f"Unknown {self.title} filter {shortened(str(value))!r}."
-                )
+        for name in (self.lookup_kwarg, self.field_path):
+            given = self.used_parameters.get(name, ())
+            for value in given if isinstance(given, list | tuple) else [given]:
+                if str(value) not in offered:
+                    raise IncorrectLookupParameters(
+                        f"Unknown {self.title} filter {shortened(str(value))!r}."
+                    )
         narrowed = super().queryset(request, queryset)
         return queryset if narrowed is None else narrowed
 

@@ -102,6 +102,11 @@ def test_a_message_repeats_a_long_value_shortened(
         ("/admin/jobstate/notification/?state__exact=gone", "gone"),
         ("/admin/jobstate/bulkoperation/?action__exact=explode", "explode"),
         ("/admin/jobstate/jobrun/?status__exact=zzz", "zzz"),
+        # The field itself, as links give it: Django filtered by it, "0 jobs" without a word.
+        (f"{JOBS}?status=zzz", "Unknown status filter 'zzz'"),
+        ("/admin/jobstate/jobrun/?status=zzz", "Unknown status filter 'zzz'"),
+        ("/admin/jobstate/notification/?state=gone", "gone"),
+        ("/admin/jobstate/worker/?kind=zzz", "zzz"),
     ],
 )
 def test_a_filter_value_or_page_no_list_offers_is_named_and_the_whole_list_shown(
@@ -208,6 +213,8 @@ def test_a_page_past_the_list_s_end_is_named_and_the_whole_list_shown(
         f"{JOBS}?status__exact=error",
         "/admin/jobstate/auditentry/?severity__exact=error",
         "/admin/jobstate/bulkoperation/?state__exact=running",
+        f"{JOBS}?status=error",
+        "/admin/jobstate/jobrun/?status=RUNNING",
     ],
 )
 def test_the_values_a_list_offers_say_nothing(admin_client: Client, url: str) -> None:
