@@ -16,7 +16,8 @@
   Django version's markup;
 - instants are shown in the viewer's zone, with seconds, and copy buttons copy;
 - a worker's page and a job's page with long names fit a phone, and the Queues page's
-  and a confirmation's words break between words, not inside them.
+  and a confirmation's words break between words, not inside them;
+- an audit entry's detail with lines longer than the screen can be read to their end.
 
 Screenshots of every page at both sizes go to ``artifacts/screenshots/``. All rows
 are written before the browser starts (Playwright's loop refuses ORM calls).
@@ -83,6 +84,7 @@ OTHER_PAGES = {
 
 LONG_TASK = "project.billing.reconciliation.tasks.reconcile_customer_invoices_for_region"
 LONG_WORKER = "worker-eu-west-1-production-batch-7f9c2d1e4b6a:host-ip-10-24-187-203:31337"
+LONG_DETAIL = "long-detail-entry"
 
 
 def _bulk_operations(now: datetime) -> None:
@@ -180,6 +182,18 @@ def _rows() -> None:
             title="Claimed by a worker of the invoices queue",
             summary="The worker " + LONG_WORKER + " claimed the job for its next attempt " * 3,
         )
+    # An entry whose detail has lines longer than the page is wide: a sentence, and a
+    # URL with nowhere to break.
+    AuditEntry.objects.create(
+        request_id=LONG_DETAIL,
+        event="rejected",
+        detail={
+            "by": "operator-ada",
+            "reason": "rejected by operator-ada (bulk operation 2): " + "wrong template " * 20,
+            "destination": f"https://hooks.example.com/services/{'x' * 240}/end",
+            "via": "bulk:2",
+        },
+    )
     for n in range(5):
         JobRun.objects.create(
             job_key="jobstate.maintenance.prune_finished_jobs_and_their_history",
@@ -309,6 +323,42 @@ def test_every_list_fits_a_wide_screen_and_a_phone(console: tuple[Page, str]) ->
     page.goto(base + LISTS["jobs"])
     shown = [header["text"].lower() for header in _headers(page) if header["shown"]]
     assert {"status", "task / target", "age / lease"} <= set(shown), shown
+
+
+def test_an_audit_entrys_long_detail_can_be_read_to_its_end(console: tuple[Page, str]) -> None:
+    """At 1440 px the Detail JSON box was 1,071 px wide and its row clipped it at
+    x=1,400 with no scrollbar: the end of a long line could not be seen."""
+    page, base = console
+    page.goto(f"{base}{LISTS['audit']}?q={LONG_DETAIL}")
+    page.click("#result_list tbody th a")
+    page.wait_for_selector("pre.jobstate-json")
+    for size, viewport in SIZES.items():
+        page.set_viewport_size(viewport)
+        _shoot(page, "audit-entry-long-detail", size)
+        boxes = page.eval_on_selector_all("pre.jobstate-json", _CUT_OFF)
+        assert boxes, size
+        assert [box for box in boxes if box] == [], (size, boxes)
+
+
+#: Per ``pre``: "" when all of it can be read (inside the viewport and every box that
+#: holds it, its content wrapped or scrolling inside it), else what is cut off.
+_CUT_OFF = """els => els.map(e => {
+    const box = e.getBoundingClientRect();
+    const style = getComputedStyle(e);
+    const scrolls = ['auto', 'scroll'].includes(style.overflowX);
+    if (e.scrollWidth > e.clientWidth && !scrolls)
+        return `content ${e.scrollWidth} px in a box of ${e.clientWidth} px`;
+    if (box.right > document.documentElement.clientWidth)
+        return `box ends at ${box.right} px, past the viewport`;
+    for (let up = e.parentElement; up; up = up.parentElement) {
+        const clips = getComputedStyle(up).overflowX !== 'visible';
+        const edge = up.getBoundingClientRect().right;
+        if (clips && box.right > edge + 0.5)
+            return `box ends at ${Math.round(box.right)} px, clipped by ${
+                up.tagName}.${up.className} at ${Math.round(edge)} px`;
+    }
+    return '';
+})"""
 
 
 def _boxes_scrolled(page: Page) -> list[list[Any]]:
