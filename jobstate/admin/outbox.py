@@ -139,6 +139,14 @@ class NotificationAdmin(ReadOnlyAdmin):
     readonly_fields = _NOTIFICATION_FIELDS
     redaction_sources = ("payload",)
 
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        # Only a pending row is tried again: a dead, delivered or delivering one keeps
+        # the time its last retry was due, which would read as a retry to come.
+        if obj is not None and obj.state != NotificationState.PENDING:
+            return [name for name in fields if name != "next_attempt_at"]
+        return fields
+
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         return exact_search(
             queryset, term, uuid_fields=["id", "job_id"], text_fields=["idempotency_key"]

@@ -295,6 +295,21 @@ def test_notification_page_shows_redacted_payload_and_attempts(
     assert "p.m." not in attempts and "a.m." not in attempts
 
 
+def test_only_a_pending_notification_s_page_names_its_next_attempt(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """A dead letter is tried no more: its page gave a "Next attempt at" all the same
+    (the time its last retry had been due)."""
+    job = store.create_job(request_id="order-7", target="mail")
+    due = datetime(2026, 12, 7, 18, 45, 37, tzinfo=UTC)
+    dead = dead_letter(job, next_attempt_at=due)
+    pending = dead_letter(job, key="k2", state="pending", next_attempt_at=due)
+    dead_page = admin_client.get(f"{NOTIFICATIONS}{dead.id}/change/").content.decode()
+    pending_page = admin_client.get(f"{NOTIFICATIONS}{pending.id}/change/").content.decode()
+    assert "Next attempt at" not in dead_page and "18:45:37" not in dead_page
+    assert "Next attempt at" in pending_page and "18:45:37" in pending_page
+
+
 def test_replay_sends_a_dead_letter_back_once_and_audits_the_operator(
     django_user_model: Any, store: DatabaseStateStore
 ) -> None:
