@@ -89,7 +89,10 @@ class DeliveryReplayInline(ReadOnlyInline):
 
 
 def _label(notification: Notification) -> str:
-    return f"{notification.channel} → {Truncator(notification.destination).chars(60)}"
+    """The row as a confirmation and its messages name it: its channel, destination and
+    id, shortened in the middle (one job's notifications often share the first two)."""
+    destination = Truncator(notification.destination).chars(60)
+    return f"{notification.channel} → {destination} ({cut_middle(str(notification.pk))})"
 
 
 _NOTIFICATION_FIELDS: tuple[str, ...] = (

@@ -4,6 +4,7 @@ reap, force-release and replay actions with their permissions and audit entries.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -344,6 +345,22 @@ def test_replay_sends_a_dead_letter_back_once_and_audits_the_operator(
         f"dlq:{dead.id}:1",
         f"dlq:{dead.id}:2",
     ]
+
+
+def test_two_dead_letters_to_one_destination_are_told_apart_on_the_confirmation(
+    django_user_model: Any, store: DatabaseStateStore
+) -> None:
+    """Two dead letters of one channel and destination read the same on the replay
+    confirmation: each row names its notification's id too."""
+    job = store.create_job(request_id="order-7", target="mail")
+    first, second = dead_letter(job), dead_letter(job, key="k2")
+    client = logged_in(
+        operator(django_user_model, "dora", "view_notification", "replay_notification")
+    )
+    page = act(client, NOTIFICATIONS, "replay_dead_letters", [first.id, second.id])
+    # What the operator reads of each row: its link's text, not the link.
+    labels = re.findall(r'<tr><td><a href="[^"]*">([^<]*)</a></td>', page.content.decode())
+    assert len(labels) == 2 and labels[0] != labels[1], labels
 
 
 def test_replay_needs_its_permission(django_user_model: Any, db: None) -> None:
