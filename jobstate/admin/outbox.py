@@ -60,7 +60,9 @@ class DeliveryAttemptInline(ReadOnlyInline):
     model = DeliveryAttempt
     fields = _DELIVERY_ATTEMPT_FIELDS
     readonly_fields = _DELIVERY_ATTEMPT_FIELDS
-    ordering = ["number"]
+    # As they ran: a replay numbers its attempts from 1 again, and by number the rounds
+    # would interleave.
+    ordering = ["started_at", "id"]
     # Instants as every console page shows them (seconds, zone), not Django's default.
     started = moment_field("started_at", gettext_lazy("started"))
     finished = moment_field("finished_at", gettext_lazy("finished"))

@@ -311,6 +311,28 @@ def test_only_a_pending_notification_s_page_names_its_next_attempt(
     assert "Next attempt at" in pending_page and "18:45:37" in pending_page
 
 
+def test_a_replayed_notification_s_attempts_read_in_the_order_they_ran(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """A replay starts the attempts' numbers again: sorted by number, its page
+    interleaved the two rounds (1, 1, 2, 2). They are listed as they ran."""
+    row = dead_letter(store.create_job(request_id="order-7", target="mail"))
+    start = datetime(2026, 12, 7, 18, 45, 24, tzinfo=UTC)
+    for n, (number, error) in enumerate([(1, "first-1"), (2, "first-2"), (1, "again-1")]):
+        DeliveryAttempt.objects.create(
+            notification=row,
+            number=number,
+            relay_id="relay-1",
+            started_at=start + timedelta(seconds=10 * n),
+            succeeded=False,
+            error=error,
+        )
+    page = admin_client.get(f"{NOTIFICATIONS}{row.id}/change/").content.decode()
+    attempts = page.split('id="delivery_attempts-group"')[1].split("</table>")[0]
+    shown = re.findall(r"(first-1|first-2|again-1)", attempts)
+    assert shown == ["first-1", "first-2", "again-1"], shown
+
+
 def test_replay_sends_a_dead_letter_back_once_and_audits_the_operator(
     django_user_model: Any, store: DatabaseStateStore
 ) -> None:
