@@ -39,8 +39,10 @@ def test_workers_through_pgbouncer_killed_mid_drain_lose_nothing(tmp_path: Path)
         assert (arm["not_done"], arm["lost"], arm["ran_twice"]) == (0, 0, 0), arm
         assert arm["exited_early"] == [] and arm["exited_badly"] == [], arm
         assert arm["tracebacks"] == 0, arm
-        # Where the drain's CPU went: the workers and the server always spent some.
-        assert arm["cpu_ms_per_task"]["workers"] > 0 and arm["cpu_ms_per_task"]["server"] > 0
+        # Where the drain's CPU went: the workers always spent some. The server's share
+        # of 120 tasks can stay under the clock tick /proc counts in (10 ms), and a
+        # killed pooler's server connections are left out with what they spent.
+        assert arm["cpu_ms_per_task"]["workers"] > 0 and arm["cpu_ms_per_task"]["server"] >= 0
         assert 0 < arm["cores_busy"] <= 1, arm
     assert arms["direct"]["cpu_ms_per_task"]["pgbouncer"] == 0
     for name in ("pooled", "pooled-killed"):

@@ -318,9 +318,11 @@ def test_a_worker_at_concurrency_one_sends_one_statement_per_task(settings: Any,
     few = _statements_of_a_drain(10, task)
     many = _statements_of_a_drain(50, task)
     # What a start and a stop cost is the same for both drains: the difference is what
-    # 40 more tasks cost. Give or take one: on a loaded CI machine the drain of 10 once
-    # sent 24 statements where it sends 23 (which one came extra was not recorded). Two
+    # 40 more tasks cost. Give or take two: on a loaded CI machine the drain of 10 once
+    # sent 24 statements where it sends 23 (which one came extra was not recorded), and
+    # a --batch worker that finds its queues empty while announcements are still being
+    # made claims once more after them, which one drain may do and the other not. Two
     # statements per task would be 80.
-    assert 39 <= len(many) - len(few) <= 41, "\n".join(
+    assert 38 <= len(many) - len(few) <= 42, "\n".join(
         ["drain of 10:", *few, "drain of 50:", *many]
     )
