@@ -380,11 +380,24 @@ def test_the_result_of_a_task_this_process_cannot_import_reads_all_the_same() ->
         done.task.call(7)
 
 
-def test_the_result_of_a_task_whose_module_raises_on_import_reads_all_the_same() -> None:
+@pytest.mark.parametrize(
+    ("task_path", "why"),
+    [
+        ("tests.support.raises_on_import.close_day", "needs a setting"),
+        # A deploy dropped ``@task`` from the function (or put something else under its
+        # name): ``get_result`` raised ``InvalidJobState``, for the tasks queued before it
+        # and for every finished one, whose results could no longer be read.
+        ("tests.support.task_functions.nested", "is not a task"),
+    ],
+    ids=["module-raises-on-import", "path-no-longer-a-task"],
+)
+def test_the_result_of_a_task_this_process_cannot_load_reads_all_the_same(
+    task_path: str, why: str
+) -> None:
     enqueued = get_state_store().enqueue_task(
         NewTask(
             target="tasks:default",
-            task_path="tests.support.raises_on_import.close_day",
+            task_path=task_path,
             queue_name="default",
             priority=0,
             args=[7],
@@ -394,30 +407,8 @@ def test_the_result_of_a_task_whose_module_raises_on_import_reads_all_the_same()
     )
     result = backend().get_result(str(enqueued.id))
     assert result.status == TaskResultStatus.READY and result.args == [7]
-    assert result.task.module_path == "tests.support.raises_on_import.close_day"
-    with pytest.raises(ImportError, match=r"cannot be imported in this process.*needs a setting"):
-        result.task.call(7)
-
-
-def test_the_result_of_a_task_whose_path_no_longer_names_a_task_reads_all_the_same() -> None:
-    """A deploy dropped ``@task`` from the function (or put something else under its
-    name): ``get_result`` raised ``InvalidJobState``, for the tasks queued before it and
-    for every finished one, whose results could no longer be read."""
-    enqueued = get_state_store().enqueue_task(
-        NewTask(
-            target="tasks:default",
-            task_path="tests.support.task_functions.nested",
-            queue_name="default",
-            priority=0,
-            args=[7],
-            kwargs={},
-            max_attempts=1,
-        )
-    )
-    result = backend().get_result(str(enqueued.id))
-    assert result.status == TaskResultStatus.READY and result.args == [7]
-    assert result.task.module_path == "tests.support.task_functions.nested"
-    with pytest.raises(ImportError, match=r"cannot be imported in this process.*is not a task"):
+    assert result.task.module_path == task_path
+    with pytest.raises(ImportError, match=rf"cannot be imported in this process.*{why}"):
         result.task.call(7)
 
 
