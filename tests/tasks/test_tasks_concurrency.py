@@ -121,6 +121,35 @@ def test_a_look_for_keyed_tasks_that_finds_none_costs_one_statement(settings: An
     assert len(captured.captured_queries) == 1
 
 
+@pytest.mark.django_db
+def test_the_look_for_keyed_tasks_answers_for_its_own_queues_and_pauses(
+    settings: Any, tmp_path: Path
+) -> None:
+    """The look's statement is kept per target and queues: a look over other queues, or
+    over a paused queue, made before or after, must not answer for this one."""
+    use_options(settings)
+    two_at_a_time.using(queue_name="reports").enqueue("a", str(tmp_path / "notes"), 0)
+    store = get_state_store()
+
+    def look(queues: list[str] | None) -> int:
+        found = store.claim_keyed_tasks(
+            target=TARGET, queues=queues, worker_id="w-1", lease=LEASE, limit=1
+        )
+        for job in found:  # hand it back for the next look
+            Job.objects.filter(id=job.id).update(
+                status=JobStatus.QUEUED, claim_token=None, lease_until=None
+            )
+        return len(found)
+
+    assert look(["emails"]) == 0
+    assert look([]) == 0
+    assert look(["reports"]) == 1
+    assert look(["emails"]) == 0
+    assert look(None) == 1
+    store.pause_queue(target=TARGET, queue="reports", by="test")
+    assert (look(["reports"]), look(None)) == (0, 0)
+
+
 def worker_round(pace: KeyedPace, ending: Job) -> tuple[list[Job], int]:
     """A worker's round of one slot: the report of ``ending`` and the next claim; the
     tasks claimed and the statements sent."""

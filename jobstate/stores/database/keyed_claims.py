@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
+
+from django.db import connections
 
 from jobstate.core.states import JobStatus
-from jobstate.models import Job
+from jobstate.models import Job, JobQuerySet
 from jobstate.stores.database.backends import database_ops
+from jobstate.stores.database.backends.shapes import kept
 from jobstate.stores.database.tables import job_rows
 from jobstate.stores.database.task_queue import attempt_started
 
@@ -41,16 +45,14 @@ def claim_keyed_tasks(
 ) -> list[Job]:
     """Claim up to ``limit`` due tasks of ``target`` under a concurrency key, each while
     fewer than its limit of its key's jobs run."""
-    ops = database_ops(using)
-    candidates = job_rows(using).due_tasks(target, keyed=True).unpaused()
-    if queues is not None:
-        candidates = candidates.filter(queue_name__in=queues)
     # Most rounds find no keyed task at all: one plain read says so, where the
     # transaction below costs three round trips (and a writer's lock on SQLite). A task
     # enqueued just after it waits for the next claim, as one enqueued just after the
     # transaction would.
-    if not candidates.values_list("id", flat=True)[:1]:
+    if not _any_due(using, target, queues):
         return []
+    ops = database_ops(using)
+    candidates = _candidates(using, target, queues)
     passed: set[str] = set()
     claimed: list[uuid.UUID] = []
     with ops.short_transaction():
@@ -80,6 +82,36 @@ def claim_keyed_tasks(
             else:
                 passed.add(digest)
         return list(job_rows(using).filter(id__in=claimed)) if claimed else []
+
+
+def _candidates(using: str, target: str, queues: list[str] | None) -> JobQuerySet:
+    candidates = job_rows(using).due_tasks(target, keyed=True).unpaused()
+    return candidates if queues is None else candidates.filter(queue_name__in=queues)
+
+
+#: The probe's SQL and parameters per database, target and queues (see
+#: :func:`_any_due`).
+_PROBES: dict[tuple[str, str, str, tuple[str, ...] | None], tuple[str, tuple[Any, ...]]] = {}
+
+
+def _any_due(using: str, target: str, queues: list[str] | None) -> bool:
+    """Whether a keyed task of ``target`` is due. Every worker asks once a second,
+    busy or idle, so its SQL is compiled once per shape and kept: building the
+    queryset each time cost an idle worker most of its CPU."""
+    if queues is not None and not queues:
+        return False  # Django compiles no statement for "in no queue".
+    connection = connections[using]
+    shape = (using, connection.vendor, target, None if queues is None else tuple(queues))
+    sql, params = kept(_PROBES, shape, _probe, using, target, queues)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None
+
+
+def _probe(using: str, target: str, queues: list[str] | None) -> tuple[str, tuple[Any, ...]]:
+    query = _candidates(using, target, queues).values_list("id", flat=True)[:1].query
+    sql, params = query.get_compiler(using).as_sql()
+    return sql, tuple(params)
 
 
 def _running(using: str, target: str, digest: str) -> int:
