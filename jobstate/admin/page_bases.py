@@ -171,6 +171,12 @@ def row_redactor(obj: Any, build: Callable[[], Redactor]) -> Redactor:
 # --- read-only bases -------------------------------------------------------------------
 
 
+class _RefusedWithErrorFlag(Exception):
+    """A list URL carrying Django's ``?e=1`` with parameters the list cannot apply:
+    not Django's :class:`IncorrectLookupParameters`, which its list answers with the
+    "Database error" page when ``?e=1`` is given."""
+
+
 class ScaledAdmin(admin.ModelAdmin):
     """List settings every jobstate changelist shares so it stays fast on big tables:
     no full ``COUNT(*)`` (estimated or capped counts, no unfiltered second count), no
@@ -324,24 +330,39 @@ class ScaledAdmin(admin.ModelAdmin):
         shows the whole list (``?e=1``), and this says which parameters and why. A
         lookup that is none of the list's filters is such a parameter too, rather than
         Django's "Bad Request". So is a page number that is no number, which Django
-        would read as the first page without a word."""
+        would read as the first page without a word.
+
+        Django takes ``?e=1`` given with parameters it cannot apply for a broken
+        database ("Database error"); here it is the whole list with the same message
+        (see :meth:`changelist_view`): such a URL was forged or edited by hand."""
+        try:
+            return self._said_changelist_instance(request)
+        except IncorrectLookupParameters as exc:
+            if ERROR_FLAG in request.GET and set(request.GET) - {ERROR_FLAG}:
+                raise _RefusedWithErrorFlag from exc
+            # A bare ``?e=1`` the list cannot show either: Django's "Database error".
+            raise
+
+    def _said_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """The list, or :class:`IncorrectLookupParameters` once a message says which
+        parameters it cannot apply and why."""
         try:
             page_problem = unusable_page(request)
             if page_problem is not None:
                 raise IncorrectLookupParameters(page_problem)
             return super().get_changelist_instance(request)
         except DisallowedModelAdminLookup as exc:
-            if ERROR_FLAG not in request.GET:
-                named = str(exc).removeprefix("Filtering by ").removesuffix(" not allowed")
-                self.message_user(
-                    request,
-                    _("The list has no filter “%(name)s”. The whole list is shown.")
-                    % {"name": named[:50]},
-                    messages.ERROR,
-                )
+            named = str(exc).removeprefix("Filtering by ").removesuffix(" not allowed")
+            self.message_user(
+                request,
+                _("The list has no filter “%(name)s”. The whole list is shown.")
+                % {"name": named[:50]},
+                messages.ERROR,
+            )
             raise IncorrectLookupParameters from exc
         except IncorrectLookupParameters as exc:
-            if ERROR_FLAG not in request.GET:
+            # Bare ``?e=1`` names no parameter: there is nothing to say.
+            if set(request.GET) - {ERROR_FLAG}:
                 self.message_user(request, unapplied(request, exc), messages.ERROR)
             raise
 
@@ -362,6 +383,15 @@ class ScaledAdmin(admin.ModelAdmin):
         if unreadable is not None:
             self.message_user(request, unreadable, messages.ERROR)
             return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+        try:
+            return self._checked_changelist_view(request, extra_context)
+        except _RefusedWithErrorFlag:
+            # The message is said (get_changelist_instance); the whole list shows it.
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+
+    def _checked_changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None
+    ) -> HttpResponse:
         if request.method == "POST":
             allowed = self.get_actions(request)
             # Cut: the value is whatever the request sent, and it goes to a log line.

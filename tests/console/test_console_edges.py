@@ -278,3 +278,55 @@ def test_an_audit_event_wraps_between_its_words_not_inside_one(admin_client: Cli
     AuditEntry.objects.create(event="retry_scheduled", request_id="first")
     listed = admin_client.get("/admin/jobstate/auditentry/").content.decode()
     assert "retry_<wbr>scheduled" in listed
+
+
+#: Every console list (each a ScaledAdmin's changelist).
+EVERY_LIST = [
+    "job",
+    "jobrun",
+    "auditentry",
+    "notification",
+    "runtimelock",
+    "worker",
+    "schedule",
+    "approvaldecision",
+    "deliveryreplay",
+    "bulkoperation",
+]
+
+
+@pytest.mark.parametrize("model", EVERY_LIST)
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("p=abc&e=1", "p=abc. That page number is not an integer."),
+        ("nonsense=1&e=1", "The list has no filter “nonsense”"),
+    ],
+)
+def test_a_forged_error_flag_shows_the_whole_list_with_the_reason(
+    admin_client: Client, jobs: None, model: str, query: str, says: str
+) -> None:
+    """``?e=1`` is the flag Django's admin adds when it sends a list's refused
+    parameters back to the whole list; given again with parameters the list cannot
+    apply, it answered "Database error: something's wrong with your database
+    installation", which sends an operator after a database that is fine."""
+    _whole_list_shown(admin_client.get(f"/admin/jobstate/{model}/?{query}", follow=True), says)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        (f"{JOBS}?p=99999&e=1", "p=99999. That page contains no results."),
+        (f"{JOBS}?status=zzz&e=1", "Unknown status filter 'zzz'"),
+        ("/admin/jobstate/auditentry/?p=3&e=1", "p=3. That page contains no results."),
+    ],
+)
+def test_a_forged_error_flag_past_the_list_s_end_shows_the_whole_list_with_the_reason(
+    admin_client: Client, jobs: None, monkeypatch: pytest.MonkeyPatch, url: str, says: str
+) -> None:
+    for model in (Job, AuditEntry):
+        monkeypatch.setattr(admin.site._registry[model], "list_per_page", 1)
+    AuditEntry.objects.create(event="rerun", request_id="first")
+    AuditEntry.objects.create(event="rerun", request_id="second")
+    response = _whole_list_shown(admin_client.get(url, follow=True), says)
+    assert len(response.context["cl"].result_list) == 1
