@@ -17,6 +17,7 @@ import logging
 from typing import Any, NoReturn
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import (
@@ -176,20 +177,25 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
         query = QueryDict(request.POST.get("_filter", ""))
     else:
         return HttpResponseNotAllowed(["GET", "POST"])
+    # Back to the list with what it can use, which it then shows without a word: sent
+    # what the bulk page refused, it would refuse it again under this page's message.
     try:
         filters, search = list_filters(query)
+        rows = filter_jobs(Job.objects.all(), filters)
+    except SearchError as exc:
+        # The whole list, as the list shows a filter it cannot apply.
+        _say_nothing_started(model_admin, request, exc)
+        return HttpResponseRedirect(f"{changelist}?{ERROR_FLAG}=1")
+    try:
         # The page's count; the operation counts again, on the database's clock, when it
         # is recorded.
-        rows = filter_jobs(Job.objects.all(), filters, search)
-        count = applicable_jobs(rows, action).count()
+        count = applicable_jobs(filter_jobs(rows, {}, search), action).count()
     except SearchError as exc:
-        # Prefixed: the page capitalises a message's first letter, which would change a
-        # search field's name ("input:") at the start of the reason.
-        model_admin.message_user(
-            request, _("Nothing was started: %(why)s") % {"why": exc}, messages.ERROR
-        )
-        # Back to the list as the operator filtered it, to correct the search there.
-        return redirect_with_query(changelist, query.urlencode())
+        # The list as the operator filtered it, without the search.
+        kept = query.copy()
+        kept.pop(SEARCH_PARAMETER, None)
+        _say_nothing_started(model_admin, request, exc)
+        return redirect_with_query(changelist, kept.urlencode())
     form = RejectForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         reason = form.cleaned_data.get("reason", "") if action == BulkAction.REJECT else ""
@@ -246,6 +252,14 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/jobstate/bulk_confirmation.html", context)
+
+
+def _say_nothing_started(model_admin: ScaledAdmin, request: HttpRequest, why: SearchError) -> None:
+    # Prefixed: the page capitalises a message's first letter, which would change a
+    # search field's name ("input:") at the start of the reason.
+    model_admin.message_user(
+        request, _("Nothing was started: %(why)s") % {"why": why}, messages.ERROR
+    )
 
 
 def _started_from_this_page(request: HttpRequest, asked: dict[str, Any]) -> BulkOperation | None:

@@ -103,23 +103,6 @@ def redirect_with_query(path: str, query: str) -> HttpResponseRedirect:
     return HttpResponseRedirect(url if len(url) <= MAX_URL_REDIRECT_LENGTH else path)
 
 
-def _refuse_search(
-    model_admin: admin.ModelAdmin[Any], request: HttpRequest, message: str, reason: SearchError
-) -> None:
-    """Say why the list refused its search, unless a message carried here says it
-    already: a bulk page refusing the search sends the operator back to the list with
-    "Nothing was started: <reason>", and the list saying it again stacked two."""
-    storage = messages.get_messages(request)
-    # Reading the messages marks them used, which would drop them if this response
-    # redirected instead of showing them; the page still shows them once.
-    used = getattr(storage, "used", False)
-    carried = [str(message) for message in storage]
-    if hasattr(storage, "used"):
-        storage.used = used
-    if not any(str(reason) in said for said in carried):
-        model_admin.message_user(request, message, messages.ERROR)
-
-
 def exact_search(
     queryset: QuerySet[Any],
     term: str,
@@ -266,12 +249,12 @@ class ScaledAdmin(admin.ModelAdmin):
         except SearchError as exc:
             # Every list's limit, said in the same words on every list: a list's
             # search help (search_refusal) is for a search it cannot read.
-            _refuse_search(self, request, str(exc), exc)
+            self.message_user(request, str(exc), messages.ERROR)
             return queryset.none(), False
         try:
             return self.search(queryset, term), False
         except SearchError as exc:
-            _refuse_search(self, request, self.search_refusal(exc), exc)
+            self.message_user(request, self.search_refusal(exc), messages.ERROR)
             return queryset.none(), False
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:

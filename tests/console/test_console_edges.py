@@ -160,16 +160,46 @@ def test_a_bulk_page_refusing_a_search_leaves_one_message(
     admin_client: Client, action: str
 ) -> None:
     """The bulk page said "Nothing was started: …" and the list it sent the operator
-    back to refused the same search again below it."""
-    response = admin_client.get(f"{JOBS}bulk/{action}/", {"q": "x" * 501}, follow=True)
-    assert response.redirect_chain[-1][0].startswith(f"{JOBS}?q=xxx")
+    back to refused the same search again below it. It goes back to the list with the
+    filter it was given and without the search: the list would refuse it again."""
+    query = {"q": "x" * 501, "target": "billing"}
+    response = admin_client.get(f"{JOBS}bulk/{action}/", query, follow=True)
     assert shown_messages(response) == ["Nothing was started: A search is at most 500 characters."]
+    assert response.redirect_chain[-1][0] == f"{JOBS}?target=billing"
+    posted = admin_client.post(f"{JOBS}bulk/{action}/", {"_filter": urlencode(query)}, follow=True)
+    assert shown_messages(posted) == ["Nothing was started: A search is at most 500 characters."]
     response = admin_client.get(f"{JOBS}bulk/{action}/", {"q": "input:customer"}, follow=True)
     [message] = shown_messages(response)
     assert message.startswith("Nothing was started: input: takes key=value"), message
     # Straight on the list, a search it cannot read still gets the help.
     [message] = shown_messages(admin_client.get(JOBS, {"q": "input:customer"}))
     assert message.startswith("Search not understood: input: takes key=value"), message
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        (f"nonsense=1&q={'x' * 501}", "The jobs list has no filter “nonsense”."),
+        (f"status__exact=zzz&q={'x' * 501}", "'zzz'"),
+        (f"target={LONG}", "target must be at most"),
+    ],
+)
+def test_a_bulk_page_refusing_a_filter_leaves_one_message_over_the_whole_list(
+    admin_client: Client, query: str, says: str
+) -> None:
+    """A bad filter and a search too long said "Nothing was started: the jobs list has
+    no filter …" and, under it, the list's "The list has no filter …": one problem
+    twice. The list shows a filter it cannot apply as the whole list, which the bulk
+    page now opens itself, its message the only one."""
+    for action in ("requeue", "reject", "delete"):
+        response = admin_client.get(f"{BULK}{action}/?{query}", follow=True)
+        assert response.redirect_chain[-1][0] == f"{JOBS}?e=1"
+        [message] = shown_messages(response)
+        assert message.startswith("Nothing was started: ") and says in message, message
+        posted = admin_client.post(f"{BULK}{action}/", {"_filter": query}, follow=True)
+        [message] = shown_messages(posted)
+        assert message.startswith("Nothing was started: ") and says in message, message
+    assert not BulkOperation.objects.exists()
 
 
 @pytest.mark.parametrize("url", SEARCHED_LISTS)
