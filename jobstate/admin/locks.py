@@ -73,7 +73,6 @@ class RuntimeLockAdmin(ReadOnlyAdmin):
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         # The table holds live locks only (expired ones are swept), so a substring
         # search stays cheap here.
-        term = term.strip()
         if not term:
             return queryset
         return queryset.filter(Q(lock_key__icontains=term) | Q(owner__icontains=term))

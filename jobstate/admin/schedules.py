@@ -195,7 +195,6 @@ class ScheduleAdmin(ReadOnlyAdmin):
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
         # A few rows, one per declared key: a substring search reads next to nothing.
-        term = term.strip()
         if not term:
             return queryset
         return queryset.filter(key__icontains=term) | queryset.filter(target__icontains=term)

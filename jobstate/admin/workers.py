@@ -254,7 +254,6 @@ class WorkerAdmin(ReadOnlyAdmin):
         return WorkerChangeList
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
-        term = term.strip()
         if not term:
             return queryset
         found = queryset.filter(worker_id=term) | queryset.filter(host=term)
