@@ -15,11 +15,14 @@ worker records).
 A process that cannot import the task's module (a web process reading the results of
 another service's tasks, or older code), or whose code no longer has a task at that
 path, still gets the result: its ``task`` is then a stand-in of the same dotted path,
-queue and priority, whose function raises ``ImportError`` if it is called.
+queue and priority, whose function raises ``ImportError`` if it is called. A task the
+backend would refuse today (its queue since removed from ``QUEUES``) reads the same:
+its ``task`` has the queue and priority it was enqueued with.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +31,14 @@ from django.utils.module_loading import import_string
 from jobstate.core.attempt_log import LeftOut, attempt_history
 from jobstate.core.states import TASK_RESULT_STATUS_NAMES, TERMINAL_JOB_STATUSES, JobStatus
 from jobstate.exceptions import AttemptsLeftOut, InvalidJobState
-from jobstate.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus, task_backends
+from jobstate.tasks.compat import (
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    task_backends,
+)
 
 if TYPE_CHECKING:
     from jobstate.models import Job
@@ -91,11 +101,18 @@ def _task_or_stand_in(job: Job, alias: str) -> Task[Any, Any]:
     """The job's task, or a stand-in for it when its dotted path does not import here:
     its module is missing, or raises while it is imported (whatever a host's module
     raises, as one that needs a setting this process lacks), or the path names
-    something that is no longer a task (``InvalidJobState``, after a deploy)."""
+    something that is no longer a task (``InvalidJobState``, after a deploy). Either
+    way with the priority and queue the job was enqueued with, even those the backend
+    refuses now."""
     try:
-        return task_of(job, alias)
+        found = load_task(job.task_path or "")
     except Exception as exc:  # importing the host's module: whatever it raises
         return _stand_in(job, alias, exc)
+    try:
+        return task_of(job, alias)
+    except InvalidTask:
+        # Its queue was removed from QUEUES since, say: the result is data all the same.
+        return _as_enqueued(job, alias, found.func, takes_context=found.takes_context)
 
 
 def _stand_in(job: Job, alias: str, error: Exception) -> Task[Any, Any]:
@@ -108,13 +125,27 @@ def _stand_in(job: Job, alias: str, error: Exception) -> Task[Any, Any]:
 
     absent.__module__ = module
     absent.__name__ = absent.__qualname__ = name
-    return Task(
-        func=absent,
-        priority=job.priority,
-        backend=alias,
-        queue_name=job.queue_name or "default",
-        run_after=job.run_after,
-    )
+    return _as_enqueued(job, alias, absent)
+
+
+def _as_enqueued(job: Job, alias: str, func: Any, *, takes_context: bool = False) -> Task[Any, Any]:
+    """A task of ``func`` with the job's priority, queue and ``run_after`` on backend
+    ``alias``, made without the backend's checks (``Task.__post_init__``): they judge a
+    task about to be enqueued, and this one was, under settings since changed. Queueing
+    it again (``using``, ``enqueue``) checks it as any other."""
+    values = {
+        "func": func,
+        "priority": job.priority,
+        "backend": alias,
+        "queue_name": job.queue_name or "default",
+        "run_after": job.run_after,
+        "takes_context": takes_context,
+    }
+    made: Task[Any, Any] = object.__new__(Task)
+    for field in fields(Task):
+        # A Task is frozen: its own __init__ sets its fields this way.
+        object.__setattr__(made, field.name, values.get(field.name, field.default))
+    return made
 
 
 def task_result(job: Job, alias: str, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:

@@ -412,6 +412,44 @@ def test_the_result_of_a_task_this_process_cannot_load_reads_all_the_same(
         result.task.call(7)
 
 
+@pytest.mark.parametrize(
+    ("task_path", "queue_name", "priority"),
+    [
+        ("tests.support.task_functions.add", "reports", 0),
+        ("elsewhere.billing.tasks.close_day", "reports", 0),
+        # Not a priority Django's checks take: a row another writer stored.
+        ("tests.support.task_functions.add", "default", 500),
+    ],
+    ids=["queue-removed", "queue-removed-and-no-import", "priority-refused"],
+)
+def test_the_result_of_a_task_the_backend_would_refuse_now_reads_all_the_same(
+    settings: Any, task_path: str, queue_name: str, priority: int
+) -> None:
+    """An operator removed the task's queue from QUEUES after it ran: its result is data
+    in the database all the same, and ``get_result`` raised ``InvalidTask``."""
+    enqueued = get_state_store().enqueue_task(
+        NewTask(
+            target="tasks:default",
+            task_path=task_path,
+            queue_name=queue_name,
+            priority=priority,
+            args=[1, 2],
+            kwargs={},
+            max_attempts=1,
+        )
+    )
+    settings.TASKS = {"default": {**settings.TASKS["default"], "QUEUES": ["default"]}}
+    result = backend().get_result(str(enqueued.id))
+    assert result.status == TaskResultStatus.READY and result.args == [1, 2]
+    assert result.task.module_path == task_path
+    assert (result.task.queue_name, result.task.priority) == (queue_name, priority)
+    if task_path == add.module_path:
+        assert add.get_result(str(enqueued.id)).task.func is add.func
+    # What it was enqueued with is read, not accepted anew: it cannot be queued again.
+    with pytest.raises(InvalidTask):
+        result.task.using(run_after=timezone.now())
+
+
 def test_a_cancelled_task_reads_as_failed() -> None:
     queued = add.enqueue(1, 2)
     assert get_state_store().reject_queued_job(queued.id, by="ops", reason="not needed")
