@@ -110,9 +110,10 @@ class JobStateBackend(BaseTaskBackend):
         """Queue ``task`` with ``args`` and ``kwargs`` (JSON: tuples become lists) and
         return its ``READY`` result. Part of the caller's transaction, when there is
         one. Arguments that are not JSON raise ``TypeError`` (naming the argument and
-        its type: ``kwargs['when'] is a datetime, ...``) or ``ValueError``
-        (:class:`~jobstate.exceptions.InvalidPayload` among them, for a cycle or nesting
-        too deep to store too) and queue nothing.
+        its type: ``kwargs['when'] is a datetime, ...``) or ``ValueError`` (naming bytes
+        that are not UTF-8; :class:`~jobstate.exceptions.InvalidPayload` among them, for
+        a cycle or nesting too deep to store too) and queue nothing. Bytes of UTF-8 text
+        are stored as that text, as Django's own backends store them.
 
         The task's :func:`~jobstate.tasks.policy` is stored with the job. A unique task
         whose key a job of this backend holds returns that job's result (same ``id``),
@@ -128,13 +129,14 @@ class JobStateBackend(BaseTaskBackend):
                 "the task's arguments are not strict JSON: they hold a cycle or are nested "
                 "too deeply."
             ) from exc
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             # Django's message names a type, not the argument; the argument is looked
-            # for only now, so a valid enqueue pays nothing for it.
+            # for only now, so a valid enqueue pays nothing for it. Its class is kept
+            # (ValueError for bytes that are not UTF-8), as a host may catch it.
             unsupported = _not_json(args, kwargs)
             if unsupported is None:
                 raise
-            raise TypeError(unsupported) from exc
+            raise type(exc)(unsupported) from exc
         declared = policy_of(task)
         new_task = NewTask(
             target=self.target,
@@ -250,34 +252,58 @@ def _with_policy(new_task: NewTask, declared: TaskPolicy) -> NewTask:
     )
 
 
-#: What Django's ``normalize_json`` keeps as it is (``bytes`` it decodes): a dict's key
-#: of any other type, it refuses.
+#: What Django's ``normalize_json`` keeps as it is (``bytes`` it decodes, when they are
+#: UTF-8): a dict's key of any other type, it refuses.
 _SCALARS = (str, bytes, int, float, bool, type(None))
+
+#: What bytes that are not UTF-8 are, in a message.
+_NOT_UTF8 = "bytes that are not UTF-8"
 
 
 def _not_json(args: Any, kwargs: Any) -> str | None:
-    """The part of the arguments ``normalize_json`` refused with a ``TypeError``, named
-    as the caller wrote it (``kwargs['when']``, ``args[0][1]['due']``), with what to pass
-    instead; ``None`` when no part is of a type it refuses. The parts are walked in its
-    order (a dict's keys before its values), so the walk ends: a cycle on the way would
-    have made it recurse without end rather than raise ``TypeError``."""
-    parts = [(f"kwargs[{name!r}]", value) for name, value in dict(kwargs).items()][::-1]
-    parts += [(f"args[{n}]", value) for n, value in enumerate(args)][::-1]
+    """The part of the arguments ``normalize_json`` refused with a ``TypeError`` or a
+    ``ValueError``, named as the caller wrote it (``kwargs['when']``,
+    ``args[0][1]['due']``), with what to pass instead; ``None`` when no part is of a
+    type or value it refuses. The parts are walked in its order (each of a dict's keys
+    before its value), so the part named is the one it refused and the walk ends: a
+    cycle on the way would have made it recurse without end rather than raise."""
+    # (where, value, whether the value is a dict's key), the next part last.
+    parts = [(f"kwargs[{name!r}]", value, False) for name, value in dict(kwargs).items()][::-1]
+    parts += [(f"args[{n}]", value, False) for n, value in enumerate(args)][::-1]
     while parts:
-        where, value = parts.pop()
-        if isinstance(value, Mapping):
-            for key in value:
-                if not isinstance(key, _SCALARS):
-                    return (
-                        f"{where} has a key that is a {type(key).__name__}, "
-                        f"{shown(repr(key))}, which is not JSON: an object's keys are text."
-                    )
-            parts += [(f"{where}[{shown(repr(k))}]", item) for k, item in value.items()][::-1]
-        elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
-            parts += [(f"{where}[{n}]", item) for n, item in enumerate(value)][::-1]
+        where, value, is_key = parts.pop()
+        if is_key:
+            if not isinstance(value, _SCALARS) or not _decodes(value):
+                kind = _NOT_UTF8 if isinstance(value, bytes) else f"a {type(value).__name__}"
+                return (
+                    f"{where} has a key that is {kind}, {shown(repr(value))}, which is not "
+                    "JSON: an object's keys are text."
+                )
+        elif isinstance(value, Mapping):
+            inner: list[tuple[str, Any, bool]] = []
+            for key, item in value.items():
+                inner += [(where, key, True), (f"{where}[{shown(repr(key))}]", item, False)]
+            parts += inner[::-1]
+        elif isinstance(value, bytes):
+            if not _decodes(value):
+                return f"{where} is {_NOT_UTF8}, which is not JSON: {_instead(value)}"
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            parts += [(f"{where}[{n}]", item, False) for n, item in enumerate(value)][::-1]
         elif not isinstance(value, _SCALARS):
             return f"{where} is a {type(value).__name__}, which is not JSON: {_instead(value)}"
     return None
+
+
+def _decodes(value: object) -> bool:
+    """Whether ``normalize_json`` takes ``value``: anything but bytes that are not UTF-8
+    (it stores those that are as their text)."""
+    if not isinstance(value, bytes):
+        return True
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _instead(value: Any) -> str:
@@ -285,6 +311,11 @@ def _instead(value: Any) -> str:
     if isinstance(value, datetime | date | time):
         kind = type(value).__name__
         return f"pass its .isoformat() text, and {kind}.fromisoformat() reads it back in the task."
+    if isinstance(value, bytes):
+        return (
+            "pass text (.decode() them with their encoding) or, for binary data, "
+            "base64.b64encode(data).decode(), which base64.b64decode() reads back in the task."
+        )
     if isinstance(value, set | frozenset):
         # A set's order is not fixed between processes; a unique key of it would differ.
         return "pass a list (sorted, so that equal sets are equal lists)."

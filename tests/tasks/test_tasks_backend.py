@@ -250,6 +250,55 @@ def test_an_argument_of_a_type_json_lacks_is_named_with_what_to_pass(
     assert not Job.objects.exists()
 
 
+#: What the message says to pass for bytes that are not UTF-8 text.
+_BYTES_INSTEAD = (
+    "which is not JSON: pass text (.decode() them with their encoding) or, for binary "
+    "data, base64.b64encode(data).decode(), which base64.b64decode() reads back in the task."
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "says"),
+    [
+        ((b"\xff",), {}, f"args[0] is bytes that are not UTF-8, {_BYTES_INSTEAD}"),
+        ((), {"png": b"\x89PNG"}, f"kwargs['png'] is bytes that are not UTF-8, {_BYTES_INSTEAD}"),
+        (
+            (["a", {"raw": b"\xff"}],),
+            {},
+            f"args[0][1]['raw'] is bytes that are not UTF-8, {_BYTES_INSTEAD}",
+        ),
+        (
+            ({b"\xff": 1},),
+            {},
+            "args[0] has a key that is bytes that are not UTF-8, b'\\xff', which is not "
+            "JSON: an object's keys are text.",
+        ),
+        # Refused in the order Django's normalize_json meets them, with its class.
+        (
+            ({"a": b"\xff", "b": {1}},),
+            {},
+            f"args[0]['a'] is bytes that are not UTF-8, {_BYTES_INSTEAD}",
+        ),
+    ],
+)
+def test_bytes_that_are_not_utf8_are_named_with_what_to_pass(
+    args: Any, kwargs: Any, says: str
+) -> None:
+    # Django's normalize_json said only "Unsupported value: <class 'bytes'>"; it decodes
+    # the bytes it can, and raises ValueError for the rest, which a host may catch.
+    with pytest.raises(ValueError) as refused:
+        echo.enqueue(*args, **kwargs)
+    assert type(refused.value) is ValueError
+    assert str(refused.value) == says
+    assert not Job.objects.exists()
+
+
+def test_bytes_of_utf8_text_are_stored_as_that_text() -> None:
+    # As Django's own backends store them.
+    queued = echo.enqueue(b"caf\xc3\xa9", key={"k": b"v"})
+    assert (queued.args, queued.kwargs) == (["caf\u00e9"], {"key": {"k": "v"}})
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [
