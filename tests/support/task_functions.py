@@ -243,3 +243,23 @@ def _stuck_receiver(sender: Any, **kwargs: Any) -> None:
 if os.environ.get("JOBSTATE_TEST_STUCK_RECEIVER"):
     # Only in a worker started with it: the test process imports this module too.
     task_finished.connect(_stuck_receiver)
+
+
+def _raising_receiver(sender: Any, **kwargs: Any) -> None:
+    """A ``task_finished`` receiver that raises what ``JOBSTATE_TEST_RAISING_RECEIVER``
+    names, a ``BaseException`` that is not an ``Exception``."""
+    raised = {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}
+    raise raised[os.environ["JOBSTATE_TEST_RAISING_RECEIVER"]]("a receiver gives up")
+
+
+def _noting_receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    """A ``task_finished`` receiver that appends the task's id to the file
+    ``JOBSTATE_TEST_RECEIVER_NOTES`` names."""
+    with open(os.environ["JOBSTATE_TEST_RECEIVER_NOTES"], "a") as notes:
+        notes.write(f"{task_result.id}\n")
+
+
+if os.environ.get("JOBSTATE_TEST_RAISING_RECEIVER"):
+    # Only in a worker started with it; the noting receiver is connected after it.
+    task_finished.connect(_raising_receiver)
+    task_finished.connect(_noting_receiver)

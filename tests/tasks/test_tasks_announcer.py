@@ -166,3 +166,42 @@ def test_a_receiver_that_leaves_a_transaction_open_does_not_spoil_the_next(
         capsys.readouterr().err
     )
     assert not connection.in_atomic_block
+
+
+def test_every_receiver_is_sent_a_signal_whatever_the_others_raise(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What the worker sends ``task_finished`` with: Django's ``send_robust`` stopped at
+    a receiver that raised ``SystemExit``, and let it out to the worker."""
+    from django.dispatch import Signal
+
+    from jobstate.tasks.worker.receivers import send_to_every_receiver
+
+    signal, seen = Signal(), []
+
+    def exits(sender: object, **kwargs: object) -> None:
+        raise SystemExit(3)
+
+    def notes(sender: object, **kwargs: object) -> str:
+        seen.append("sync")
+        return "noted"
+
+    async def interrupts(sender: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    async def notes_too(sender: object, **kwargs: object) -> str:
+        seen.append("async")
+        return "noted too"
+
+    for receiver in (exits, notes, interrupts, notes_too):
+        signal.connect(receiver)
+    with caplog.at_level(logging.ERROR, logger="django.dispatch"):
+        responses = send_to_every_receiver(signal, "sender")
+    assert [receiver for receiver, _ in responses] == [exits, notes, interrupts, notes_too]
+    assert isinstance(responses[0][1], SystemExit) and responses[1][1] == "noted"
+    assert isinstance(responses[2][1], KeyboardInterrupt) and responses[3][1] == "noted too"
+    assert seen == ["sync", "async"]
+    logged = [record.getMessage() for record in caplog.records]
+    assert any("exits" in line and "send_robust" in line for line in logged), logged
+    assert any("interrupts" in line for line in logged), logged
+    assert send_to_every_receiver(Signal(), "sender") == []

@@ -234,6 +234,34 @@ def test_a_receiver_that_never_returns_delays_a_stop_by_a_bounded_wait(settings:
     assert "3 started, 3 succeeded" in err
 
 
+@pytest.mark.parametrize("raised", ["SystemExit", "KeyboardInterrupt"])
+def test_a_receiver_that_raises_what_is_not_an_exception_is_logged_and_the_next_still_runs(
+    settings: Any, raised: str, tmp_path: Path
+) -> None:
+    """Django's ``send_robust`` catches ``Exception`` only: a ``task_finished`` receiver
+    that raised ``SystemExit`` or ``KeyboardInterrupt`` kept the receivers after it from
+    running, for every task, and was named only in a plain line on stderr."""
+    options = use_options(settings)
+    notes = tmp_path / "notes"
+    queued = [add.enqueue(n, n) for n in range(3)]
+    worker = start_worker(
+        "--batch",
+        options=options,
+        JOBSTATE_TEST_RAISING_RECEIVER=raised,
+        JOBSTATE_TEST_RECEIVER_NOTES=str(notes),
+    )
+    try:
+        code, _out, err = finish(worker, timeout=30)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    assert "3 started, 3 succeeded" in err
+    assert notes.exists() and sorted(notes.read_text().split()) == sorted(r.id for r in queued)
+    for result in queued:
+        # As a receiver that raises an Exception is logged.
+        assert f"raised for task {result.id}: {raised}('a receiver gives up')" in err, err
+
+
 def test_a_killed_workers_task_is_recovered_and_succeeds_on_attempt_two(settings: Any) -> None:
     options = use_options(settings, MAX_ATTEMPTS=2, LEASE=1.0)
     task = started_then_sleeps.enqueue(2)

@@ -61,6 +61,7 @@ from jobstate.tasks.options import TaskOptions
 from jobstate.tasks.results import task_result
 from jobstate.tasks.worker.announcer import Announcer, write_plainly
 from jobstate.tasks.worker.execution import Attempt, Outcome, class_path
+from jobstate.tasks.worker.receivers import send_to_every_receiver
 from jobstate.tasks.worker.settled import SettledAttempt, held, note_cancel
 from jobstate.tasks.worker.task_claims import TaskClaim
 
@@ -312,8 +313,8 @@ class Reporter:
         exception the task raised (if it raised) is being handled, as Django's own
         backends do: its receivers (Django's log of the task among them) read it from
         ``sys.exc_info()``. A task that did not import has no ``Task`` to build a result
-        of, so it sends nothing; a receiver that raises is logged and does not stop the
-        worker."""
+        of, so it sends nothing; a receiver that raises (``SystemExit`` too) is logged,
+        and the receivers after it are still sent it."""
         attempt = outcome.attempt
         if attempt.task is None:
             return
@@ -335,8 +336,10 @@ class Reporter:
             del error, frames
 
     def _send_finished(self, result: Any, job: Job) -> None:
-        for receiver, response in task_finished.send_robust(self.sender, task_result=result):
-            if isinstance(response, Exception):
+        for receiver, response in send_to_every_receiver(
+            task_finished, self.sender, task_result=result
+        ):
+            if isinstance(response, BaseException):
                 logger.error(
                     "A task_finished receiver (%r) raised for task %s: %r",
                     receiver,
