@@ -63,6 +63,30 @@ def test_settling_waits_for_what_was_queued_within_its_timeout() -> None:
     wake.close()
 
 
+class _SlowToReturnWakeup(Wakeup):
+    """Wakes its waiter, then keeps the announcer's thread a moment longer: what a
+    busy machine may do to that thread just after it woke the worker."""
+
+    def set(self) -> None:
+        super().set()
+        if threading.current_thread().name == "announcer-under-test":
+            time.sleep(0.2)
+
+
+def test_a_settle_right_after_one_that_was_made_waits_for_nothing() -> None:
+    """A ``--batch`` worker settles, finds its queues empty and settles again: the
+    second must not wait (nor claim once more) for the mark the first one queued."""
+    announcer, wake = Announcer(name="announcer-under-test"), _SlowToReturnWakeup()
+    announcer.put(lambda: None)
+    assert announcer.settle(wake, 5)
+    wake.clear()
+    started = time.monotonic()
+    assert not announcer.settle(wake, 5)
+    assert time.monotonic() - started < 0.1
+    announcer.close("the end", timeout=5)
+    wake.close()
+
+
 def test_a_stop_that_cannot_wait_says_how_many_were_not_made(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -207,6 +207,13 @@ class Announcer:
                 announcements = self._queue.get()
                 if announcements is None:
                     return
+                if isinstance(announcements, _Mark):
+                    # Counted before it says so: a settle that follows at once must find
+                    # nothing waiting, not wait again for this mark.
+                    self._made += 1
+                    for announcement in announcements:
+                        self._make(announcement)
+                    continue
                 self._unmade = len(announcements)
                 for announcement in announcements:
                     self._make(announcement)
