@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from jobstate.admin.common import BADGE_COLOURS, short_duration
+from jobstate.admin.status_words import shared_status_label
 from jobstate.models import Job
 from jobstate.stores.base import TERMINAL_JOB_STATUSES, JobOperationalMetrics, JobStatus
 
@@ -75,10 +76,11 @@ def _age(seconds: float) -> str:
 
 def cards(snapshot: JobOperationalMetrics) -> tuple[list[Card], list[Card]]:
     """The snapshot as two rows of cards: jobs per status, then the health figures."""
-    # "≈": the store estimated the count from table statistics (a large history).
+    # "≈": the store estimated the count from table statistics (a large history). A
+    # card counts tasks and other jobs: it names both words, as the status filter does.
     statuses = [
         Card(
-            str(JobStatus(status).label),
+            shared_status_label(status),
             f"≈ {count:,}" if status in snapshot.estimated_statuses else f"{count:,}",
             f"?status__exact={status}",
         )
@@ -90,7 +92,7 @@ def cards(snapshot: JobOperationalMetrics) -> tuple[list[Card], list[Card]]:
         Card(
             _("Finished in the last 15 min"),
             " · ".join(
-                f"{JobStatus(status).label} {count:,}"
+                f"{shared_status_label(status)} {count:,}"
                 for status, count in snapshot.terminal_last_15m.items()
             )
             or "0",

@@ -9,7 +9,7 @@ the URL (for example from a link on the dashboard).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.contrib import admin
@@ -20,6 +20,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from jobstate.admin.list_cells import breakable
+from jobstate.admin.status_words import shared_status_label
 from jobstate.console.job_search import SearchError, apply_job_filter, shortened
 from jobstate.core.conf import jobstate_settings
 from jobstate.models import BulkOperation, Job
@@ -33,6 +34,7 @@ __all__ = [
     "ChannelFilter",
     "DelayedFilter",
     "ExpiredLeaseFilter",
+    "JobStatusFilter",
     "LockStateFilter",
     "OfferedChoicesFilter",
     "QueueFilter",
@@ -133,6 +135,20 @@ class OfferedChoicesFilter(admin.ChoicesFieldListFilter):
                     )
         narrowed = super().queryset(request, queryset)
         return queryset if narrowed is None else narrowed
+
+
+class JobStatusFilter(OfferedChoicesFilter):
+    """The jobs list's status filter. One value covers tasks and other jobs, which name
+    it differently: each choice names both where they differ ("Done (SUCCESSFUL)"); the
+    values in the URL (``?status__exact=done``) are the field's."""
+
+    def choices(self, changelist: Any) -> Iterator[Any]:
+        shown = super().choices(changelist)
+        yield next(shown)  # "All"
+        for (value, title), choice in zip(self.field.flatchoices, shown, strict=False):
+            # Past the title, a facet's count ("Done (3)") when the list shows them.
+            rest = str(choice["display"])[len(str(title)) :]
+            yield {**choice, "display": shared_status_label(str(value)) + rest}
 
 
 class JobChoicesFilter(FixedChoicesFilter):

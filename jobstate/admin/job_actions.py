@@ -23,6 +23,7 @@ from django.utils.translation import gettext_lazy, ngettext_lazy
 from jobstate.admin.common import ActionRow, ActionSpec, RejectForm, counted, relative_time
 from jobstate.admin.job_page import job_name
 from jobstate.admin.page_bases import database_now
+from jobstate.admin.status_words import status_name, status_word
 from jobstate.models import ApprovalDecision, Job, unique_hold
 from jobstate.stores import get_state_store
 from jobstate.stores.base import (
@@ -65,11 +66,12 @@ def _job_label(job: Job) -> str:
 
 
 def _now_status(job: Job) -> str:
-    """Why a store call found nothing to do: the job's status as it is now."""
+    """Why a store call found nothing to do: the job's status as it is now, named as
+    its page names it."""
     status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
     if status is None:
         return _("no longer exists")
-    return _("now %(status)s") % {"status": JobStatus(status).label}
+    return _("now %(status)s") % {"status": status_word(status, task=job.task_path is not None)}
 
 
 def lease_text(job: Job, now: Any) -> str:
@@ -87,7 +89,7 @@ def lease_text(job: Job, now: Any) -> str:
 
 
 def _describe(job: Job, now: Any) -> str:
-    parts = [str(JobStatus(job.status).label), job.target or "—"]
+    parts = [status_name(job), job.target or "—"]
     lease = lease_text(job, now)
     if lease:
         parts.append(lease)
@@ -102,9 +104,7 @@ def requeue_spec(by: str) -> ActionSpec:
         if job.status == JobStatus.QUEUED:
             why = _("already queued")
         elif not job.requeueable_at(now):
-            why = _("%(status)s and its lease has not expired") % {
-                "status": JobStatus(job.status).label
-            }
+            why = _("%(status)s and its lease has not expired") % {"status": status_name(job)}
         elif _key_held_elsewhere(job):
             why = _("a newer job holds its unique key")
         return ActionRow(job, _job_label(job), _describe(job, now), why)

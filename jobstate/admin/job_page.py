@@ -31,13 +31,13 @@ from jobstate.admin.display import (
     worker_link,
 )
 from jobstate.admin.links import job_schedule
+from jobstate.admin.status_words import status_name
 from jobstate.admin.task_display import concurrency_text, policy_text, unique_text
 from jobstate.console.redaction import Redactor
 from jobstate.core.attempt_log import LeftOut, attempt_history
 from jobstate.core.bidi import isolated
 from jobstate.core.states import (
     CLAIMED_JOB_STATUSES,
-    TASK_RESULT_STATUS_NAMES,
     TERMINAL_JOB_STATUSES,
     JobStatus,
 )
@@ -54,7 +54,6 @@ __all__ = [
     "job_status_badge",
     "page_heading",
     "shown_fieldsets",
-    "status_name",
     "summary_items",
 ]
 
@@ -165,14 +164,6 @@ def job_name(job: Job) -> str:
     if job.task_path is None:
         return job.request_id
     return f"{job.task_path} ({_short(job.id)})"
-
-
-def status_name(job: Job) -> str:
-    """A job's status as the console names it: a task's as Django's ``TaskResultStatus``
-    does (SUCCESSFUL, FAILED, READY, RUNNING), any other job's by its own label."""
-    if job.task_path is not None:
-        return TASK_RESULT_STATUS_NAMES[job.status]
-    return str(JobStatus(job.status).label)
 
 
 def job_status_badge(job: Job) -> SafeString:

@@ -38,7 +38,7 @@ from jobstate.admin.display import moment, short_id, worker_link
 from jobstate.admin.filters import (
     DelayedFilter,
     ExpiredLeaseFilter,
-    OfferedChoicesFilter,
+    JobStatusFilter,
     QueueFilter,
     SourceFilter,
     TargetFilter,
@@ -147,7 +147,7 @@ class JobAdmin(TaskFieldsAdmin):
         "Finished jobs stay until prune_jobstate removes them."
     )
     list_filter = [
-        ("status", OfferedChoicesFilter),
+        ("status", JobStatusFilter),
         TargetFilter,
         TaskFilter,
         QueueFilter,

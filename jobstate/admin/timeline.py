@@ -24,7 +24,8 @@ from django.utils.translation import ngettext
 
 from jobstate.admin.common import relative_time, short_duration
 from jobstate.admin.display import moment, worker_link
-from jobstate.admin.job_page import audit_summary, status_name
+from jobstate.admin.job_page import audit_summary
+from jobstate.admin.status_words import status_name
 from jobstate.console.redaction import Redactor
 from jobstate.core.attempt_log import AttemptOutcome, LeftOut, TaskAttempt, attempt_history
 from jobstate.core.bidi import isolated, isolated_parts
@@ -207,9 +208,7 @@ def _current_claim(job: Job, now: datetime) -> list[TimelineEvent]:
     if job.status not in CLAIMED_JOB_STATUSES or job.claimed_at is None:
         return []
     holder = worker_link(job.executor_id)
-    title = format_html(
-        _("Claimed by {holder} ({status})"), holder=holder, status=JobStatus(job.status).label
-    )
+    title = format_html(_("Claimed by {holder} ({status})"), holder=holder, status=status_name(job))
     if job.task_path is not None:
         title = format_html(
             _("Attempt {n} claimed by {holder}, running"), n=job.attempts, holder=holder

@@ -22,6 +22,7 @@ from django.utils.safestring import SafeString
 
 from jobstate.admin.display import choice_badge, moment
 from jobstate.admin.page_bases import admin_change_url
+from jobstate.admin.status_words import status_name
 from jobstate.console.job_search import attempted_by
 from jobstate.core.states import CLAIMED_JOB_STATUSES, JobStatus, WorkerKind
 from jobstate.models import Job, Worker
@@ -64,7 +65,7 @@ def _row(job: Job, at: datetime | None, site: str) -> JobRow:
     return JobRow(
         url=admin_change_url(Job, job.pk, site),
         label=job.task_path or job.target or job.request_id,
-        status=choice_badge(job.status, JobStatus(job.status).label),
+        status=choice_badge(job.status, status_name(job)),
         at=moment(at),
     )
 

@@ -95,7 +95,7 @@ def _drive_the_console(page: Page, base: str) -> None:
     expect(page.get_by_role("heading", name="Select job to view")).to_be_visible()
     # The filter sidebar is a <nav> on Django 5.2 and a <search> landmark on Django 6.
     filters = page.locator("#changelist-filter")
-    filters.get_by_role("link", name="Error", exact=True).click()
+    filters.get_by_role("link", name="Error (FAILED)", exact=True).click()
     expect(page).to_have_url(re.compile(r"[?&]status__exact=error"))
     rows = page.locator("#result_list tbody tr")
     expect(rows).to_have_count(1)
@@ -117,7 +117,7 @@ def _drive_the_console(page: Page, base: str) -> None:
     # Back on the error list, which the requeued job has left.
     expect(page.get_by_role("link", name="invoice-4711")).to_have_count(0)
 
-    filters.get_by_role("link", name="Queued", exact=True).click()
+    filters.get_by_role("link", name="Queued (READY)", exact=True).click()
     queued_row = page.locator("#result_list tbody tr").filter(has_text="invoice-4711")
     expect(queued_row).to_contain_text("Queued")
     queued_row.get_by_role("link", name="invoice-4711").click()

@@ -49,13 +49,13 @@ def test_cards_show_the_metrics_snapshot(admin_client: Client, store: DatabaseSt
     response = admin_client.get(PAGE)
     assert response.status_code == 200
     page = response.content.decode()
-    assert card(page, "Queued") == "4"
+    assert card(page, "Queued (READY)") == "4"
     assert card(page, "Running") == "1"
-    assert card(page, "Error") == "1"
-    assert card(page, "Done") == "0"
+    assert card(page, "Error (FAILED)") == "1"
+    assert card(page, "Done (SUCCESSFUL)") == "0"
     assert card(page, "Delayed queued jobs") == "1"
     assert card(page, "Expired leases") == "1"
-    assert "Error 1" in card(page, "Finished in the last 15 min")
+    assert "Error (FAILED) 1" in card(page, "Finished in the last 15 min")
     # Cards lead to the jobs they count, and a problem is highlighted.
     assert 'href="/admin/jobstate/job/?lease=expired"' in page
     assert 'href="/admin/jobstate/job/?status__exact=queued"' in page

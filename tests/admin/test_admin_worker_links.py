@@ -259,7 +259,10 @@ def test_a_workers_page_lists_what_it_finished_with_counts(
     recent = section(page, "jobstate-worker-recent")
     assert f"/admin/jobstate/job/{done.id}/change/" in recent
     assert f"/admin/jobstate/job/{failed.id}/change/" in recent
-    assert "1 done, 1 failed" in recent and "Error" in recent and "Done" in recent
+    assert "1 done, 1 failed" in recent
+    # Its tasks' states as their own pages name them.
+    assert ">FAILED</span>" in recent and ">SUCCESSFUL</span>" in recent
+    assert ">Error</span>" not in recent and ">Done</span>" not in recent
     assert "No job right now." in section(page, "jobstate-worker-current")
     # A job's timeline links the worker of each attempt.
     job_page = admin_client.get(f"{JOBS}{failed.id}/change/").content.decode()
