@@ -64,7 +64,7 @@ from jobstate.admin.job_page import (
 )
 from jobstate.admin.links import job_schedule, schedule_link, scheduled_run
 from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
-from jobstate.admin.page_bases import moment_field
+from jobstate.admin.page_bases import moment_field, search_refused
 from jobstate.admin.task_display import TASK_FIELDS, TaskFieldsAdmin
 from jobstate.admin.timeline import job_timeline
 from jobstate.console.job_search import SEARCH_FIELDS, SearchError, parse_search
@@ -198,7 +198,12 @@ class JobAdmin(TaskFieldsAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         context = {**(extra_context or {}), "jobstate_bulk_links": bulk_links(self, request)}
-        return super().changelist_view(request, context)
+        response = super().changelist_view(request, context)
+        if search_refused(request) and isinstance(response, TemplateResponse):
+            # The list refused its search and lists nothing: a bulk link would carry the
+            # search to a page that acts on the jobs without it.
+            response.context_data = {**(response.context_data or {}), "jobstate_bulk_links": []}
+        return response
 
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
         # A task's arguments come first, once; the summary above holds the rest of what

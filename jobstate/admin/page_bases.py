@@ -55,6 +55,7 @@ __all__ = [
     "redacted_field",
     "redirect_with_query",
     "row_redactor",
+    "search_refused",
     "with_database_now",
 ]
 
@@ -62,6 +63,16 @@ logger = logging.getLogger("jobstate.admin")
 
 #: Where :meth:`ScaledAdmin.redactor_for` keeps a row's redactor on the row object.
 REDACTOR_ATTRIBUTE = "_jobstate_redactor"
+
+#: Set on a request whose list refused its search (see :func:`search_refused`).
+_SEARCH_REFUSED = "_jobstate_search_refused"
+
+
+def search_refused(request: HttpRequest) -> bool:
+    """Whether the list answering ``request`` refused its search, and so listed
+    nothing: what acts on the list (the jobs list's bulk links) is not offered then."""
+    return bool(getattr(request, _SEARCH_REFUSED, False))
+
 
 # --- the database's clock ---------------------------------------------------------------
 
@@ -250,11 +261,13 @@ class ScaledAdmin(admin.ModelAdmin):
             # Every list's limit, said in the same words on every list: a list's
             # search help (search_refusal) is for a search it cannot read.
             self.message_user(request, str(exc), messages.ERROR)
+            setattr(request, _SEARCH_REFUSED, True)
             return queryset.none(), False
         try:
             return self.search(queryset, term), False
         except SearchError as exc:
             self.message_user(request, self.search_refusal(exc), messages.ERROR)
+            setattr(request, _SEARCH_REFUSED, True)
             return queryset.none(), False
 
     def search(self, queryset: QuerySet[Any], term: str) -> QuerySet[Any]:

@@ -176,6 +176,24 @@ def test_a_bulk_page_refusing_a_search_leaves_one_message(
     assert message.startswith("Search not understood: input: takes key=value"), message
 
 
+@pytest.mark.parametrize("search", ["x" * 501, "input:customer"])
+def test_a_jobs_list_refusing_its_search_offers_no_bulk_action(
+    admin_client: Client, jobs: None, search: str
+) -> None:
+    """The list refused the search and listed nothing, yet its bulk links (Requeue…,
+    Reject…, Delete…) carried it on to a bulk page that would act without it, on jobs
+    the operator never asked for. They are left out until the list reads its search."""
+    response = admin_client.get(JOBS, {"q": search, "target": "billing"})
+    assert len(shown_messages(response)) == 1
+    page = response.content.decode()
+    assert "jobstate-bulk-link" not in page
+    assert 'id="jobstate-overview-tool"' in page
+    # A search the list reads keeps them, with the search.
+    page = admin_client.get(JOBS, {"q": "first", "target": "billing"}).content.decode()
+    assert 'id="jobstate-bulk-requeue"' in page
+    assert f'href="{BULK}requeue/?q=first&amp;target=billing"' in page
+
+
 @pytest.mark.parametrize(
     ("query", "says"),
     [
