@@ -91,7 +91,7 @@ def _candidates(using: str, target: str, queues: list[str] | None) -> JobQuerySe
 
 #: The probe's SQL and parameters per database, target and queues (see
 #: :func:`_any_due`).
-_PROBES: dict[tuple[str, str, str, tuple[str, ...] | None], tuple[str, tuple[Any, ...]]] = {}
+_PROBES: dict[tuple[str, str, tuple[str, ...] | None], tuple[str, tuple[Any, ...]]] = {}
 
 
 def _any_due(using: str, target: str, queues: list[str] | None) -> bool:
@@ -101,7 +101,7 @@ def _any_due(using: str, target: str, queues: list[str] | None) -> bool:
     if queues is not None and not queues:
         return False  # Django compiles no statement for "in no queue".
     connection = connections[using]
-    shape = (using, connection.vendor, target, None if queues is None else tuple(queues))
+    shape = (using, target, None if queues is None else tuple(queues))
     sql, params = kept(_PROBES, shape, _probe, using, target, queues)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
