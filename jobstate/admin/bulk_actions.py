@@ -62,6 +62,7 @@ from jobstate.console.job_search import (
     FILTER_PARAMETERS,
     SEARCH_PARAMETER,
     SearchError,
+    bounded_search,
     filter_jobs,
 )
 from jobstate.models import BulkAction, BulkOperation, BulkState, Job
@@ -187,15 +188,23 @@ def confirm_view(model_admin: ScaledAdmin, request: HttpRequest, action: str) ->
         _say_nothing_started(model_admin, request, exc)
         return HttpResponseRedirect(f"{changelist}?{ERROR_FLAG}=1")
     try:
-        # The page's count; the operation counts again, on the database's clock, when it
-        # is recorded.
-        count = applicable_jobs(filter_jobs(rows, {}, search), action).count()
+        bounded_search(search)
     except SearchError as exc:
-        # The list as the operator filtered it, without the search.
+        # The list as the operator filtered it, without the search: too long to give
+        # back (and the list would refuse it again).
         kept = query.copy()
         kept.pop(SEARCH_PARAMETER, None)
         _say_nothing_started(model_admin, request, exc)
         return redirect_with_query(changelist, kept.urlencode())
+    try:
+        # The page's count; the operation counts again, on the database's clock, when it
+        # is recorded.
+        count = applicable_jobs(filter_jobs(rows, {}, search), action).count()
+    except SearchError:
+        # Back to the list as the operator filtered and searched, to correct the search
+        # there: the list says what it cannot read in it.
+        model_admin.message_user(request, _("Nothing was started."), messages.ERROR)
+        return redirect_with_query(changelist, query.urlencode())
     form = RejectForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         reason = form.cleaned_data.get("reason", "") if action == BulkAction.REJECT else ""
