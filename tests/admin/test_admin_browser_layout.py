@@ -9,6 +9,7 @@
 - on a phone, "All columns" shows every column of the Workers and Queues pages, each
   wide enough to read;
 - the first job's status badge is visible on the phone;
+- on a phone every button (row actions, object tools, toggles) is at least 44 px tall;
 - the Overview link on the app's page is one line;
 - links contrast with what is behind them (WCAG ratio at least 3:1);
 - the ids one list shows are distinct;
@@ -62,6 +63,7 @@ SCREENSHOTS = ARTIFACTS / "screenshots"
 DESKTOP = {"width": 1440, "height": 900}
 LAPTOP = {"width": 1366, "height": 768}
 PHONE = {"width": 390, "height": 844}
+SMALL_PHONE = {"width": 375, "height": 667}
 SIZES = {"desktop": DESKTOP, "laptop": LAPTOP, "phone": PHONE}
 
 LISTS = {
@@ -478,6 +480,56 @@ def test_the_queues_and_a_confirmations_words_are_not_broken_on_a_phone(
     _shoot(page, "requeue-skipped", "phone")
     broken = page.eval_on_selector_all("td.jobstate-reason, th", _BROKEN_WORDS)
     assert broken == [], broken
+
+
+#: Every control drawn as a button in the console's content: row actions (the Queues
+#: page's Pause/Resume), the object tools, a job's action buttons, the list's bulk
+#: action "Go", the filter and column toggles, live updates' toggle.
+_BUTTONS = (
+    "#content .button, #content button, #content input[type=submit],"
+    " #content input[type=button], #content .object-tools a"
+)
+
+#: The shown buttons' text and box height, rounded down to the pixel.
+_BUTTON_HEIGHTS = """els => els.filter(e => e.getClientRects().length && getComputedStyle(e)
+    .visibility !== 'hidden').map(e => [
+        (e.innerText || e.value || '').trim(), Math.floor(e.getBoundingClientRect().height)])"""
+
+#: The least height of a button on a phone, in CSS pixels (WCAG 2.5.5's target size,
+#: and the Apple and Android guidelines' 44 and 48).
+TAP_HEIGHT = 44
+
+
+def test_buttons_on_a_phone_are_tall_enough_to_tap(console: tuple[Page, str]) -> None:
+    """On a phone the Queues page's Pause and Resume and the object tools were about
+    47 x 17 px, too small to tap; on a wide screen they stay compact."""
+    page, base = console
+    pages = {
+        "queues": OTHER_PAGES["queues"],
+        "jobs": LISTS["jobs"],
+        "schedules": LISTS["schedules"],
+        "queued-job": f"{LISTS['jobs']}?status__exact=queued",
+    }
+    for viewport in (PHONE, SMALL_PHONE):
+        page.set_viewport_size(viewport)
+        for name, path in pages.items():
+            page.goto(base + path)
+            if name == "queued-job":
+                # A job's own page, with its Discard… and History among the tools.
+                page.locator("#result_list tbody tr a[href*='/change/']").first.click()
+                page.wait_for_selector(".object-tools button.jobstate-action")
+            elif name == "jobs":
+                # The bulk action's "Go" shows once a row is selected.
+                page.locator("#result_list tbody input.action-select").first.check()
+            _shoot(page, f"buttons-{name}", f"{viewport['width']}x{viewport['height']}")
+            heights = page.eval_on_selector_all(_BUTTONS, _BUTTON_HEIGHTS)
+            assert len(heights) >= 2, (name, viewport, heights)
+            small = [shown for shown in heights if shown[1] < TAP_HEIGHT]
+            assert small == [], (name, viewport, small)
+    page.set_viewport_size(DESKTOP)
+    page.goto(base + OTHER_PAGES["queues"])
+    heights = page.eval_on_selector_all("#jobstate-queues .button", _BUTTON_HEIGHTS)
+    assert heights and max(height for _, height in heights) < TAP_HEIGHT, heights
 
 
 def test_the_status_badge_is_visible_on_a_phone(console: tuple[Page, str]) -> None:
