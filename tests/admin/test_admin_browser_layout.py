@@ -1,11 +1,12 @@
 """The console's lists and pages as a newcomer sees them, on a 1440x900 screen, a
-1366x768 laptop and a 390x844 phone, in headless Chromium (as in
+1366x768 laptop, a 390x844 phone and a 375x667 one, in headless Chromium (as in
 :mod:`tests.admin.test_admin_browser`), measured from the elements' boxes:
 
 - every column header of the jobs, workers, notifications, audit, runs, schedules and
   bulk operations lists is inside the viewport and the list's box (no sideways
   scrolling), with long task paths, long worker ids and time-ordered ids in the rows;
-  so is the Queues page's table, with its pause and resume buttons, in its box;
+  so is the Queues page's table, with its pause and a paused queue's resume buttons,
+  in its box;
 - on a phone, "All columns" shows every column of the Workers and Queues pages, each
   wide enough to read;
 - the first job's status badge is visible on the phone;
@@ -64,7 +65,7 @@ DESKTOP = {"width": 1440, "height": 900}
 LAPTOP = {"width": 1366, "height": 768}
 PHONE = {"width": 390, "height": 844}
 SMALL_PHONE = {"width": 375, "height": 667}
-SIZES = {"desktop": DESKTOP, "laptop": LAPTOP, "phone": PHONE}
+SIZES = {"desktop": DESKTOP, "laptop": LAPTOP, "phone": PHONE, "small-phone": SMALL_PHONE}
 
 LISTS = {
     "jobs": "/admin/jobstate/job/",
@@ -226,8 +227,12 @@ def _rows() -> None:
 
 @pytest.fixture
 def console(live_server: Any) -> Iterator[tuple[Page, str]]:
-    """A superuser-like operator's browser on the console, the rows written."""
+    """A superuser-like operator's browser on the console, the rows written, one of
+    the queues paused (its row has *Resume…* where the others have *Pause…*)."""
     _rows()
+    QueuePause.objects.create(
+        target="tasks:default", queue_name="invoices-eu-west-1-priority", paused_by="operator-ada"
+    )
     make_operator(
         *[
             f"view_{name}"
