@@ -20,9 +20,11 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now, TruncHour, TruncMinute
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from jobstate.admin.common import BADGE_COLOURS, short_duration
+from jobstate.admin.list_cells import breakable
 from jobstate.admin.status_words import shared_status_label
 from jobstate.models import Job
 from jobstate.stores.base import TERMINAL_JOB_STATUSES, JobOperationalMetrics, JobStatus
@@ -46,6 +48,9 @@ CHART_MINUTES = 60
 CHART_HOURS = 24
 #: The queue-depth chart lists the deepest targets, the rest summed as one row.
 DEPTH_TARGETS = 12
+#: A part of a target's name (between its dots, dashes, underscores and colons) longer
+#: than this many characters may break anywhere on the Overview; shorter ones stay whole.
+LONG_NAME_PART = 24
 
 _TERMINAL_ORDER = [JobStatus.DONE, JobStatus.ERROR, JobStatus.REJECTED]
 # Drawn about the size it is shown at beside the other chart on a wide screen, so its
@@ -271,6 +276,12 @@ class DepthRow:
     @property
     def total(self) -> int:
         return self.ready + self.delayed
+
+    @property
+    def shown_target(self) -> SafeString:
+        """The target, wrapping after its dots, dashes, underscores and colons: on a
+        phone a name that could break anywhere read "tasks:defa/ult"."""
+        return breakable(self.target, "._-:/", long_part=LONG_NAME_PART)
 
 
 @dataclass(frozen=True)

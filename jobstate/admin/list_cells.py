@@ -5,6 +5,7 @@ on the row's page (styles in ``jobstate/static/jobstate/console.css``)."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -28,16 +29,22 @@ def cut_middle(text: str, keep: int = KEPT_AT_EACH_END) -> str:
     return f"{text[:keep]}…{text[-keep:]}"
 
 
-def breakable(text: str, marks: str = ".-:/") -> SafeString:
+def breakable(text: str, marks: str = ".-:/", *, long_part: int | None = None) -> SafeString:
     """``text`` (a dotted path, a key) allowed to wrap after its dots, dashes, colons
     and slashes: a long name without spaces would otherwise widen its column past the
     screen. Underscores join words of one name, which stays whole unless ``marks``
-    names them too."""
-    escaped = str(escape(text))
-    for mark in marks:
-        escaped = escaped.replace(mark, mark + "<wbr>")
-    # Escaped above; only <wbr> elements are added.
-    return mark_safe(escaped)
+    names them too. A part longer than ``long_part`` characters (a name of a hundred
+    letters) may break anywhere (``.jobstate-long-part``), so a cell that keeps its
+    short parts whole still fits the screen."""
+    parts = re.split(f"(?<=[{re.escape(marks)}])", text) if marks else [text]
+    shown = [
+        format_html('<span class="jobstate-long-part">{}</span>', part)
+        if long_part is not None and len(part) > long_part
+        else escape(part)
+        for part in parts
+    ]
+    # Escaped above; only <wbr> and the long parts' spans are added.
+    return mark_safe("<wbr>".join(shown))
 
 
 def one_line(shown: Any, whole: str) -> SafeString:

@@ -410,6 +410,43 @@ _BROKEN_WORDS = """els => els.flatMap(e => {
 })"""
 
 
+#: The parts of names (between dots, dashes, underscores, colons, slashes and spaces) of
+#: the elements ``selector`` picks that wrapped in their middle ("defa/ult"); a part
+#: longer than 24 characters may break anywhere.
+_BROKEN_NAME_PARTS = """els => els.flatMap(e => {
+    const broken = [];
+    const walker = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        for (const match of node.textContent.matchAll(/[^\\s.:_\\/-]+/g)) {
+            if (match[0].length > 24) continue;
+            const range = document.createRange();
+            range.setStart(node, match.index);
+            range.setEnd(node, match.index + match[0].length);
+            const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+            if (lines.size > 1) broken.push(match[0]);
+        }
+    }
+    return broken;
+})"""
+
+
+def test_the_overviews_names_break_between_their_parts_on_a_phone(
+    console: tuple[Page, str],
+) -> None:
+    """On a phone the Overview's queue depth read "tasks:defa/ult": a name could break
+    anywhere, not only after its dots, dashes and colons."""
+    page, base = console
+    for size in ("phone", "small-phone"):
+        page.set_viewport_size(SIZES[size])
+        page.goto(base + OTHER_PAGES["overview"])
+        page.wait_for_selector("#jobstate-depth")
+        _shoot(page, "overview-names", size)
+        names = page.eval_on_selector_all("#jobstate-depth td:first-child", "els => els.length")
+        assert names >= 2, size
+        broken = page.eval_on_selector_all("#jobstate-depth td:first-child", _BROKEN_NAME_PARTS)
+        assert broken == [], (size, broken)
+
+
 def test_a_workers_page_and_a_jobs_page_with_long_names_fit_a_phone(
     console: tuple[Page, str],
 ) -> None:
@@ -768,6 +805,12 @@ def test_names_as_long_as_allowed_fit_a_wide_screen_and_a_phone(
             assert scroll <= viewport["width"], (name, size, scroll)
             # The paused queue's "Resume…" and who paused it, beside the longest names.
             assert _boxes_scrolled(page) == [], (name, size)
+            if name == "overview":
+                # "tasks:" stays whole beside the 194 letters after it, which break.
+                broken = page.eval_on_selector_all(
+                    "#jobstate-depth td:first-child", _BROKEN_NAME_PARTS
+                )
+                assert broken == [], (size, broken)
             if path in LISTS.values():
                 inner = page.locator("#changelist-form .results").evaluate(
                     "e => [e.scrollWidth, e.clientWidth]"
