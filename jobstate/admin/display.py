@@ -32,6 +32,7 @@ __all__ = [
     "relative_time",
     "short_duration",
     "short_id",
+    "shortened_id",
     "status_badge",
     "text_block",
     "worker_link",
@@ -174,6 +175,14 @@ ID_HEAD = 4
 ID_TAIL = 6
 
 
+def shortened_id(value: object) -> str:
+    """An id as :func:`short_id` shows it, as text: ``0193…a41f2c``, a short one whole."""
+    text = str(value)
+    if len(text) <= ID_HEAD + ID_TAIL + 2:
+        return text
+    return f"{text[:ID_HEAD]}…{text[-ID_TAIL:]}"
+
+
 def short_id(value: object, url: str | None = None) -> SafeString | str:
     """A long id shortened in the middle (``0193…a41f2c``), the whole id in its tooltip
     and a copy button beside it; with ``url``, the shortened id links there. Ids of
@@ -183,8 +192,7 @@ def short_id(value: object, url: str | None = None) -> SafeString | str:
     if value is None or value == "":
         return "—"
     text = str(value)
-    shown = text if len(text) <= ID_HEAD + ID_TAIL + 2 else f"{text[:ID_HEAD]}…{text[-ID_TAIL:]}"
-    code = format_html("<code>{}</code>", shown)
+    code = format_html("<code>{}</code>", shortened_id(text))
     if url:
         code = format_html('<a href="{}">{}</a>', url, code)
     return format_html(

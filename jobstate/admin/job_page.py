@@ -23,11 +23,10 @@ from django.utils.translation import gettext_lazy
 
 from jobstate.admin.display import (
     FOLD_CHARS,
-    ID_HEAD,
-    ID_TAIL,
     choice_badge,
     json_block,
     moment,
+    shortened_id,
     worker_link,
 )
 from jobstate.admin.links import job_schedule
@@ -150,20 +149,12 @@ def shown_fieldsets(job: Job | None, fieldsets: Iterable[Any]) -> list[Any]:
 # --- the title, the status and the summary ------------------------------------------------
 
 
-def _short(value: object) -> str:
-    """An id shortened as :func:`~jobstate.admin.display.short_id` shows it, as text."""
-    text = str(value)
-    if len(text) <= ID_HEAD + ID_TAIL + 2:
-        return text
-    return f"{text[:ID_HEAD]}…{text[-ID_TAIL:]}"
-
-
 def job_name(job: Job) -> str:
     """How a job is named where it is listed (a confirmation page, a message): a task by
     its task path and its short id, any other job by its request id."""
     if job.task_path is None:
         return job.request_id
-    return f"{job.task_path} ({_short(job.id)})"
+    return f"{job.task_path} ({shortened_id(job.id)})"
 
 
 def job_status_badge(job: Job) -> SafeString:
@@ -174,7 +165,7 @@ def job_status_badge(job: Job) -> SafeString:
 def page_heading(job: Job) -> tuple[str, str]:
     """The page's title and (plain) subtitle: a task's path, or a job's request id; then
     the status and the short id."""
-    return isolated(job.task_path or job.request_id), f"{status_name(job)} · {_short(job.id)}"
+    return isolated(job.task_path or job.request_id), f"{status_name(job)} · {shortened_id(job.id)}"
 
 
 @dataclass(frozen=True)

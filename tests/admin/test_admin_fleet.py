@@ -116,6 +116,28 @@ def test_the_workers_page_shows_live_lost_and_stopped_workers_and_their_jobs(
     assert 'id="jobstate-live"' in page and "jobstate/live.js" in page
 
 
+def test_the_workers_page_names_each_running_job_by_its_id(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """Two running jobs of one task read the same, "tests.support.task_functions.add"
+    twice, under "Running now": which was which could not be told."""
+    register(store, "app-1:100:live")
+    jobs = [task(store, "default") for _ in range(2)]
+    store.claim_tasks(
+        target=task_target("default"), queues=None, worker_id="app-1:100:live", lease=LEASE, limit=2
+    )
+
+    cell = row_of(admin_client.get(WORKERS).content.decode(), "app-1:100:live")
+    cell = cell[cell.index('class="field-running_now"') :]
+    for job in jobs:
+        whole, shown = str(job.pk), f"{str(job.pk)[:4]}…{str(job.pk)[-6:]}"
+        assert shown in cell, (shown, cell)
+        # The id is in the link to the job's page, the whole id in its tooltip.
+        link = cell[cell.index(f'href="/admin/jobstate/job/{whole}/change/"') :]
+        assert shown in link[: link.index("</a>")], link
+        assert whole in link[: link.index(">")], link
+
+
 def test_a_workers_page_shows_a_backend_and_a_concurrency_only_for_a_task_worker(
     admin_client: Client, store: DatabaseStateStore
 ) -> None:
