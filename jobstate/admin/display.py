@@ -27,6 +27,7 @@ from jobstate.stores.contracts.audit import AuditSeverity
 __all__ = [
     "BADGE_COLOURS",
     "choice_badge",
+    "delivery_attempts_text",
     "json_block",
     "moment",
     "relative_time",
@@ -126,6 +127,15 @@ def text_block(text: str | None, redactor: Redactor | None = None) -> SafeString
 
 
 # --- time --------------------------------------------------------------------------------
+
+
+def delivery_attempts_text(counted: int, listed: int) -> str:
+    """A notification's attempts as its page says them beside the attempts it lists: a
+    replay sets its count (``counted``) back to 0 and keeps the attempts made before
+    (``listed``), so a replayed one says both ("3 since its last replay, 6 in all")."""
+    if listed <= counted:
+        return ngettext("%(n)d attempt", "%(n)d attempts", counted) % {"n": counted}
+    return _("%(n)d since its last replay, %(all)d in all") % {"n": counted, "all": listed}
 
 
 def short_duration(seconds: float) -> str:

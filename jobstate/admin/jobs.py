@@ -34,7 +34,7 @@ from jobstate.admin.dashboard import (
     finished_per_minute,
     queue_depth_by_target,
 )
-from jobstate.admin.display import moment, short_id, worker_link
+from jobstate.admin.display import delivery_attempts_text, moment, short_id, worker_link
 from jobstate.admin.filters import (
     DelayedFilter,
     ExpiredLeaseFilter,
@@ -444,6 +444,9 @@ class JobAdmin(TaskFieldsAdmin):
                         (attempt, page.text(attempt.error or ""), moment(attempt.started_at))
                         for attempt in notification.delivery_attempts.all()
                     ],
+                    "attempts_text": delivery_attempts_text(
+                        notification.attempts, len(notification.delivery_attempts.all())
+                    ),
                 }
                 for notification in notifications
             ],

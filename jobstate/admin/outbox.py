@@ -28,7 +28,7 @@ from jobstate.admin.common import (
     redacted_field,
     row_redactor,
 )
-from jobstate.admin.display import moment, short_id
+from jobstate.admin.display import delivery_attempts_text, moment, short_id
 from jobstate.admin.filters import ChannelFilter, OfferedChoicesFilter
 from jobstate.admin.list_cells import cut_middle, one_line, with_sub
 from jobstate.admin.page_bases import moment_field
@@ -103,7 +103,7 @@ _NOTIFICATION_FIELDS: tuple[str, ...] = (
     "channel",
     "destination",
     "state_display",
-    "attempts",
+    "attempts_text",
     "next_attempt_at",
     "lease_until",
     "relay_id",
@@ -161,6 +161,13 @@ class NotificationAdmin(ReadOnlyAdmin):
     def id_cell(self, notification: Notification) -> SafeString | str:
         url = admin_change_url(Notification, notification.pk, self.admin_site.name)
         return short_id(notification.pk, url)
+
+    @admin.display(description=gettext_lazy("attempts"))
+    def attempts_text(self, notification: Notification) -> str:
+        listed = notification.delivery_attempts.count()
+        if listed <= notification.attempts:
+            return str(notification.attempts)
+        return delivery_attempts_text(notification.attempts, listed)
 
     @admin.display(description=gettext_lazy("state"), ordering="state")
     def state_cell(self, notification: Notification) -> SafeString | str:

@@ -333,6 +333,39 @@ def test_a_replayed_notification_s_attempts_read_in_the_order_they_ran(
     assert shown == ["first-1", "first-2", "again-1"], shown
 
 
+def test_a_replayed_notification_s_attempt_count_agrees_with_its_attempts_listed(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """A replay sets the count of attempts back to 0 and keeps the attempts it made:
+    the notification's page and its job's said "3 attempts" over six listed."""
+    job = store.create_job(request_id="order-8", target="mail")
+    row = dead_letter(job, attempts=3)
+    start = datetime(2026, 12, 7, 18, 45, 24, tzinfo=UTC)
+    for n, number in enumerate([1, 2, 3, 1, 2, 3]):
+        DeliveryAttempt.objects.create(
+            notification=row,
+            number=number,
+            relay_id="relay-1",
+            started_at=start + timedelta(seconds=10 * n),
+            succeeded=False,
+            error="HTTP 503",
+        )
+    said = "3 since its last replay, 6 in all"
+    page = admin_client.get(f"{NOTIFICATIONS}{row.id}/change/").content.decode()
+    assert said in page
+    job_page = admin_client.get(f"/admin/jobstate/job/{job.pk}/change/").content.decode()
+    caption = job_page.split('id="jobstate-notifications"')[1].split("</caption>")[0]
+    assert said in caption, caption
+    # One never replayed says its count alone.
+    once = dead_letter(job, key="k2", attempts=1)
+    DeliveryAttempt.objects.create(
+        notification=once, number=1, relay_id="relay-1", started_at=start, succeeded=False
+    )
+    page = admin_client.get(f"{NOTIFICATIONS}{once.id}/change/").content.decode()
+    assert "in all" not in page
+    assert re.search(r"Attempts:</label>\s*<div class=\"readonly\">1</div>", page), page
+
+
 def test_replay_sends_a_dead_letter_back_once_and_audits_the_operator(
     django_user_model: Any, store: DatabaseStateStore
 ) -> None:
