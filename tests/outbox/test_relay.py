@@ -489,9 +489,10 @@ def test_a_pass_stops_sending_when_half_the_lease_is_spent(store: DatabaseStateS
             NotificationRequest("callable", "tests.outbox.test_relay.slow_delivery", {}),
             request_id=f"r{n}",
         )
-    # Half of the lease is 1.5 sends: the first send starts another, the second does not
-    # (with half a send to spare for a slow machine).
-    report = relay(store, lease=timedelta(seconds=3 * SLOW_SEND))
+    # Half of the lease is 1.9 sends: the first send starts another, the second does not
+    # (its sleeps alone pass half the lease), with 0.9 of a send to spare for a machine
+    # so busy that the first send's own work takes that long.
+    report = relay(store, lease=timedelta(seconds=3.8 * SLOW_SEND))
     assert (report.claimed, report.delivered, report.unsent) == (3, 2, 1)
     assert len(handled) == 2
     left = Notification.objects.get(state=NotificationState.DELIVERING)
