@@ -96,11 +96,21 @@ class Worker:
         ids = [result.id for result in results]
         return Job.objects.filter(id__in=ids, status__in=TERMINAL_JOB_STATUSES).count() == len(ids)
 
+    def wait_finished(
+        self, results: list[TaskResult[Any, Any]], *, timeout: float = 30, what: str
+    ) -> None:
+        """:meth:`finished` within ``timeout`` seconds, or a failure that quotes the
+        worker's log: what it was doing tells a wedged loop from a starved machine."""
+        try:
+            wait_for(lambda: self.finished(results), timeout=timeout, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the worker's log:\n{self.err[-5000:]}") from None
+
     def serves_others_then_stops(self, timeout: float = 20) -> str:
         """A task on the worker's default queue and one on its other queue run; then
         SIGTERM stops it with status 0 (within ``timeout``). Its stderr."""
         others = [add.enqueue(1, 2), add.using(queue_name="emails").enqueue(3, 4)]
-        wait_for(lambda: self.finished(others), timeout=timeout, what="the other tasks")
+        self.wait_finished(others, timeout=timeout, what="the other tasks")
         assert [add.get_result(other.id).return_value for other in others] == [3, 7]
         self.process.send_signal(signal.SIGTERM)
         try:
@@ -137,7 +147,7 @@ def test_no_hostile_task_stops_wedges_or_fools_the_worker(settings: Any) -> None
     everything = [*retried.values(), long, dropped, generator]
     worker = Worker("--concurrency", "3", "--queue-name", "default,emails", options=options, **env)
     try:
-        wait_for(lambda: worker.finished(everything), timeout=90, what="the hostile tasks")
+        worker.wait_finished(everything, timeout=90, what="the hostile tasks")
         err = worker.serves_others_then_stops()
     finally:
         worker.stop()
@@ -172,7 +182,7 @@ def test_an_exception_whose_str_raises_leaves_the_only_slot_free(settings: Any) 
     broken = [hostile.enqueue("str-raises", 0), hostile.enqueue("repr-raises", 0)]
     worker = Worker("--concurrency", "1", "--queue-name", "default,emails", options=options)
     try:
-        wait_for(lambda: worker.finished(broken), timeout=30, what="the tasks to fail")
+        worker.wait_finished(broken, timeout=30, what="the tasks to fail")
         worker.serves_others_then_stops(timeout=10)
     finally:
         worker.stop()
@@ -195,7 +205,7 @@ def test_a_long_log_does_not_stop_a_worker_recovering_its_lost_attempt(settings:
     recovered = always_fails.get_result(str(task.id))
     worker = Worker("--queue-name", "default,emails", options=options, **env)
     try:
-        wait_for(lambda: worker.finished([recovered]), timeout=60, what="the recovery")
+        worker.wait_finished([recovered], timeout=60, what="the recovery")
         worker.serves_others_then_stops()
     finally:
         worker.stop()
@@ -290,10 +300,10 @@ def test_a_task_that_locks_its_own_row_holds_up_nothing_else(settings: Any, tmp_
         wait_for(holding.exists, what="the task to lock its row")
         time.sleep(2)  # past the worker's first beat (a quarter of the lease)
         other = add.enqueue(1, 2)
-        wait_for(lambda: worker.finished([other]), timeout=10, what="the other task")
+        worker.wait_finished([other], timeout=10, what="the other task")
         assert not release.exists()
         release.touch()
-        wait_for(lambda: worker.finished([locker]), what="the locking task")
+        worker.wait_finished([locker], what="the locking task")
         worker.serves_others_then_stops()
     finally:
         release.touch()
