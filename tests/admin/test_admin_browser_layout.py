@@ -392,42 +392,34 @@ _SPILLED_VALUES = """cells => cells.flatMap(cell => {
 })"""
 
 
-#: The words of the elements ``selector`` picks that wrapped in the middle: a word
-#: drawn on more than one line has more than one box.
-_BROKEN_WORDS = """els => els.flatMap(e => {
+def _broken_parts(part: str, *, longest: int) -> str:
+    """A script for ``eval_on_selector_all``: the runs of text matching the JavaScript
+    pattern ``part`` in the elements picked that are drawn on more than one line (a run
+    so drawn has more than one box); runs longer than ``longest`` may break anywhere."""
+    return f"""els => els.flatMap(e => {{
     const broken = [];
     const walker = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
-    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-        for (const match of node.textContent.matchAll(/\\S+/g)) {
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {{
+        for (const match of node.textContent.matchAll(/{part}/g)) {{
+            if (match[0].length > {longest}) continue;
             const range = document.createRange();
             range.setStart(node, match.index);
             range.setEnd(node, match.index + match[0].length);
             const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
             if (lines.size > 1) broken.push(match[0]);
-        }
-    }
+        }}
+    }}
     return broken;
-})"""
+}})"""
 
+
+#: The words of the elements ``selector`` picks that wrapped in the middle.
+_BROKEN_WORDS = _broken_parts(r"\S+", longest=10**9)
 
 #: The parts of names (between dots, dashes, underscores, colons, slashes and spaces) of
 #: the elements ``selector`` picks that wrapped in their middle ("defa/ult"); a part
 #: longer than 24 characters may break anywhere.
-_BROKEN_NAME_PARTS = """els => els.flatMap(e => {
-    const broken = [];
-    const walker = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
-    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-        for (const match of node.textContent.matchAll(/[^\\s.:_\\/-]+/g)) {
-            if (match[0].length > 24) continue;
-            const range = document.createRange();
-            range.setStart(node, match.index);
-            range.setEnd(node, match.index + match[0].length);
-            const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
-            if (lines.size > 1) broken.push(match[0]);
-        }
-    }
-    return broken;
-})"""
+_BROKEN_NAME_PARTS = _broken_parts(r"[^\s.:_\/-]+", longest=24)
 
 
 def test_the_overviews_names_break_between_their_parts_on_a_phone(

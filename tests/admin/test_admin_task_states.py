@@ -12,10 +12,10 @@ import pytest
 from django.test import Client, RequestFactory
 
 from jobstate.admin.job_actions import requeue_spec
-from jobstate.core.states import NewTask, WorkerKind, WorkerRegistration
+from jobstate.core.states import WorkerKind, WorkerRegistration
 from jobstate.models import Job, Worker
 from jobstate.stores.database import DatabaseStateStore
-from tests.support.admin_kit import JOBS, confirm_page, thrice_failed_task
+from tests.support.admin_kit import JOBS, confirm_page, task_job, thrice_failed_task
 
 pytestmark = [pytest.mark.mysql, pytest.mark.django_db]
 
@@ -32,17 +32,7 @@ def fieldset(html: str, element_id: str) -> str:
 
 def running_task(store: DatabaseStateStore, worker_id: str) -> Job:
     """A task claimed by ``worker_id``, its lease a day from now."""
-    store.enqueue_task(
-        NewTask(
-            target="tasks:default",
-            task_path="tests.support.task_functions.add",
-            queue_name="default",
-            priority=0,
-            args=[1, 2],
-            kwargs={},
-            max_attempts=3,
-        )
-    )
+    task_job(store, failed_once=False)
     (claimed,) = store.claim_tasks(
         target="tasks:default",
         queues=None,
