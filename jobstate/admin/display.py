@@ -28,6 +28,7 @@ __all__ = [
     "BADGE_COLOURS",
     "choice_badge",
     "delivery_attempts_text",
+    "job_link",
     "json_block",
     "moment",
     "relative_time",
@@ -191,6 +192,20 @@ def shortened_id(value: object) -> str:
     if len(text) <= ID_HEAD + ID_TAIL + 2:
         return text
     return f"{text[:ID_HEAD]}…{text[-ID_TAIL:]}"
+
+
+def job_link(url: str, job_id: object, name: str, shown: str | None = None) -> SafeString:
+    """A job linked to its page by its name and its short id: two jobs of one task read
+    alike by their name alone. The whole name and id are in the tooltip; ``shown`` is
+    the name as cut to fit, the whole ``name`` when not given. The id is never cut."""
+    return format_html(
+        '<a href="{}" title="{} {}"><span class="jobstate-job-name">{}</span> <code>{}</code></a>',
+        url,
+        name,
+        job_id,
+        name if shown is None else shown,
+        shortened_id(job_id),
+    )
 
 
 def short_id(value: object, url: str | None = None) -> SafeString | str:

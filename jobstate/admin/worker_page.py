@@ -20,7 +20,7 @@ from typing import Any
 from django.db.models import Count, Q
 from django.utils.safestring import SafeString
 
-from jobstate.admin.display import choice_badge, moment
+from jobstate.admin.display import choice_badge, job_link, moment
 from jobstate.admin.page_bases import admin_change_url
 from jobstate.admin.status_words import status_name
 from jobstate.console.job_search import attempted_by
@@ -41,8 +41,8 @@ _FINISHED = [JobStatus.DONE, JobStatus.ERROR, JobStatus.REJECTED]
 
 @dataclass(frozen=True)
 class JobRow:
-    url: str
-    label: str
+    link: SafeString
+    """Its name and short id, linked to its page (as on the Workers page)."""
     status: SafeString
     at: SafeString | str
 
@@ -62,9 +62,9 @@ class WorkerJobs:
 
 
 def _row(job: Job, at: datetime | None, site: str) -> JobRow:
+    name = job.task_path or job.target or job.request_id
     return JobRow(
-        url=admin_change_url(Job, job.pk, site),
-        label=job.task_path or job.target or job.request_id,
+        link=job_link(admin_change_url(Job, job.pk, site), job.pk, name),
         status=choice_badge(job.status, status_name(job)),
         at=moment(at),
     )

@@ -42,7 +42,7 @@ from jobstate.admin.common import (
     status_badge,
     with_database_now,
 )
-from jobstate.admin.display import moment, shortened_id
+from jobstate.admin.display import job_link, moment
 from jobstate.admin.filters import OfferedChoicesFilter, offered_value
 from jobstate.admin.list_cells import age_cell, cut_middle, one_line, with_sub
 from jobstate.admin.list_input import unusable_find_value
@@ -343,12 +343,8 @@ class WorkerAdmin(ReadOnlyAdmin):
         site = self.admin_site.name
         links = format_html_join(
             _LINK_SEPARATOR,
-            '<a href="{}" title="{} {}"><span class="jobstate-running-name">{}</span>'
-            " <code>{}</code></a>",
-            (
-                (admin_change_url(Job, pk, site), label, pk, label, shortened_id(pk))
-                for pk, label in jobs
-            ),
+            "{}",
+            ((job_link(admin_change_url(Job, pk, site), pk, label),) for pk, label in jobs),
         )
         rest = count - len(jobs)
         if rest > 0:

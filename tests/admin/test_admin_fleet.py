@@ -138,6 +138,40 @@ def test_the_workers_page_names_each_running_job_by_its_id(
         assert whole in link[: link.index(">")], link
 
 
+def test_a_workers_own_page_names_each_job_by_its_id(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """A worker's own page named the jobs it holds and finished by their task alone:
+    two of one task read the same, "tests.support.task_functions.add" twice."""
+    register(store, "app-1:100:live")
+    Worker.objects.filter(worker_id="app-1:100:live").update(
+        started_at=datetime.now(UTC) - timedelta(minutes=10)
+    )
+    held = [task(store, "default") for _ in range(2)]
+    store.claim_tasks(
+        target=task_target("default"), queues=None, worker_id="app-1:100:live", lease=LEASE, limit=2
+    )
+    finished = [task(store, "other") for _ in range(2)]
+    Job.objects.filter(pk__in=[job.pk for job in finished]).update(
+        status="done",
+        attempt_log=[{"worker_id": "app-1:100:live"}],
+        updated_at=datetime.now(UTC) - timedelta(minutes=1),
+    )
+    worker = Worker.objects.get(worker_id="app-1:100:live")
+
+    page = admin_client.get(f"{WORKERS}{worker.pk}/change/").content.decode()
+    for section, jobs in (("jobstate-worker-current", held), ("jobstate-worker-recent", finished)):
+        part = page.split(f'id="{section}"', 1)[1].split("</fieldset>", 1)[0]
+        for job in jobs:
+            whole, shown = str(job.pk), f"{str(job.pk)[:4]}…{str(job.pk)[-6:]}"
+            # The short id in the link to the job's page, the whole id in its tooltip,
+            # the task's whole path beside it.
+            link = part[part.index(f'href="/admin/jobstate/job/{whole}/change/"') :]
+            link = link[: link.index("</a>")]
+            assert shown in link and "tests.support.task_functions.add" in link, (section, link)
+            assert whole in link[: link.index(">")], (section, link)
+
+
 def test_a_workers_page_shows_a_backend_and_a_concurrency_only_for_a_task_worker(
     admin_client: Client, store: DatabaseStateStore
 ) -> None:
