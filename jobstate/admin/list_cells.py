@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from jobstate.admin.display import relative_time
 
-__all__ = ["age_cell", "breakable", "cut_middle", "one_line", "with_sub"]
+__all__ = ["age_cell", "breakable", "cut_middle", "cut_path", "one_line", "with_sub"]
 
 #: Characters kept at each end of a text cut by :func:`cut_middle`.
 KEPT_AT_EACH_END = 10
@@ -27,6 +27,22 @@ def cut_middle(text: str, keep: int = KEPT_AT_EACH_END) -> str:
     if len(text) <= 2 * keep + 1:
         return text
     return f"{text[:keep]}…{text[-keep:]}"
+
+
+def cut_path(path: str, limit: int) -> str:
+    """A dotted path (a task's) in at most ``limit`` characters, cut at its start: its
+    leading packages, alike from task to task, give way to an ellipsis and its last
+    parts, which say what it is, stay whole (``…reports.build_report``). A last part
+    longer than the room alone is cut in its middle (:func:`cut_middle`)."""
+    if len(path) <= limit:
+        return path
+    parts = path.split(".")
+    kept = parts.pop()
+    if len(kept) + 1 > limit:
+        return cut_middle(path, (limit - 1) // 2)
+    while parts and len(parts[-1]) + len(kept) + 2 <= limit:
+        kept = f"{parts.pop()}.{kept}"
+    return f"…{kept}"
 
 
 def breakable(text: str, marks: str = ".-:/", *, long_part: int | None = None) -> SafeString:

@@ -50,7 +50,7 @@ def task(store: DatabaseStateStore, queue: str, **fields: Any) -> Job:
     return store.enqueue_task(
         NewTask(
             target=task_target("default"),
-            task_path="tests.support.task_functions.add",
+            task_path=fields.pop("task_path", "tests.support.task_functions.add"),
             queue_name=queue,
             priority=0,
             args=[1, 2],
@@ -136,6 +136,27 @@ def test_the_workers_page_names_each_running_job_by_its_id(
         link = cell[cell.index(f'href="/admin/jobstate/job/{whole}/change/"') :]
         assert shown in link[: link.index("</a>")], link
         assert whole in link[: link.index(">")], link
+
+
+def test_the_workers_page_cuts_a_running_tasks_path_at_its_start(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """A long task path was cut at its end to fit "Running now" ("project.billing.re…"),
+    hiding the part that says what the task is. Its leading packages give way instead;
+    the whole path is in the tooltip."""
+    path = "project.billing.reports.build_report"
+    register(store, "app-1:100:live")
+    job = task(store, "default", task_path=path)
+    store.claim_tasks(
+        target=task_target("default"), queues=None, worker_id="app-1:100:live", lease=LEASE, limit=1
+    )
+
+    cell = row_of(admin_client.get(WORKERS).content.decode(), "app-1:100:live")
+    link = cell[cell.index(f'href="/admin/jobstate/job/{job.pk}/change/"') :]
+    link = link[: link.index("</a>")]
+    assert path in link[: link.index(">")], link
+    name = link.split('class="jobstate-job-name">', 1)[1].split("</span>", 1)[0]
+    assert name == "…reports.build_report", link
 
 
 def test_a_workers_own_page_names_each_job_by_its_id(
