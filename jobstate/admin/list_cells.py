@@ -39,7 +39,9 @@ def cut_path(path: str, limit: int) -> str:
     parts = path.split(".")
     kept = parts.pop()
     if len(kept) + 1 > limit:
-        return cut_middle(path, (limit - 1) // 2)
+        keep = (limit - 1) // 2
+        # No room for an end on each side of the ellipsis: the start, as it fits.
+        return cut_middle(path, keep) if keep else path[:limit]
     while parts and len(parts[-1]) + len(kept) + 2 <= limit:
         kept = f"{parts.pop()}.{kept}"
     return f"…{kept}"
