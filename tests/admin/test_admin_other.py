@@ -311,14 +311,11 @@ def test_only_a_pending_notification_s_page_names_its_next_attempt(
     assert "Next attempt at" in pending_page and "18:45:37" in pending_page
 
 
-def test_a_replayed_notification_s_attempts_read_in_the_order_they_ran(
-    admin_client: Client, store: DatabaseStateStore
-) -> None:
-    """A replay starts the attempts' numbers again: sorted by number, its page
-    interleaved the two rounds (1, 1, 2, 2). They are listed as they ran."""
-    row = dead_letter(store.create_job(request_id="order-7", target="mail"))
+def failed_attempts(row: Notification, attempts: list[tuple[int, str]]) -> datetime:
+    """``row``'s failed delivery attempts, numbered and erring as given, ten seconds
+    apart in that order; when the first started."""
     start = datetime(2026, 12, 7, 18, 45, 24, tzinfo=UTC)
-    for n, (number, error) in enumerate([(1, "first-1"), (2, "first-2"), (1, "again-1")]):
+    for n, (number, error) in enumerate(attempts):
         DeliveryAttempt.objects.create(
             notification=row,
             number=number,
@@ -327,6 +324,16 @@ def test_a_replayed_notification_s_attempts_read_in_the_order_they_ran(
             succeeded=False,
             error=error,
         )
+    return start
+
+
+def test_a_replayed_notification_s_attempts_read_in_the_order_they_ran(
+    admin_client: Client, store: DatabaseStateStore
+) -> None:
+    """A replay starts the attempts' numbers again: sorted by number, its page
+    interleaved the two rounds (1, 1, 2, 2). They are listed as they ran."""
+    row = dead_letter(store.create_job(request_id="order-7", target="mail"))
+    failed_attempts(row, [(1, "first-1"), (2, "first-2"), (1, "again-1")])
     page = admin_client.get(f"{NOTIFICATIONS}{row.id}/change/").content.decode()
     attempts = page.split('id="delivery_attempts-group"')[1].split("</table>")[0]
     shown = re.findall(r"(first-1|first-2|again-1)", attempts)
@@ -340,16 +347,7 @@ def test_a_replayed_notification_s_attempt_count_agrees_with_its_attempts_listed
     the notification's page and its job's said "3 attempts" over six listed."""
     job = store.create_job(request_id="order-8", target="mail")
     row = dead_letter(job, attempts=3)
-    start = datetime(2026, 12, 7, 18, 45, 24, tzinfo=UTC)
-    for n, number in enumerate([1, 2, 3, 1, 2, 3]):
-        DeliveryAttempt.objects.create(
-            notification=row,
-            number=number,
-            relay_id="relay-1",
-            started_at=start + timedelta(seconds=10 * n),
-            succeeded=False,
-            error="HTTP 503",
-        )
+    start = failed_attempts(row, [(number, "HTTP 503") for number in [1, 2, 3, 1, 2, 3]])
     said = "3 since its last replay, 6 in all"
     page = admin_client.get(f"{NOTIFICATIONS}{row.id}/change/").content.decode()
     assert said in page

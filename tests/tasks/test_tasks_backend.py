@@ -203,6 +203,16 @@ def test_an_argument_no_database_stores_is_named(args: Any, kwargs: Any, says: s
     assert not Job.objects.exists()
 
 
+def refusal(kind: type[Exception], args: Any, kwargs: Any) -> str:
+    """The message of the ``kind`` (exactly that class) that enqueuing ``echo`` with
+    ``args`` and ``kwargs`` raises; nothing was written."""
+    with pytest.raises(kind) as refused:
+        echo.enqueue(*args, **kwargs)
+    assert type(refused.value) is kind
+    assert not Job.objects.exists()
+    return str(refused.value)
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "says"),
     [
@@ -243,11 +253,7 @@ def test_an_argument_of_a_type_json_lacks_is_named_with_what_to_pass(
 ) -> None:
     # Django's normalize_json said only "Unsupported type: <class 'set'>". A host that
     # catches TypeError, as Django's own backends raise it here, still does.
-    with pytest.raises(TypeError) as refused:
-        echo.enqueue(*args, **kwargs)
-    assert type(refused.value) is TypeError
-    assert str(refused.value) == says
-    assert not Job.objects.exists()
+    assert refusal(TypeError, args, kwargs) == says
 
 
 #: What the message says to pass for bytes that are not UTF-8 text.
@@ -286,11 +292,7 @@ def test_bytes_that_are_not_utf8_are_named_with_what_to_pass(
 ) -> None:
     # Django's normalize_json said only "Unsupported value: <class 'bytes'>"; it decodes
     # the bytes it can, and raises ValueError for the rest, which a host may catch.
-    with pytest.raises(ValueError) as refused:
-        echo.enqueue(*args, **kwargs)
-    assert type(refused.value) is ValueError
-    assert str(refused.value) == says
-    assert not Job.objects.exists()
+    assert refusal(ValueError, args, kwargs) == says
 
 
 def test_bytes_of_utf8_text_are_stored_as_that_text() -> None:
