@@ -449,11 +449,13 @@ def _task_claim_parts(
 def renew_statement(connection: BaseDatabaseWrapper) -> str:
     """A worker's beat: renew its claims still current, passing over rows another
     transaction holds. Its parameters: the lease, the ids, the claim tokens."""
-    text = _STATEMENTS.get(("renew",))
-    if text is None:
-        table = connection.ops.quote_name(Job._meta.db_table)
-        claimed = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
-        text = _STATEMENTS[("renew",)] = f"""
+    return cast(str, kept(_STATEMENTS, ("renew",), _renew_statement, connection))
+
+
+def _renew_statement(connection: BaseDatabaseWrapper) -> str:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    claimed = ", ".join(f"'{status.value}'" for status in sorted(CLAIMED_JOB_STATUSES))
+    return f"""
             UPDATE {table} AS j SET lease_until = {NOW_SQL} + %s, updated_at = {NOW_SQL}
             FROM (
                 SELECT id FROM {table}
@@ -463,7 +465,6 @@ def renew_statement(connection: BaseDatabaseWrapper) -> str:
             WHERE j.id = held.id
             RETURNING j.id
         """
-    return text
 
 
 # --- columns --------------------------------------------------------------------------
