@@ -99,6 +99,31 @@ def test_a_worker_started_with_sigint_ignored_stops_gracefully_on_the_sigterm_af
     assert started_then_sleeps.get_result(first.id).status == SUCCESSFUL
 
 
+@pytest.mark.parametrize("reload", [False, True], ids=["no-reload", "reload"])
+def test_one_stop_delivered_twice_at_once_stops_the_worker_gracefully(
+    settings: Any, tmp_path: Path, reload: bool
+) -> None:
+    """``timeout`` signals its command and then its own process group, which holds the
+    reload supervisor: the supervisor forwarded both, and the worker took the second
+    for an operator's second signal, exiting at once with its task left to the lease
+    (systemd's default kill, every process of the service, does the same)."""
+    options = use_options(settings)
+    marker = tmp_path / "started"
+    first = started_then_sleeps.enqueue(1.5, str(marker))
+    worker = start_worker("--reload" if reload else "--no-reload", options=options)
+    try:
+        wait_for(marker.exists, what="the task to start")
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.02)  # handled apart, as two deliveries a moment apart are
+        worker.send_signal(signal.SIGTERM)
+        code, _out, err = finish(worker, timeout=20)
+    finally:
+        stop(worker)
+    assert code == 0, err
+    assert "again" not in err and "stopped (SIGTERM)" in err
+    assert started_then_sleeps.get_result(first.id).status == SUCCESSFUL
+
+
 def test_a_task_still_running_when_the_grace_ends_is_handed_back_with_its_attempt(
     settings: Any, tmp_path: Path
 ) -> None:

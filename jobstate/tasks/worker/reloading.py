@@ -15,9 +15,11 @@ process group of its own so a terminal's Ctrl-C reaches it once, through the
 supervisor: the first signal stops the worker gracefully, a second at once, as without
 ``--reload``. The supervisor exits with the child's status (128 + the signal's number
 when the child was killed by one, which it logs when the signal did not come through it:
-SIGKILL, the OOM killer). A supervisor (systemd's default ``KillMode``) that
-signals every process of the service itself reaches the child twice: ``--reload`` is
-for development; run production workers with ``DEBUG`` off or ``--no-reload``. A child
+SIGKILL, the OOM killer). A supervisor (systemd's default ``KillMode``, GNU
+``timeout``) that signals every process of the service reaches the child twice at once,
+which the child takes as one stop (:data:`~.shutdown.ONE_STOP_SECONDS`); ``--reload`` is
+for development all the same: run production workers with ``DEBUG`` off or
+``--no-reload``. A child
 whose supervisor was killed stops too (gracefully), as nobody would restart it.
 """
 

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
@@ -27,22 +28,34 @@ __all__ = ["STOP_SIGNALS", "exit_leaving_given_up_threads", "stop_signals"]
 logger = logging.getLogger("jobstate.worker")
 
 
+#: A second signal of the same kind this soon after the first is the same stop
+#: delivered twice, not an operator's second: ``timeout`` signals its command and then
+#: its process group (the reload supervisor with it, which forwards both), systemd's
+#: default kill signals every process of the service. A second Ctrl-C comes later.
+ONE_STOP_SECONDS = 0.1
+
+
 @contextmanager
 def stop_signals(on_first: Callable[[int], None]) -> Iterator[None]:
     """Within the block, the first SIGTERM or SIGINT calls ``on_first(signum)`` and the
-    second ends the process (either one, unless the process was started ignoring it).
+    second ends the process (either one, unless the process was started ignoring it;
+    the same one within :data:`ONE_STOP_SECONDS` is taken as the first delivered twice).
     The previous handlers come back afterwards. Outside the
     main thread (a worker run from a test's thread) signals cannot be handled and the
     block changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[int] = []
+    received: list[tuple[int, float]] = []
 
     def handle(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
         if received:
+            first, at = received[0]
+            if signum == first and now - at < ONE_STOP_SECONDS:
+                return  # the same stop, delivered twice
             _exit_at_once(signum)
-        received.append(signum)
+        received.append((signum, now))
         on_first(signum)
 
     previous: dict[int, Any] = {sig: signal.signal(sig, handle) for sig in handled_stop_signals()}
